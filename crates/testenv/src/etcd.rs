@@ -1,0 +1,143 @@
+//! The etcd member that stores the control plane's data.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use base64::Engine;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+
+use crate::{Error, Result, ports::free_port, process::Supervised};
+
+/// One etcd member on loopback ports, with its data in a directory of the
+/// environment.
+#[derive(Debug)]
+pub(crate) struct Etcd {
+    process: Supervised,
+    client_port: u16,
+}
+
+impl Etcd {
+    pub(crate) async fn start(binary: &Path, dir: &Path, timeout: Duration) -> Result<Self> {
+        let client_port = free_port()?;
+        let peer_port = free_port()?;
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let data_dir: PathBuf = dir.join("etcd-data");
+        let args = vec![
+            "--name=default".to_owned(),
+            format!("--data-dir={}", data_dir.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            // Test data need not survive a power cut; fsync dominates write latency.
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let process = Supervised::start("etcd", binary, &args, &dir.join("etcd.log"))?;
+        let mut etcd = Self {
+            process,
+            client_port,
+        };
+        etcd.wait_ready(timeout).await?;
+        Ok(etcd)
+    }
+
+    /// The URL API servers use to reach this member.
+    pub(crate) fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub(crate) fn log(&self) -> &Path {
+        self.process.log()
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let started = Instant::now();
+        let mut last_problem = String::from("no probe yet");
+        while started.elapsed() < timeout {
+            self.process.check_running()?;
+            match self.request("/health", None).await {
+                Ok(body) if body.contains("true") => return Ok(()),
+                Ok(body) => last_problem = format!("/health answered {body}"),
+                Err(err) => last_problem = err.to_string(),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(Error::NotReady {
+            component: "etcd",
+            waited: timeout,
+            last_problem,
+            log: self.log().to_owned(),
+        })
+    }
+
+    /// Compacts the key space up to the current revision, so that every
+    /// older resourceVersion is gone and watches from it fail with 410.
+    ///
+    /// Returns the revision compacted to.
+    pub(crate) async fn compact(&self) -> Result<i64> {
+        let key = base64::engine::general_purpose::STANDARD.encode("/");
+        let range = serde_json::json!({ "key": key, "limit": 1 }).to_string();
+        let body = self.request("/v3/kv/range", Some(range)).await?;
+        let revision = revision_of(&body)
+            .ok_or_else(|| self.error("/v3/kv/range", format!("no header.revision in {body}")))?;
+        let compaction = serde_json::json!({ "revision": revision, "physical": true }).to_string();
+        self.request("/v3/kv/compaction", Some(compaction)).await?;
+        tracing::info!(revision, "compacted etcd");
+        Ok(revision)
+    }
+
+    fn error(&self, path: &'static str, reason: String) -> Error {
+        Error::Etcd {
+            path,
+            reason,
+            log: self.log().to_owned(),
+        }
+    }
+
+    async fn request(&self, path: &'static str, body: Option<String>) -> Result<String> {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let uri = format!("{}{path}", self.url());
+        let request = match body {
+            Some(body) => http::Request::post(uri).body(Full::new(Bytes::from(body))),
+            None => http::Request::get(uri).body(Full::new(Bytes::new())),
+        }
+        .map_err(|e| self.error(path, e.to_string()))?;
+        let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+            .await
+            .map_err(|_| self.error(path, "no answer within 10s".to_owned()))?
+            .map_err(|e| self.error(path, e.to_string()))?;
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| self.error(path, e.to_string()))?
+            .to_bytes();
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        if !status.is_success() {
+            return Err(self.error(path, format!("{status}: {text}")));
+        }
+        Ok(text)
+    }
+}
+
+/// etcd's JSON gateway encodes int64 fields as strings.
+fn revision_of(body: &str) -> Option<i64> {
+    let value: serde_json::Value = serde_json::from_str(body).ok()?;
+    let revision = &value["header"]["revision"];
+    revision
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .or_else(|| revision.as_i64())
+}

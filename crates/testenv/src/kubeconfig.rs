@@ -1,0 +1,51 @@
+//! The admin kubeconfig of a local control plane.
+
+use std::path::Path;
+
+use base64::{Engine, engine::general_purpose::STANDARD};
+
+use crate::{Error, Result, certs::Credentials};
+
+/// The context name written into generated kubeconfigs.
+pub const CONTEXT: &str = "kube-testenv";
+
+/// Writes a kubeconfig for the admin credential (group `system:masters`)
+/// with every certificate inlined, so the file works when copied elsewhere.
+pub(crate) fn write_admin(path: &Path, server: &str, creds: &Credentials) -> Result<()> {
+    let read = |p: &Path| std::fs::read(p).map_err(Error::io("reading", p));
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{
+            "name": CONTEXT,
+            "cluster": {
+                "server": server,
+                "certificate-authority-data": STANDARD.encode(read(&creds.ca_cert)?),
+            },
+        }],
+        "users": [{
+            "name": "kube-testenv-admin",
+            "user": {
+                "client-certificate-data": STANDARD.encode(read(&creds.admin_cert)?),
+                "client-key-data": STANDARD.encode(read(&creds.admin_key)?),
+            },
+        }],
+        "contexts": [{
+            "name": CONTEXT,
+            "context": { "cluster": CONTEXT, "user": "kube-testenv-admin" },
+        }],
+        "current-context": CONTEXT,
+    });
+    let text = serde_json::to_string_pretty(&config).expect("a JSON value serialises");
+    std::fs::write(path, text).map_err(Error::io("writing the kubeconfig", path))
+}
+
+/// Builds a client from a kubeconfig file.
+pub(crate) async fn client_from(path: &Path) -> Result<kube_client::Client> {
+    use kube_client::config::{Config, KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Client(e.to_string()))?;
+    kube_client::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+}
