@@ -1,0 +1,1 @@
+//! Benchmarks of kube-informer; see `benches/`.

@@ -1,0 +1,69 @@
+//! Work queues for controllers: client-go's `util/workqueue` on tokio.
+//!
+//! A controller does not act on watch events directly. Its event handlers put the *key* of
+//! each changed object into a queue, and a few workers take keys out and reconcile the
+//! object as it is in the cache now. The queue makes that safe and cheap:
+//!
+//! * [`Queue`] collapses repeated keys while they wait and never hands one key to two
+//!   workers; a key that changes while it is processed is processed again afterwards;
+//! * [`DelayingQueue`] adds [`add_after`](DelayingQueue::add_after), for work due later;
+//! * [`RateLimitingQueue`] retries failed keys after a delay chosen by a [`RateLimiter`]:
+//!   [`ItemExponentialFailure`], [`Bucket`], [`MaxOf`], [`ItemFastSlow`], or usually
+//!   [`default_controller_rate_limiter`].
+//!
+//! Each queue can report client-go's `workqueue_*` metrics through a [`MetricsProvider`]
+//! given in its [`QueueConfig`]; with the `prometheus` feature (on by default),
+//! `PrometheusMetrics` registers them in a `prometheus-client` registry.
+//!
+//! ```
+//! use kube_informer::workqueue::{RateLimitingQueue, default_controller_rate_limiter};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let queue = RateLimitingQueue::new(default_controller_rate_limiter());
+//! let workers: Vec<_> = (0..2)
+//!     .map(|_| {
+//!         let queue = queue.clone();
+//!         tokio::spawn(async move {
+//!             while let Some(key) = queue.get().await {
+//!                 println!("reconciling {key}");
+//!                 queue.forget(&key);
+//!                 queue.done(&key);
+//!             }
+//!         })
+//!     })
+//!     .collect();
+//!
+//! queue.add("default/web".to_string());
+//! queue.shutdown_with_drain().await;
+//! for worker in workers {
+//!     worker.await.unwrap();
+//! }
+//! # }
+//! ```
+
+mod bucket;
+mod config;
+mod delaying;
+mod item_exponential_failure;
+mod item_fast_slow;
+mod max_of;
+mod metrics;
+#[cfg(feature = "prometheus")]
+mod prometheus;
+mod queue;
+mod rate_limited;
+mod rate_limiter;
+
+pub use bucket::Bucket;
+pub use config::QueueConfig;
+pub use delaying::DelayingQueue;
+pub use item_exponential_failure::ItemExponentialFailure;
+pub use item_fast_slow::ItemFastSlow;
+pub use max_of::MaxOf;
+pub use metrics::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics};
+#[cfg(feature = "prometheus")]
+pub use prometheus::PrometheusMetrics;
+pub use queue::{DoneGuard, Queue};
+pub use rate_limited::RateLimitingQueue;
+pub use rate_limiter::{RateLimiter, default_controller_rate_limiter};

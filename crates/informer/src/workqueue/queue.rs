@@ -1,0 +1,808 @@
+//! The basic work queue: fair, deduplicating, and never handing one item to two workers.
+//!
+//! [`Queue`] is client-go's `workqueue.Typed` for tokio. Producers (usually informer event
+//! handlers) [`add`](Queue::add) keys; workers loop on [`get`](Queue::get), process the key
+//! and call [`done`](Queue::done). Between those two calls the key is *processing*:
+//!
+//! * a key waiting in the queue is there once, however often it is added (it is *dirty*);
+//! * a key added while it is processing is not handed to a second worker, it is queued
+//!   again when the first worker calls `done`, so that the latest change is never missed;
+//! * otherwise keys come out in the order they went in.
+//!
+//! Because a key stands for "the object with this name changed, look at it", collapsing
+//! duplicates loses nothing and bounds the queue by the number of objects, not of events.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::hash::Hash;
+use std::ops::Deref;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::QueueConfig;
+use super::metrics::{InFlightProbe, InFlightSnapshot, InFlightSource, QueueMetrics};
+
+/// A work queue shared by producers and workers: client-go's `workqueue.Interface`.
+///
+/// Producers [`add`](Self::add) keys; workers loop on [`get`](Self::get), process the key
+/// and call [`done`](Self::done). Between those two calls the key is *processing*:
+///
+/// * a key waiting in the queue is there once, however often it is added;
+/// * a key is never handed to two workers at once: one added while it is processing is
+///   queued again when the first worker calls `done`, so its latest change is not missed;
+/// * otherwise keys come out in the order they went in.
+///
+/// Cloning is cheap and every clone is the same queue.
+///
+/// # Example
+///
+/// A worker loop, and a shutdown that lets in-flight work finish:
+///
+/// ```
+/// use kube_informer::workqueue::Queue;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let queue: Queue<String> = Queue::new();
+///
+/// let worker = tokio::spawn({
+///     let queue = queue.clone();
+///     async move {
+///         let mut handled = Vec::new();
+///         while let Some(key) = queue.get().await {
+///             handled.push(key.clone()); // reconcile the object named `key` here
+///             queue.done(&key);
+///         }
+///         handled
+///     }
+/// });
+///
+/// queue.add("default/web".to_string());
+/// queue.add("default/db".to_string());
+/// queue.add("default/web".to_string()); // still waiting: collapses into the first add
+///
+/// queue.shutdown_with_drain().await;
+/// assert_eq!(worker.await.unwrap(), ["default/web", "default/db"]);
+/// # }
+/// ```
+pub struct Queue<T> {
+    inner: Arc<Inner<T>>,
+}
+
+struct Inner<T> {
+    state: Mutex<State<T>>,
+    /// Wakes workers blocked in `get`: one per newly queued item, all of them on shutdown.
+    item_queued: Notify,
+    /// Wakes `shutdown_with_drain` when the last in-flight item is done.
+    drained: Notify,
+    name: String,
+    metrics: Option<Box<dyn QueueMetrics>>,
+}
+
+struct State<T> {
+    /// Items waiting for a worker, oldest first, each with its slot so that handing one out
+    /// needs no hashing.
+    queue: VecDeque<(T, usize)>,
+    /// Every item that is waiting or processing, with its slot: client-go's `dirty` and
+    /// `processing` sets in one map, so that each `add` and `done` hashes the item once.
+    /// foldhash rather than SipHash: hashing was a fifth of a queue cycle on object keys.
+    /// Its per-map random seed defeats precomputed collisions, the threat here; names are
+    /// chosen by users who can create objects, not by anyone who can time the queue.
+    items: HashMap<T, usize, foldhash::fast::RandomState>,
+    /// Where each item of `items` stands; freed slots are reused through `free`.
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    processing: usize,
+    shutting_down: bool,
+}
+
+/// One item's phase. The instants are only set when the queue reports metrics.
+#[derive(Clone, Copy)]
+struct Slot {
+    phase: Phase,
+    added: Option<Instant>,
+    started: Option<Instant>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Phase {
+    Waiting,
+    Processing,
+    /// Added again while processing: it goes back in the queue at `done`.
+    ProcessingDirty,
+}
+
+/// What an `add` did.
+#[derive(Debug, PartialEq, Eq)]
+enum Added {
+    /// New: queued for a worker.
+    Queued,
+    /// Processing: it will be queued again at `done`.
+    Dirty,
+    /// Already pending: nothing changed.
+    Duplicate,
+    /// Shutting down: ignored.
+    Ignored,
+}
+
+/// What a `done` did, for a processing item.
+struct Finished {
+    started: Option<Instant>,
+    requeued: bool,
+}
+
+/// What a non-blocking attempt to take an item found.
+enum Next<T> {
+    Item(T),
+    Empty,
+    ShutDown,
+}
+
+impl<T: Clone + Eq + Hash> State<T> {
+    fn new() -> Self {
+        Self {
+            queue: VecDeque::new(),
+            items: HashMap::default(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            processing: 0,
+            shutting_down: false,
+        }
+    }
+
+    fn add(&mut self, item: T, now: Option<Instant>) -> Added {
+        if self.shutting_down {
+            return Added::Ignored;
+        }
+        match self.items.entry(item) {
+            Entry::Vacant(vacant) => {
+                let slot = Slot {
+                    phase: Phase::Waiting,
+                    added: now,
+                    started: None,
+                };
+                let index = match self.free.pop() {
+                    Some(index) => {
+                        self.slots[index] = slot;
+                        index
+                    }
+                    None => {
+                        self.slots.push(slot);
+                        self.slots.len() - 1
+                    }
+                };
+                self.queue.push_back((vacant.key().clone(), index));
+                vacant.insert(index);
+                Added::Queued
+            }
+            Entry::Occupied(occupied) => {
+                let slot = &mut self.slots[*occupied.get()];
+                if slot.phase != Phase::Processing {
+                    return Added::Duplicate;
+                }
+                slot.phase = Phase::ProcessingDirty;
+                slot.added = now;
+                Added::Dirty
+            }
+        }
+    }
+
+    /// Hands out the oldest waiting item, with when it was added.
+    fn next(&mut self, now: Option<Instant>) -> Next<(T, Option<Instant>)> {
+        let Some((item, index)) = self.queue.pop_front() else {
+            return if self.shutting_down {
+                Next::ShutDown
+            } else {
+                Next::Empty
+            };
+        };
+        let slot = &mut self.slots[index];
+        debug_assert_eq!(slot.phase, Phase::Waiting, "a queued item must be waiting");
+        slot.phase = Phase::Processing;
+        slot.started = now;
+        self.processing += 1;
+        Next::Item((item, slot.added))
+    }
+
+    /// Ends the processing of `item`; `None` if it was not processing.
+    fn done(&mut self, item: &T) -> Option<Finished> {
+        // Remove first: the usual case is plain processing, which then costs one lookup.
+        let (key, index) = self.items.remove_entry(item)?;
+        let slot = &mut self.slots[index];
+        let requeued = match slot.phase {
+            Phase::Processing => {
+                self.free.push(index);
+                false
+            }
+            Phase::ProcessingDirty => {
+                slot.phase = Phase::Waiting;
+                self.queue.push_back((key.clone(), index));
+                self.items.insert(key, index);
+                true
+            }
+            Phase::Waiting => {
+                self.items.insert(key, index);
+                return None;
+            }
+        };
+        self.processing -= 1;
+        Some(Finished {
+            started: slot.started,
+            requeued,
+        })
+    }
+}
+
+impl<T> Queue<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    /// An unnamed queue without metrics.
+    pub fn new() -> Self {
+        Self::with_config(QueueConfig::default())
+    }
+
+    /// A queue named and instrumented as `config` says.
+    pub fn with_config(config: QueueConfig) -> Self {
+        let QueueConfig { name, metrics } = config;
+        let inner = Arc::new_cyclic(|weak: &Weak<Inner<T>>| {
+            let metrics = match metrics {
+                Some(provider) if !name.is_empty() => {
+                    let weak: Weak<dyn InFlightSource> = weak.clone();
+                    Some(provider.queue_metrics(&name, InFlightProbe::new(weak)))
+                }
+                _ => None,
+            };
+            Inner {
+                state: Mutex::new(State::new()),
+                item_queued: Notify::new(),
+                drained: Notify::new(),
+                name,
+                metrics,
+            }
+        });
+        Self { inner }
+    }
+
+    /// The name given in the [`QueueConfig`], empty if none.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Marks `item` as needing processing.
+    ///
+    /// It is queued unless it is already waiting (then this is a no-op) or processing (then
+    /// it is queued again when that processing is [`done`](Self::done)). Ignored once the
+    /// queue is shutting down.
+    pub fn add(&self, item: T) {
+        let added = self.inner.lock().add(item, self.now());
+        if added == Added::Queued {
+            self.inner.item_queued.notify_one();
+        }
+        if matches!(added, Added::Queued | Added::Dirty)
+            && let Some(metrics) = &self.inner.metrics
+        {
+            metrics.added();
+        }
+    }
+
+    /// Waits for the next item and marks it as processing.
+    ///
+    /// The caller owns the item until it calls [`done`](Self::done) with it; until then no
+    /// other worker receives it. Returns `None` once the queue is shut down and no item is
+    /// left waiting, which is a worker's cue to exit.
+    ///
+    /// Cancel safe: an item is only taken in the poll that returns it.
+    pub async fn get(&self) -> Option<T> {
+        // Registering with `Notify` costs a lock, so try without it first.
+        match self.try_next() {
+            Next::Item(item) => return Some(item),
+            Next::ShutDown => return None,
+            Next::Empty => {}
+        }
+        loop {
+            // Register before looking, so an item queued between the look and the wait
+            // still wakes this worker.
+            let mut queued = pin!(self.inner.item_queued.notified());
+            queued.as_mut().enable();
+            match self.try_next() {
+                Next::Item(item) => return Some(item),
+                Next::ShutDown => return None,
+                Next::Empty => queued.await,
+            }
+        }
+    }
+
+    /// Like [`get`](Self::get), but the item comes in a guard that calls
+    /// [`done`](Self::done) when dropped, so an early return or a panic cannot leave the
+    /// item processing forever.
+    ///
+    /// ```
+    /// # use kube_informer::workqueue::Queue;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let queue = Queue::new();
+    /// queue.add(7_u32);
+    /// let item = queue.get_guarded().await.unwrap();
+    /// assert_eq!(*item, 7);
+    /// queue.add(7); // added while processing...
+    /// drop(item); // ...so it is queued again when the guard marks it done
+    /// assert_eq!(queue.len(), 1);
+    /// # }
+    /// ```
+    pub async fn get_guarded(&self) -> Option<DoneGuard<T>> {
+        let item = self.get().await?;
+        Some(DoneGuard {
+            queue: self.clone(),
+            item,
+        })
+    }
+
+    /// Marks `item`, obtained from [`get`](Self::get), as processed.
+    ///
+    /// If it was added again meanwhile it is queued again now. Calling it for an item that
+    /// is not processing does nothing.
+    pub fn done(&self, item: &T) {
+        let now = self.now();
+        let (finished, drained) = {
+            let mut state = self.inner.lock();
+            let Some(finished) = state.done(item) else {
+                return;
+            };
+            (finished, state.shutting_down && state.processing == 0)
+        };
+        if finished.requeued {
+            self.inner.item_queued.notify_one();
+        }
+        if drained {
+            self.inner.drained.notify_waiters();
+        }
+        if let (Some(metrics), Some(started), Some(now)) =
+            (&self.inner.metrics, finished.started, now)
+        {
+            metrics.finished(now.saturating_duration_since(started));
+        }
+    }
+
+    /// The number of items waiting for a worker (not counting those processing).
+    pub fn len(&self) -> usize {
+        self.inner.lock().queue.len()
+    }
+
+    /// Whether no item is waiting for a worker.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Stops accepting items. Workers still receive the items already waiting; once none is
+    /// left, every [`get`](Self::get), including those blocked now, returns `None`.
+    pub fn shutdown(&self) {
+        self.inner.lock().shutting_down = true;
+        self.inner.item_queued.notify_waiters();
+    }
+
+    /// Like [`shutdown`](Self::shutdown), then waits until every item being processed is
+    /// [`done`](Self::done).
+    ///
+    /// As in client-go, this waits for items in flight, not for items still waiting: those
+    /// are handed out by later `get` calls (and so become in flight) or dropped with the
+    /// queue. It never returns if a worker never calls `done`.
+    pub async fn shutdown_with_drain(&self) {
+        self.shutdown();
+        loop {
+            let mut drained = pin!(self.inner.drained.notified());
+            drained.as_mut().enable();
+            if self.inner.lock().processing == 0 {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has been called.
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.lock().shutting_down
+    }
+
+    /// Counts a delayed add; the delaying queue reports it here so that all of a queue's
+    /// metrics go through one handle.
+    pub(super) fn record_retry(&self) {
+        if let Some(metrics) = &self.inner.metrics {
+            metrics.retried();
+        }
+    }
+
+    /// How many handles share this queue, to check that background tasks let go of it.
+    #[cfg(test)]
+    pub(super) fn handle_count(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    fn try_next(&self) -> Next<T> {
+        let now = self.now();
+        let next = self.inner.lock().next(now);
+        match next {
+            Next::Item((item, added)) => {
+                if let (Some(metrics), Some(added), Some(now)) = (&self.inner.metrics, added, now) {
+                    metrics.started(now.saturating_duration_since(added));
+                }
+                Next::Item(item)
+            }
+            Next::Empty => Next::Empty,
+            Next::ShutDown => Next::ShutDown,
+        }
+    }
+
+    /// The time, only when someone will read it: reading the clock is the only cost
+    /// metrics would add to an uninstrumented queue.
+    fn now(&self) -> Option<Instant> {
+        self.inner.metrics.as_ref().map(|_| Instant::now())
+    }
+}
+
+impl<T> Inner<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // The state is consistent between statements; a panic elsewhere (in a user's `Hash`,
+        // say) must not take every worker down with it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl<T: Send + Sync> InFlightSource for Inner<T> {
+    fn in_flight(&self) -> InFlightSnapshot {
+        let now = Instant::now();
+        let state = self.lock();
+        let mut snapshot = InFlightSnapshot::default();
+        for &index in state.items.values() {
+            let slot = &state.slots[index];
+            let (Phase::Processing | Phase::ProcessingDirty, Some(started)) =
+                (slot.phase, slot.started)
+            else {
+                continue;
+            };
+            let running = now.saturating_duration_since(started);
+            snapshot.unfinished_work += running;
+            snapshot.longest_running = snapshot.longest_running.max(running);
+        }
+        snapshot
+    }
+}
+
+impl<T> Clone for Queue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<T> Default for Queue<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> fmt::Debug for Queue<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.inner.lock();
+        f.debug_struct("Queue")
+            .field("name", &self.inner.name)
+            .field("waiting", &state.queue.len())
+            .field("processing", &state.processing)
+            .field("shutting_down", &state.shutting_down)
+            .finish()
+    }
+}
+
+/// An item being processed; marks it [`done`](Queue::done) when dropped.
+///
+/// Returned by [`Queue::get_guarded`]. Dereferences to the item.
+pub struct DoneGuard<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    queue: Queue<T>,
+    item: T,
+}
+
+impl<T> DoneGuard<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    /// The item being processed.
+    pub fn item(&self) -> &T {
+        &self.item
+    }
+}
+
+impl<T> Deref for DoneGuard<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.item
+    }
+}
+
+impl<T> Drop for DoneGuard<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        self.queue.done(&self.item);
+    }
+}
+
+impl<T> fmt::Debug for DoneGuard<T>
+where
+    T: Clone + Eq + Hash + Send + Sync + fmt::Debug + 'static,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DoneGuard").field(&self.item).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    /// Takes an item that must already be waiting, without blocking.
+    fn take<T: Clone + Eq + Hash + Send + Sync + 'static>(queue: &Queue<T>) -> Option<T> {
+        match queue.try_next() {
+            Next::Item(item) => Some(item),
+            Next::Empty | Next::ShutDown => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn hands_out_items_in_fifo_order() {
+        let queue = Queue::new();
+        for i in 0..5 {
+            queue.add(i);
+        }
+        assert_eq!(queue.len(), 5);
+        for i in 0..5 {
+            assert_eq!(queue.get().await, Some(i));
+        }
+        assert!(queue.is_empty());
+    }
+
+    #[tokio::test]
+    async fn collapses_duplicates_while_waiting() {
+        let queue = Queue::new();
+        queue.add("a");
+        queue.add("b");
+        queue.add("a");
+        queue.add("a");
+        assert_eq!(queue.len(), 2);
+        assert_eq!(queue.get().await, Some("a"));
+        assert_eq!(queue.get().await, Some("b"));
+        assert_eq!(take(&queue), None);
+    }
+
+    #[tokio::test]
+    async fn item_added_while_processing_comes_back_once_after_done() {
+        let queue = Queue::new();
+        queue.add("a");
+        let item = queue.get().await.unwrap();
+        queue.add("a");
+        queue.add("a");
+        // Not handed to a second worker while the first holds it.
+        assert_eq!(queue.len(), 0);
+        assert_eq!(take(&queue), None);
+        queue.done(&item);
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.get().await, Some("a"));
+        queue.done(&"a");
+        assert_eq!(take(&queue), None);
+        assert!(queue.inner.lock().items.is_empty());
+    }
+
+    #[tokio::test]
+    async fn done_without_readd_forgets_the_item() {
+        let queue = Queue::new();
+        queue.add(1);
+        let item = queue.get().await.unwrap();
+        queue.done(&item);
+        assert_eq!(queue.len(), 0);
+        // Adding again after done queues it afresh.
+        queue.add(1);
+        assert_eq!(queue.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn slots_of_done_items_are_reused() {
+        let queue = Queue::new();
+        for round in 0..100 {
+            for i in 0..10 {
+                queue.add(round * 10 + i);
+            }
+            for _ in 0..10 {
+                let item = queue.get().await.unwrap();
+                queue.done(&item);
+            }
+        }
+        let state = queue.inner.lock();
+        assert_eq!(state.slots.len(), 10);
+        assert_eq!(state.free.len(), 10);
+        assert!(state.items.is_empty());
+    }
+
+    #[tokio::test]
+    async fn done_for_an_item_not_processing_is_ignored() {
+        let queue = Queue::new();
+        queue.done(&1);
+        queue.add(1);
+        queue.done(&1);
+        assert_eq!(queue.len(), 1);
+        assert_eq!(queue.get().await, Some(1));
+        assert_eq!(queue.inner.lock().processing, 1);
+    }
+
+    #[tokio::test]
+    async fn get_waits_for_an_add() {
+        let queue = Queue::new();
+        let worker = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.get().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!worker.is_finished());
+        queue.add(9);
+        assert_eq!(worker.await.unwrap(), Some(9));
+    }
+
+    #[tokio::test]
+    async fn shutdown_wakes_every_waiting_worker_with_none() {
+        let queue: Queue<u32> = Queue::new();
+        let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel(8);
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let queue = queue.clone();
+                let ready_tx = ready_tx.clone();
+                tokio::spawn(async move {
+                    let mut get = pin!(queue.get());
+                    // Announce only once `get` is actually blocked.
+                    assert!(futures::poll!(get.as_mut()).is_pending());
+                    ready_tx.send(()).await.unwrap();
+                    get.await
+                })
+            })
+            .collect();
+        for _ in 0..8 {
+            ready_rx.recv().await.unwrap();
+        }
+        queue.shutdown();
+        for worker in workers {
+            assert_eq!(worker.await.unwrap(), None);
+        }
+        assert!(queue.is_shutting_down());
+    }
+
+    #[tokio::test]
+    async fn shutdown_hands_out_waiting_items_then_none_and_ignores_adds() {
+        let queue = Queue::new();
+        queue.add(1);
+        queue.add(2);
+        queue.shutdown();
+        queue.add(3);
+        assert_eq!(queue.get().await, Some(1));
+        assert_eq!(queue.get().await, Some(2));
+        assert_eq!(queue.get().await, None);
+    }
+
+    #[tokio::test]
+    async fn shutdown_with_drain_returns_only_after_in_flight_items_are_done() {
+        let queue = Queue::new();
+        queue.add("a");
+        queue.add("b");
+        let a = queue.get().await.unwrap();
+        let b = queue.get().await.unwrap();
+        let finished = Arc::new(AtomicBool::new(false));
+        let (started_tx, started_rx) = oneshot::channel();
+        let drain = tokio::spawn({
+            let queue = queue.clone();
+            let finished = finished.clone();
+            async move {
+                let mut drain = pin!(queue.shutdown_with_drain());
+                assert!(futures::poll!(drain.as_mut()).is_pending());
+                started_tx.send(()).unwrap();
+                drain.await;
+                // Both items must be done by the time the drain returns.
+                assert!(finished.load(Ordering::SeqCst));
+            }
+        });
+        started_rx.await.unwrap();
+        assert!(queue.is_shutting_down());
+        queue.done(&a);
+        tokio::task::yield_now().await;
+        assert!(!drain.is_finished());
+        finished.store(true, Ordering::SeqCst);
+        queue.done(&b);
+        drain.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn shutdown_with_drain_returns_at_once_when_idle() {
+        let queue: Queue<u8> = Queue::new();
+        queue.shutdown_with_drain().await;
+        assert!(queue.is_shutting_down());
+    }
+
+    #[tokio::test]
+    async fn guard_marks_the_item_done_on_drop() {
+        let queue = Queue::new();
+        queue.add(5);
+        let guard = queue.get_guarded().await.unwrap();
+        assert_eq!(*guard.item(), 5);
+        assert_eq!(queue.inner.lock().processing, 1);
+        drop(guard);
+        assert_eq!(queue.inner.lock().processing, 0);
+        assert!(queue.inner.lock().items.is_empty());
+    }
+
+    #[tokio::test]
+    async fn cancelled_get_does_not_lose_a_wakeup() {
+        let queue = Queue::new();
+        let mut first = Box::pin(queue.get());
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        let second = tokio::spawn({
+            let queue = queue.clone();
+            async move { queue.get().await }
+        });
+        tokio::task::yield_now().await;
+        // The notification may go to `first`; dropping it must pass it on to `second`.
+        queue.add(1);
+        drop(first);
+        assert_eq!(second.await.unwrap(), Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_flight_snapshot_sums_and_maxes_processing_time() {
+        struct Nothing;
+        impl QueueMetrics for Nothing {
+            fn added(&self) {}
+            fn started(&self, _: Duration) {}
+            fn finished(&self, _: Duration) {}
+            fn retried(&self) {}
+        }
+        struct Keep(Mutex<Option<InFlightProbe>>);
+        impl super::super::MetricsProvider for Arc<Keep> {
+            fn queue_metrics(&self, _: &str, probe: InFlightProbe) -> Box<dyn QueueMetrics> {
+                *self.0.lock().unwrap() = Some(probe);
+                Box::new(Nothing)
+            }
+        }
+        let keep = Arc::new(Keep(Mutex::new(None)));
+        let queue = Queue::with_config(QueueConfig::named("q").metrics(keep.clone()));
+        let probe = keep.0.lock().unwrap().take().unwrap();
+
+        queue.add(1);
+        queue.add(2);
+        queue.get().await.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        queue.get().await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let snapshot = probe.snapshot().unwrap();
+        assert_eq!(snapshot.unfinished_work, Duration::from_secs(5));
+        assert_eq!(snapshot.longest_running, Duration::from_secs(4));
+
+        drop(queue);
+        assert!(probe.is_closed());
+        assert_eq!(probe.snapshot(), None);
+    }
+}
