@@ -1,0 +1,350 @@
+//! Errors of the informer machinery.
+//!
+//! One enum, [`Error`], covers everything a list, a watch, the store or a cache-sync wait can
+//! report. The reflector sorts list/watch failures into a few kinds because each kind calls for
+//! a different recovery:
+//!
+//! | kind | recovery |
+//! |---|---|
+//! | [`Error::Gone`] (HTTP 410, "too old resource version") | relist from resourceVersion `""` |
+//! | [`Error::Decode`], [`Error::MalformedEvent`] | relist (an event was lost) |
+//! | [`Error::Forbidden`], [`Error::Api`], [`Error::Transport`] | back off, then retry |
+//! | [`Error::IdleTimeout`] | reconnect the watch at once |
+//!
+//! Every such error is also handed to the watch-error hook, if one is registered.
+
+use std::{fmt, time::Duration};
+
+use kube_core::Status;
+
+/// A boxed error from below (HTTP stack, JSON decoder, ...).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The API verb a list/watch error belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Verb {
+    /// A (paged) list call.
+    List,
+    /// A watch call, or an event read from a watch stream.
+    Watch,
+}
+
+impl Verb {
+    /// The verb as Kubernetes RBAC spells it (`list`, `watch`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::List => "list",
+            Verb::Watch => "watch",
+        }
+    }
+}
+
+impl fmt::Display for Verb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Everything that can go wrong in this crate's informer machinery.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// HTTP 410 Gone: the requested resourceVersion (or a list's continue token) is older than
+    /// what the API server still keeps. Also produced for an `ERROR` watch event that says
+    /// "too old resource version". The reflector relists from resourceVersion `""`.
+    #[error("{verb} {resource}: resource version expired (410 Gone): {message}")]
+    Gone {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// Which call failed.
+        verb: Verb,
+        /// The server's message.
+        message: String,
+    },
+
+    /// HTTP 403 Forbidden: RBAC does not allow this verb on this resource.
+    #[error(
+        "forbidden: cannot {verb} {resource} {}: {message}",
+        namespace.as_deref().map_or_else(|| "at cluster scope".to_owned(), |ns| format!("in namespace {ns:?}"))
+    )]
+    Forbidden {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// The verb that was refused.
+        verb: Verb,
+        /// The namespace of the request; `None` for a cluster-wide request.
+        namespace: Option<String>,
+        /// The server's message.
+        message: String,
+    },
+
+    /// One object or watch event could not be decoded into the Rust type.
+    #[error("{verb} {resource}: cannot decode response: {source}")]
+    Decode {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// Which call's response failed to decode.
+        verb: Verb,
+        /// The decoder's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A watch event decoded but makes no sense (an object without a name, for instance).
+    #[error("watch {resource}: malformed event: {detail}")]
+    MalformedEvent {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// Any other error status from the API server (429, 500, 503, ...).
+    #[error("{verb} {resource}: API error {}: {} ({})", status.code, status.message, status.reason)]
+    Api {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// Which call failed.
+        verb: Verb,
+        /// The status the server sent.
+        status: Box<Status>,
+    },
+
+    /// The request never got an answer: connection refused or reset, TLS, timeouts, ...
+    #[error("{verb} {resource}: transport error: {source}")]
+    Transport {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// Which call failed.
+        verb: Verb,
+        /// The underlying error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A watch sent nothing (not even a bookmark) for the configured idle timeout: the
+    /// connection is presumed dead (a load balancer dropped it) and is replaced.
+    #[error("watch {resource}: no event or bookmark for {idle:?}; reconnecting")]
+    IdleTimeout {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// How long the watch was silent.
+        idle: Duration,
+    },
+
+    /// An object has no `metadata.name`, so it has no key.
+    #[error("object has no metadata.name")]
+    MissingName,
+
+    /// No index with this name is registered on the store.
+    #[error("index {0:?} does not exist")]
+    IndexNotFound(String),
+
+    /// An index with this name is already registered on the store.
+    #[error("index {0:?} already exists")]
+    IndexExists(String),
+
+    /// [`wait_for_cache_sync`](crate::wait_for_cache_sync) gave up.
+    #[error("caches did not sync within {0:?}")]
+    SyncTimeout(Duration),
+}
+
+impl Error {
+    /// Sorts a `kube_client` error from a list or watch call on `resource` (in `namespace`).
+    pub fn from_kube(
+        err: kube_client::Error,
+        verb: Verb,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> Self {
+        match err {
+            // kube-client falls back to parsing an undecodable watch line as a `Status`; every
+            // JSON object parses as one (all fields default), so a status without a code is
+            // really an object that did not decode.
+            kube_client::Error::Api(status) if status.code == 0 && status.reason.is_empty() => {
+                Error::Decode {
+                    resource: resource.to_owned(),
+                    verb,
+                    source: "event is neither a valid object of this kind nor an API status".into(),
+                }
+            }
+            kube_client::Error::Api(status) => Self::from_status(status, verb, resource, namespace),
+            kube_client::Error::SerdeError(e) => Error::Decode {
+                resource: resource.to_owned(),
+                verb,
+                source: Box::new(e),
+            },
+            other => Error::Transport {
+                resource: resource.to_owned(),
+                verb,
+                source: Box::new(other),
+            },
+        }
+    }
+
+    /// Sorts an API `Status` (an error response, or the object of an `ERROR` watch event).
+    pub fn from_status(
+        status: Box<Status>,
+        verb: Verb,
+        resource: &str,
+        namespace: Option<&str>,
+    ) -> Self {
+        let resource = resource.to_owned();
+        if is_gone_status(&status) {
+            return Error::Gone {
+                resource,
+                verb,
+                message: status.message,
+            };
+        }
+        if status.code == 403 || status.reason == "Forbidden" {
+            return Error::Forbidden {
+                resource,
+                verb,
+                namespace: namespace.map(str::to_owned),
+                message: status.message,
+            };
+        }
+        Error::Api {
+            resource,
+            verb,
+            status,
+        }
+    }
+
+    /// True for a 410 Gone / "too old resource version": the caller must relist.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, Error::Gone { .. })
+    }
+
+    /// True for a 403 Forbidden.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, Error::Forbidden { .. })
+    }
+
+    /// A copy of this error when retrying the same request cannot fix it: 403 Forbidden (RBAC),
+    /// 401 Unauthorized (credentials), 404 Not Found (the resource type is not served, e.g. a
+    /// CRD that is not installed). `None` for every other error.
+    ///
+    /// The reflector retries these like any other error, since permissions and CRDs can be
+    /// added while it runs; callers that cannot wait, such as a controller's first sync,
+    /// use this to fail with a clear reason instead of waiting forever.
+    pub fn permanent_copy(&self) -> Option<Error> {
+        match self {
+            Error::Forbidden {
+                resource,
+                verb,
+                namespace,
+                message,
+            } => Some(Error::Forbidden {
+                resource: resource.clone(),
+                verb: *verb,
+                namespace: namespace.clone(),
+                message: message.clone(),
+            }),
+            Error::Api {
+                resource,
+                verb,
+                status,
+            } if matches!(status.code, 401 | 404) => Some(Error::Api {
+                resource: resource.clone(),
+                verb: *verb,
+                status: status.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// True when the reflector answers this error with a relist (as opposed to a plain retry
+    /// of the same call): gone resource versions, undecodable or malformed events.
+    pub fn needs_relist(&self) -> bool {
+        matches!(
+            self,
+            Error::Gone { .. } | Error::Decode { .. } | Error::MalformedEvent { .. }
+        )
+    }
+}
+
+/// 410 by code or reason, or the etcd/apiserver "too old resource version" wording that
+/// some servers send with another code (500) in a watch `ERROR` event.
+fn is_gone_status(status: &Status) -> bool {
+    status.code == 410
+        || status.reason == "Expired"
+        || status.reason == "Gone"
+        || status.message.contains("too old resource version")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, reason: &str, message: &str) -> Box<Status> {
+        Box::new(Status {
+            status: None,
+            code,
+            message: message.into(),
+            metadata: None,
+            reason: reason.into(),
+            details: None,
+        })
+    }
+
+    #[test]
+    fn gone_by_code_reason_or_message() {
+        for st in [
+            status(410, "", "x"),
+            status(0, "Expired", "x"),
+            status(500, "InternalError", "too old resource version: 5 (10)"),
+        ] {
+            let e = Error::from_status(st, Verb::Watch, "pods", None);
+            assert!(e.is_gone(), "{e}");
+            assert!(e.needs_relist());
+        }
+    }
+
+    #[test]
+    fn forbidden_names_resource_verb_and_namespace() {
+        let e = Error::from_status(
+            status(403, "Forbidden", "no"),
+            Verb::List,
+            "widgets.example.com",
+            Some("team-a"),
+        );
+        assert!(e.is_forbidden());
+        let msg = e.to_string();
+        assert!(msg.contains("list"), "{msg}");
+        assert!(msg.contains("widgets.example.com"), "{msg}");
+        assert!(msg.contains("\"team-a\""), "{msg}");
+        let cluster = Error::from_status(status(403, "", "no"), Verb::Watch, "nodes", None);
+        assert!(cluster.to_string().contains("at cluster scope"));
+    }
+
+    #[test]
+    fn kube_errors_are_sorted() {
+        let serde = serde_json::from_str::<u32>("x").unwrap_err();
+        let e = Error::from_kube(
+            kube_client::Error::SerdeError(serde),
+            Verb::Watch,
+            "configmaps",
+            None,
+        );
+        assert!(matches!(e, Error::Decode { .. }));
+        assert!(e.to_string().contains("configmaps"));
+        let io = std::io::Error::other("reset");
+        let e = Error::from_kube(
+            kube_client::Error::ReadEvents(io),
+            Verb::Watch,
+            "pods",
+            None,
+        );
+        assert!(matches!(e, Error::Transport { .. }));
+        assert!(!e.needs_relist());
+        let e = Error::from_kube(
+            kube_client::Error::Api(status(500, "InternalError", "boom")),
+            Verb::List,
+            "pods",
+            None,
+        );
+        assert!(matches!(e, Error::Api { .. }));
+    }
+}

@@ -1,0 +1,733 @@
+//! The list-then-watch loop (client-go's `Reflector`).
+//!
+//! A [`Reflector`] keeps a [`ReflectorStore`] equal to the API server's state of one
+//! resource:
+//!
+//! 1. **List** in pages of [`page_size`](ReflectorConfig::page_size) (500) following
+//!    `continue` tokens. The first list asks for resourceVersion `"0"` (any cached state: cheap
+//!    for the server, which may then ignore the page size); later relists ask for data not
+//!    older than the last resourceVersion seen (`resourceVersionMatch=NotOlderThan`), so the
+//!    cache never goes back in time; after a 410 Gone the list is restarted from page one at
+//!    resourceVersion `""` (a consistent read). The store then gets one
+//!    [`replace`](ReflectorStore::replace).
+//! 2. **Watch** from the list's resourceVersion with `allowWatchBookmarks` and a random
+//!    server-side timeout in `[min_watch_timeout, 2 × min_watch_timeout)` (5–10 min), applying
+//!    each event to the store. Bookmarks only advance the resourceVersion.
+//! 3. A watch that **ends normally** is resumed from the last resourceVersion, without a
+//!    relist. A **410 Gone** (error or `ERROR` event, "too old resource version") relists. An
+//!    **undecodable or malformed event** is reported and relists (an event was lost, so only
+//!    a list can tell the truth). A watch silent (no event, no bookmark) for
+//!    [`idle_timeout`](ReflectorConfig::idle_timeout) is presumed dead and reconnected.
+//!    Other errors back off (800 ms doubling to 30 s, jittered, reset after 2 min of health;
+//!    see [`Backoff`](crate::Backoff)) and retry.
+//!
+//! Every list/watch error goes to the [error hook](Reflector::with_error_hook), if any, and
+//! to `tracing`.
+
+use std::{
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
+
+use futures::StreamExt;
+use kube_core::Resource;
+use rand::Rng;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::{
+    Backoff, BackoffConfig, Error, ListOptions, ListWatch, ObjectKey, Store, VersionMatch,
+    WatchEvent, WatchOptions, error::Verb, store::TransformFn,
+};
+
+/// Where a [`Reflector`] writes (client-go's reflector store: `Replace`, `Add`/`Update`,
+/// `Delete`). Implemented by [`Store`] and by the shared informer's event processor.
+pub trait ReflectorStore<K>: Send + Sync + 'static {
+    /// The result of a full list at `resource_version`: the new complete content.
+    fn replace(&self, objects: Vec<(ObjectKey, Arc<K>)>, resource_version: &str);
+    /// An object was added or modified.
+    fn upsert(&self, key: ObjectKey, object: Arc<K>);
+    /// An object was deleted; `object` is its last state.
+    fn delete(&self, key: ObjectKey, object: Arc<K>);
+}
+
+impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Store<K> {
+    fn replace(&self, objects: Vec<(ObjectKey, Arc<K>)>, _resource_version: &str) {
+        self.replace_keyed(&objects);
+    }
+
+    fn upsert(&self, key: ObjectKey, object: Arc<K>) {
+        self.insert_keyed(key, object);
+    }
+
+    fn delete(&self, key: ObjectKey, _object: Arc<K>) {
+        self.remove(key);
+    }
+}
+
+/// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
+pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
+
+/// Tuning of a [`Reflector`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReflectorConfig {
+    /// Objects per list page (`limit`), 500.
+    pub page_size: u32,
+    /// Lower bound of the random server-side watch timeout; the upper bound is twice this
+    /// (5 min, so 5–10 min).
+    pub min_watch_timeout: Duration,
+    /// A watch that delivers nothing, not even a bookmark, for this long is reconnected
+    /// (5 min). Servers send bookmarks about once a minute; keep this well above that.
+    pub idle_timeout: Duration,
+    /// Backoff between failed attempts.
+    pub backoff: BackoffConfig,
+}
+
+impl Default for ReflectorConfig {
+    fn default() -> Self {
+        Self {
+            page_size: 500,
+            min_watch_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(300),
+            backoff: BackoffConfig::default(),
+        }
+    }
+}
+
+/// The resourceVersion a reflector last synced to (from a list, an event or a bookmark).
+#[derive(Clone, Debug, Default)]
+pub struct SyncedVersion(Arc<RwLock<Option<String>>>);
+
+impl SyncedVersion {
+    /// The last synced resourceVersion; `None` before the first list completed.
+    pub fn get(&self) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, rv: &str) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(rv.to_owned());
+    }
+}
+
+/// Lists and watches `L` into `S`; see the [module docs](self).
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{Reflector, ReflectorConfig, Store, testing::FakeListWatch};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fake = FakeListWatch::<ConfigMap>::new("configmaps");
+/// fake.add(FakeListWatch::<ConfigMap>::object(Some("ns"), "a"));
+/// let store = Store::new();
+/// let reflector = Reflector::new(fake.clone(), store.clone(), ReflectorConfig::default());
+/// let version = reflector.synced_version();
+/// let stop = CancellationToken::new();
+/// let task = tokio::spawn(reflector.run(stop.clone()));
+/// fake.wait_for_calls(|c| c.watches == 1).await;
+/// assert_eq!(store.len(), 1);
+/// assert_eq!(version.get().as_deref(), Some("2"));
+/// stop.cancel();
+/// task.await.unwrap();
+/// # }
+/// ```
+pub struct Reflector<K, L, S> {
+    lw: L,
+    store: S,
+    config: ReflectorConfig,
+    transform: Option<TransformFn<K>>,
+    error_hook: Option<ErrorHook>,
+    synced: SyncedVersion,
+    resource: String,
+    namespace: Option<String>,
+}
+
+/// Which resourceVersion the next list asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ListFrom {
+    /// `"0"`: any state the server has cached.
+    Any,
+    /// The last seen resourceVersion, `NotOlderThan`.
+    LastSeen,
+    /// `""`: a consistent read (after a 410).
+    Latest,
+}
+
+/// How a watch ended.
+enum WatchEnd {
+    Cancelled,
+    Closed { events: usize, elapsed: Duration },
+    Idle,
+    Failed { error: Error, events: usize },
+}
+
+impl<K, L, S> Reflector<K, L, S>
+where
+    K: Resource + Send + Sync + 'static,
+    L: ListWatch<K>,
+    S: ReflectorStore<K>,
+{
+    /// A reflector from `list_watch` into `store`.
+    pub fn new(list_watch: L, store: S, config: ReflectorConfig) -> Self {
+        let resource = list_watch.resource();
+        let namespace = list_watch.namespace();
+        Self {
+            lw: list_watch,
+            store,
+            config,
+            transform: None,
+            error_hook: None,
+            synced: SyncedVersion::default(),
+            resource,
+            namespace,
+        }
+    }
+
+    /// Applies `transform` to every object before it is stored.
+    #[must_use]
+    pub fn with_transform(mut self, transform: TransformFn<K>) -> Self {
+        self.transform = Some(transform);
+        self
+    }
+
+    /// Calls `hook` with every list/watch error.
+    #[must_use]
+    pub fn with_error_hook(mut self, hook: ErrorHook) -> Self {
+        self.error_hook = Some(hook);
+        self
+    }
+
+    /// Shares the last-synced resourceVersion with `version` (the informer passes its own).
+    #[must_use]
+    pub fn with_synced_version(mut self, version: SyncedVersion) -> Self {
+        self.synced = version;
+        self
+    }
+
+    /// A handle on the last-synced resourceVersion.
+    pub fn synced_version(&self) -> SyncedVersion {
+        self.synced.clone()
+    }
+
+    /// Runs until `cancel` fires; never returns earlier.
+    pub async fn run(self, cancel: CancellationToken) {
+        let span = info_span!("reflector", resource = %self.resource, namespace = self.namespace.as_deref().unwrap_or(""));
+        self.run_loop(cancel).instrument(span).await;
+    }
+
+    async fn run_loop(self, cancel: CancellationToken) {
+        let mut backoff = Backoff::new(self.config.backoff.clone());
+        let mut list_from = ListFrom::Any;
+        let mut need_list = true;
+        let mut last_rv = String::new();
+        let mut gone_in_a_row = 0u32;
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            if need_list {
+                let listed = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => break,
+                    r = self.list_all(list_from, &last_rv) => r,
+                };
+                match listed {
+                    Ok(rv) => {
+                        last_rv = rv;
+                        need_list = false;
+                        list_from = ListFrom::LastSeen;
+                    }
+                    Err(error) => {
+                        self.report(&error);
+                        if error.is_gone() && list_from != ListFrom::Latest {
+                            debug!("list expired; listing again from resourceVersion \"\"");
+                            list_from = ListFrom::Latest;
+                            continue;
+                        }
+                        if !self.sleep(&cancel, &mut backoff).await {
+                            break;
+                        }
+                        continue;
+                    }
+                }
+            }
+
+            match self.watch(&cancel, &mut last_rv).await {
+                WatchEnd::Cancelled => break,
+                WatchEnd::Closed { events, elapsed } => {
+                    if events > 0 {
+                        gone_in_a_row = 0;
+                    }
+                    if events == 0 && elapsed < Duration::from_secs(1) {
+                        warn!(rv = %last_rv, "watch closed at once without events");
+                        if !self.sleep(&cancel, &mut backoff).await {
+                            break;
+                        }
+                    }
+                }
+                WatchEnd::Idle => {}
+                WatchEnd::Failed { error, events } => {
+                    self.report(&error);
+                    if events > 0 {
+                        gone_in_a_row = 0;
+                    }
+                    if error.is_gone() {
+                        need_list = true;
+                        list_from = ListFrom::Latest;
+                        gone_in_a_row += 1;
+                        if gone_in_a_row > 1 && !self.sleep(&cancel, &mut backoff).await {
+                            break;
+                        }
+                    } else {
+                        if error.needs_relist() {
+                            need_list = true;
+                            list_from = ListFrom::LastSeen;
+                        }
+                        if !self.sleep(&cancel, &mut backoff).await {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        debug!("reflector stopped");
+    }
+
+    fn report(&self, error: &Error) {
+        warn!(%error, "list/watch error");
+        if let Some(hook) = &self.error_hook {
+            hook(error);
+        }
+    }
+
+    /// Sleeps the next backoff delay; false if cancelled meanwhile.
+    async fn sleep(&self, cancel: &CancellationToken, backoff: &mut Backoff) -> bool {
+        let delay = backoff.next_delay();
+        debug!(delay_ms = delay.as_millis() as u64, "backing off");
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    fn prepare(&self, obj: K) -> Result<(ObjectKey, Arc<K>), K> {
+        let obj = match &self.transform {
+            Some(t) => t(obj),
+            None => obj,
+        };
+        match ObjectKey::from_object(&obj) {
+            Ok(key) => Ok((key, Arc::new(obj))),
+            Err(_) => Err(obj),
+        }
+    }
+
+    /// Lists every page, replaces the store; returns the list's resourceVersion.
+    async fn list_all(&self, from: ListFrom, last_rv: &str) -> Result<String, Error> {
+        let started = Instant::now();
+        let (resource_version, version_match) = match from {
+            ListFrom::Any => (Some("0".to_owned()), None),
+            ListFrom::LastSeen if !last_rv.is_empty() => {
+                (Some(last_rv.to_owned()), Some(VersionMatch::NotOlderThan))
+            }
+            ListFrom::LastSeen => (Some("0".to_owned()), None),
+            ListFrom::Latest => (None, None),
+        };
+        debug!(rv = ?resource_version, "listing");
+        let limit = Some(self.config.page_size).filter(|l| *l > 0);
+        let mut options = ListOptions {
+            limit,
+            continue_token: None,
+            resource_version,
+            version_match,
+        };
+        let mut objects = Vec::new();
+        let mut pages = 0usize;
+        let list_rv = loop {
+            let page = self.lw.list(&options).await?;
+            pages += 1;
+            objects.reserve(page.items.len());
+            for item in page.items {
+                match self.prepare(item) {
+                    Ok(pair) => objects.push(pair),
+                    Err(_) => self.report(&Error::MalformedEvent {
+                        resource: self.resource.clone(),
+                        detail: "listed object has no metadata.name; skipped".to_owned(),
+                    }),
+                }
+            }
+            match page.continue_token {
+                Some(token) => {
+                    options = ListOptions {
+                        limit,
+                        continue_token: Some(token),
+                        resource_version: None,
+                        version_match: None,
+                    };
+                }
+                None => break page.resource_version,
+            }
+        };
+        let count = objects.len();
+        self.store.replace(objects, &list_rv);
+        self.synced.set(&list_rv);
+        info!(
+            rv = %list_rv,
+            objects = count,
+            pages,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "listed"
+        );
+        Ok(list_rv)
+    }
+
+    /// Watches from `last_rv` until the watch ends; applies its events.
+    async fn watch(&self, cancel: &CancellationToken, last_rv: &mut String) -> WatchEnd {
+        let min = self.config.min_watch_timeout;
+        let timeout = min.mul_f64(1.0 + rand::rng().random::<f64>());
+        let options = WatchOptions {
+            resource_version: last_rv.clone(),
+            timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
+            allow_bookmarks: true,
+        };
+        debug!(rv = %last_rv, timeout_s = options.timeout.map(|t| t.as_secs()), "watching");
+        let started = Instant::now();
+        let mut stream = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return WatchEnd::Cancelled,
+            r = self.lw.watch(&options) => match r {
+                Ok(stream) => stream,
+                Err(error) => return WatchEnd::Failed { error, events: 0 },
+            },
+        };
+        let mut events = 0usize;
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return WatchEnd::Cancelled,
+                n = tokio::time::timeout(self.config.idle_timeout, stream.next()) => n,
+            };
+            let event = match next {
+                Err(_) => {
+                    self.report(&Error::IdleTimeout {
+                        resource: self.resource.clone(),
+                        idle: self.config.idle_timeout,
+                    });
+                    return WatchEnd::Idle;
+                }
+                Ok(None) => {
+                    let elapsed = started.elapsed();
+                    debug!(rv = %last_rv, events, elapsed_ms = elapsed.as_millis() as u64, "watch closed");
+                    return WatchEnd::Closed { events, elapsed };
+                }
+                Ok(Some(Err(error))) => return WatchEnd::Failed { error, events },
+                Ok(Some(Ok(event))) => event,
+            };
+            events += 1;
+            let (obj, deleted) = match event {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
+                WatchEvent::Deleted(o) => (o, true),
+                WatchEvent::Bookmark { resource_version } => {
+                    if !resource_version.is_empty() {
+                        *last_rv = resource_version;
+                        self.synced.set(last_rv);
+                    }
+                    continue;
+                }
+                WatchEvent::Error(status) => {
+                    let error = Error::from_status(
+                        status,
+                        Verb::Watch,
+                        &self.resource,
+                        self.namespace.as_deref(),
+                    );
+                    return WatchEnd::Failed { error, events };
+                }
+            };
+            let rv = obj.meta().resource_version.clone();
+            let (key, obj) = match self.prepare(obj) {
+                Ok(pair) => pair,
+                Err(_) => {
+                    let error = Error::MalformedEvent {
+                        resource: self.resource.clone(),
+                        detail: "object without metadata.name".to_owned(),
+                    };
+                    return WatchEnd::Failed { error, events };
+                }
+            };
+            if deleted {
+                self.store.delete(key, obj);
+            } else {
+                self.store.upsert(key, obj);
+            }
+            if let Some(rv) = rv.filter(|rv| !rv.is_empty()) {
+                *last_rv = rv;
+                self.synced.set(last_rv);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{FakeListWatch, decode_error, gone, status, transport_error};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use std::sync::Mutex;
+
+    type Fake = FakeListWatch<ConfigMap>;
+
+    fn cm(name: &str) -> ConfigMap {
+        Fake::object(Some("ns"), name)
+    }
+
+    struct Harness {
+        store: Store<ConfigMap>,
+        errors: Arc<Mutex<Vec<String>>>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(fake: &Fake, config: ReflectorConfig) -> Harness {
+        let store = Store::new();
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let hook_errors = errors.clone();
+        let reflector = Reflector::new(fake.clone(), store.clone(), config).with_error_hook(
+            Arc::new(move |e: &Error| hook_errors.lock().unwrap().push(e.to_string())),
+        );
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(reflector.run(stop.clone()));
+        Harness {
+            store,
+            errors,
+            stop,
+            task,
+        }
+    }
+
+    impl Harness {
+        async fn stop(self) {
+            self.stop.cancel();
+            self.task.await.unwrap();
+        }
+        fn errors(&self) -> Vec<String> {
+            self.errors.lock().unwrap().clone()
+        }
+    }
+
+    fn list_rvs(fake: &Fake) -> Vec<(Option<String>, Option<VersionMatch>, bool)> {
+        fake.list_requests()
+            .into_iter()
+            .map(|o| {
+                (
+                    o.resource_version,
+                    o.version_match,
+                    o.continue_token.is_some(),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pages_of_500_then_watch_from_list_rv() {
+        let fake = Fake::new("configmaps");
+        for i in 0..1201 {
+            fake.add(cm(&format!("o{i:04}")));
+        }
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        assert_eq!(h.store.len(), 1201);
+        let lists = fake.list_requests();
+        assert_eq!(lists.len(), 3);
+        assert!(lists.iter().all(|o| o.limit == Some(500)));
+        assert_eq!(lists[0].resource_version.as_deref(), Some("0"));
+        assert!(lists[1].continue_token.is_some() && lists[1].resource_version.is_none());
+        let watch = &fake.watch_requests()[0];
+        assert_eq!(watch.resource_version, fake.resource_version());
+        assert!(watch.allow_bookmarks);
+        let t = watch.timeout.unwrap();
+        assert!(
+            t >= Duration::from_secs(300) && t < Duration::from_secs(600),
+            "{t:?}"
+        );
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gone_in_the_middle_of_a_paged_list_restarts_from_latest() {
+        let fake = Fake::new("configmaps");
+        for i in 0..1200 {
+            fake.add(cm(&format!("o{i:04}")));
+        }
+        fake.fail_next_continue(gone("configmaps", Verb::List));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        assert_eq!(
+            list_rvs(&fake),
+            [
+                (Some("0".into()), None, false),
+                (None, None, true),  // 410 here
+                (None, None, false), // restart at RV "" from page 1
+                (None, None, true),
+                (None, None, true),
+            ]
+        );
+        assert_eq!(h.store.len(), 1200);
+        assert_eq!(h.errors().len(), 1);
+        assert!(h.errors()[0].contains("410"));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watch_end_resumes_from_last_rv_without_relist() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        fake.add(cm("b"));
+        let rv = fake.update(cm("a"));
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 1, "no relist");
+        assert_eq!(fake.watch_requests()[1].resource_version, rv);
+        assert_eq!(h.store.len(), 2);
+        // a bookmark moves the resume point too
+        fake.bookmark();
+        let bookmark_rv = fake.resource_version();
+        fake.add(cm("c"));
+        let after = fake.resource_version();
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        assert_eq!(fake.watch_requests()[2].resource_version, after);
+        assert_ne!(bookmark_rv, "");
+        assert!(h.errors().is_empty());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gone_on_watch_relists_from_latest() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        fake.add(cm("b"));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        // changes the watch never sees, then history is compacted
+        fake.set_broadcast(false);
+        fake.delete(Some("ns"), "a");
+        fake.add(cm("c"));
+        fake.compact();
+        fake.set_broadcast(true);
+        fake.end_watches(); // resume from an expired RV -> ERROR 410 event
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        assert_eq!(fake.calls().lists, 2);
+        assert_eq!(list_rvs(&fake)[1], (None, None, false));
+        let mut keys: Vec<_> = h
+            .store
+            .list_keys()
+            .into_iter()
+            .map(|k| k.to_string())
+            .collect();
+        keys.sort();
+        assert_eq!(keys, ["ns/b", "ns/c"]);
+        assert!(h.errors()[0].contains("410"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_back_off_and_later_relists_use_last_rv() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        for _ in 0..3 {
+            fake.fail_next_list(transport_error("configmaps", Verb::List));
+        }
+        let t0 = Instant::now();
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        // 3 failures: delays of at most 0.8 + 1.6 + 3.2 s, at least 75% of that
+        let waited = t0.elapsed();
+        assert!(waited <= Duration::from_millis(5600), "{waited:?}");
+        assert!(waited >= Duration::from_millis(4200), "{waited:?}");
+        assert_eq!(h.errors().len(), 3);
+        // a decode error on the watch relists at the last seen RV, NotOlderThan
+        let rv = fake.resource_version();
+        fake.inject(Err(decode_error("configmaps", Verb::Watch)));
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        let last = fake.list_requests().pop().unwrap();
+        assert_eq!(last.resource_version.as_deref(), Some(rv.as_str()));
+        assert_eq!(last.version_match, Some(VersionMatch::NotOlderThan));
+        assert!(h.errors()[3].contains("decode"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_watch_is_reconnected() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let config = ReflectorConfig {
+            idle_timeout: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let h = start(&fake, config);
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        let t0 = Instant::now();
+        // bookmarks keep it alive
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            fake.bookmark();
+        }
+        assert_eq!(fake.calls().watches, 1);
+        // then silence
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        let elapsed = t0.elapsed();
+        assert!(
+            elapsed >= Duration::from_secs(210) && elapsed < Duration::from_secs(212),
+            "{elapsed:?}"
+        );
+        assert_eq!(fake.calls().lists, 1, "an idle reconnect does not relist");
+        assert!(h.errors()[0].contains("no event"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn malformed_event_is_reported_and_relisted() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        fake.inject(Ok(WatchEvent::Added(ConfigMap::default()))); // no name
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 2);
+        assert!(h.errors()[0].contains("malformed"), "{:?}", h.errors());
+        // and an ERROR event that is not a 410 backs off and re-watches
+        fake.inject(Ok(WatchEvent::Error(status(
+            500,
+            "InternalError",
+            "etcd unavailable",
+        ))));
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        assert_eq!(fake.calls().lists, 2);
+        assert!(h.errors()[1].contains("etcd unavailable"));
+        assert_eq!(h.store.len(), 1);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forbidden_is_reported_and_retried() {
+        let fake = Fake::new("configmaps");
+        fake.fail_next_watch(Error::from_status(
+            status(403, "Forbidden", "denied"),
+            Verb::Watch,
+            "configmaps",
+            Some("ns"),
+        ));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 1);
+        assert!(h.errors()[0].contains("cannot watch configmaps in namespace \"ns\""));
+        h.stop().await;
+    }
+}

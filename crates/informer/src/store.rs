@@ -1,0 +1,555 @@
+//! The thread-safe, indexed object cache (client-go's `Indexer` / `threadSafeMap`).
+//!
+//! [`Store<K>`] maps [`ObjectKey`]s to `Arc<K>`: the object decoded from the API server is
+//! moved into one `Arc` and every reader, index and event handler shares it; nothing is
+//! deep-copied after decoding.
+//!
+//! # Consistency guarantee
+//!
+//! Objects and all index entries live behind **one** `RwLock`, and every write (insert,
+//! remove, replace, add an index) becomes visible to readers in a single step. Hence:
+//!
+//! * a reader never sees an index entry whose key is missing from the objects, nor an object
+//!   missing from an index it belongs to;
+//! * an object and all its index entries change together: `by_index(i, v)` returns objects
+//!   whose *current* index values include `v`;
+//! * `list()` and friends are snapshots of one instant.
+//!
+//! Writers are serialized by a separate mutex, and the (user-supplied) index functions run
+//! under that mutex only, *before* the `RwLock` is taken for writing: readers are locked out
+//! just for the hash-map updates, and a panicking index function leaves the store unchanged.
+//!
+//! A `RwLock` (and not a sharded map such as `dashmap`) is a deliberate choice: the
+//! guarantee above needs objects and indexes to change atomically together, which per-shard
+//! locks cannot give without a second lock on top. An informer's store has one writer (its
+//! reflector), and read critical sections are short, so one lock does not limit throughput.
+
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
+};
+
+use kube_core::Resource;
+
+use crate::{
+    Error, ObjectKey,
+    index::{Index, IndexFn, IndexValues, NAMESPACE_INDEX, apply_change, compute_values},
+};
+
+/// A transform applied to every object before it is stored (and before handlers see it).
+///
+/// Typical use: drop fields the program never reads to save memory, as
+/// [`strip_managed_fields`] does.
+pub type TransformFn<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
+
+/// Transform that drops `metadata.managedFields`, usually the largest part of an object that
+/// a controller never reads.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{SharedInformer, strip_managed_fields, testing::FakeListWatch};
+///
+/// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+///     .transform(strip_managed_fields)
+///     .build();
+/// ```
+pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
+/// Thread-safe indexed cache of `Arc<K>` by [`ObjectKey`]. Cheap to clone (shared).
+///
+/// An informer owns one and writes to it; programs read it (see the [module docs](self) for
+/// the consistency guarantee). The write methods are public so that a store can be filled by
+/// hand in tests, but **never write to an informer's store**: the informer would not know.
+///
+/// ```
+/// use std::sync::Arc;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{Store, index::label_index, testing::FakeListWatch};
+///
+/// let store = Store::<ConfigMap>::new();
+/// store.add_indexer("app", label_index("app")).unwrap();
+/// let mut cm = FakeListWatch::<ConfigMap>::object(Some("ns"), "a");
+/// cm.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+/// store.insert(Arc::new(cm)).unwrap();
+///
+/// assert!(store.get_by_key("ns/a").is_some());
+/// assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+/// assert_eq!(store.by_index("namespace", "ns").unwrap().len(), 1);
+/// assert_eq!(store.list_index_values("app").unwrap(), vec!["web".to_owned()]);
+/// ```
+pub struct Store<K> {
+    shared: Arc<Shared<K>>,
+}
+
+struct Shared<K> {
+    state: RwLock<State<K>>,
+    /// Serializes writers; holds the index functions (changed only by `add_indexer`).
+    writer: Mutex<Vec<IndexFn<K>>>,
+}
+
+struct State<K> {
+    objects: HashMap<ObjectKey, Arc<K>>,
+    indexes: Vec<Index<K>>,
+}
+
+impl<K> Clone for Store<K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for Store<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.read();
+        f.debug_struct("Store")
+            .field("objects", &st.objects.len())
+            .field(
+                "indexes",
+                &st.indexes.iter().map(|i| &*i.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+impl<K: Resource> Default for Store<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K> Store<K> {
+    fn read(&self) -> RwLockReadGuard<'_, State<K>> {
+        self.shared
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State<K>> {
+        self.shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Vec<IndexFn<K>>> {
+        self.shared
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The object under `key` (`namespace/name`, or `name` for cluster-scoped objects).
+    pub fn get_by_key(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
+        self.read().objects.get(key.as_ref()).cloned()
+    }
+
+    /// Whether an object is stored under `key`.
+    pub fn contains_key(&self, key: impl AsRef<str>) -> bool {
+        self.read().objects.contains_key(key.as_ref())
+    }
+
+    /// All objects, in no particular order.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        self.read().objects.values().cloned().collect()
+    }
+
+    /// The objects for which `filter` is true (evaluated under the read lock: keep it quick).
+    pub fn list_filtered(&self, mut filter: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
+        self.read()
+            .objects
+            .values()
+            .filter(|o| filter(o))
+            .cloned()
+            .collect()
+    }
+
+    /// All keys, in no particular order.
+    pub fn list_keys(&self) -> Vec<ObjectKey> {
+        self.read().objects.keys().cloned().collect()
+    }
+
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    /// True when the store holds no object.
+    pub fn is_empty(&self) -> bool {
+        self.read().objects.is_empty()
+    }
+
+    /// The objects whose index `index` contains `value`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`.
+    pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, Error> {
+        let st = self.read();
+        let idx = find(&st.indexes, index)?;
+        let Some(keys) = idx.get(value) else {
+            return Ok(Vec::new());
+        };
+        let mut objects = Vec::with_capacity(keys.len());
+        objects.extend(keys.iter().filter_map(|k| st.objects.get(k).cloned()));
+        Ok(objects)
+    }
+
+    /// The keys of the objects whose index `index` contains `value`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`.
+    pub fn index_keys(&self, index: &str, value: &str) -> Result<Vec<ObjectKey>, Error> {
+        let st = self.read();
+        let idx = find(&st.indexes, index)?;
+        Ok(idx
+            .get(value)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    /// Every value present in index `index` (sorted).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`.
+    pub fn list_index_values(&self, index: &str) -> Result<Vec<String>, Error> {
+        let st = self.read();
+        let idx = find(&st.indexes, index)?;
+        let mut values: Vec<String> = idx.entries.keys().map(|v| v.to_string()).collect();
+        values.sort_unstable();
+        Ok(values)
+    }
+
+    /// Names of the registered indexes (always including [`NAMESPACE_INDEX`]).
+    pub fn index_names(&self) -> Vec<String> {
+        self.read()
+            .indexes
+            .iter()
+            .map(|i| i.name.to_string())
+            .collect()
+    }
+}
+
+fn find<'a, K>(indexes: &'a [Index<K>], name: &str) -> Result<&'a Index<K>, Error> {
+    indexes
+        .iter()
+        .find(|i| &*i.name == name)
+        .ok_or_else(|| Error::IndexNotFound(name.to_owned()))
+}
+
+impl<K: Resource> Store<K> {
+    /// An empty store with the built-in `namespace` index.
+    pub fn new() -> Self {
+        let func = crate::index::namespace_index::<K>();
+        Self {
+            shared: Arc::new(Shared {
+                state: RwLock::new(State {
+                    objects: HashMap::new(),
+                    indexes: vec![Index::new(NAMESPACE_INDEX, func.clone())],
+                }),
+                writer: Mutex::new(vec![func]),
+            }),
+        }
+    }
+
+    /// The stored object with the key of `obj`.
+    pub fn get(&self, obj: &K) -> Option<Arc<K>> {
+        let key = ObjectKey::from_object(obj).ok()?;
+        self.get_by_key(key)
+    }
+
+    /// Registers an index and indexes the objects already stored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexExists`] when an index with this name exists.
+    pub fn add_indexer(&self, name: &str, func: IndexFn<K>) -> Result<(), Error> {
+        let mut fns = self.writer();
+        if self.read().indexes.iter().any(|i| &*i.name == name) {
+            return Err(Error::IndexExists(name.to_owned()));
+        }
+        let objects: Vec<(ObjectKey, Arc<K>)> = self
+            .read()
+            .objects
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let mut index = Index::new(name, func.clone());
+        for (key, obj) in &objects {
+            let mut values = func(obj);
+            values.sort_unstable();
+            values.dedup();
+            index.add(key, &values);
+        }
+        self.write().indexes.push(index);
+        fns.push(func);
+        Ok(())
+    }
+
+    /// Inserts or replaces the object under its key; returns the previous one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MissingName`] when the object has no name.
+    pub fn insert(&self, obj: Arc<K>) -> Result<Option<Arc<K>>, Error> {
+        let key = ObjectKey::from_object(&*obj)?;
+        Ok(self.insert_keyed(key, obj))
+    }
+
+    pub(crate) fn insert_keyed(&self, key: ObjectKey, obj: Arc<K>) -> Option<Arc<K>> {
+        let fns = self.writer();
+        let old = self.read().objects.get(&key).cloned();
+        let old_values = old.as_deref().map(|o| compute_values(&fns, o));
+        let new_values = compute_values(&fns, &obj);
+        {
+            let mut st = self.write();
+            st.objects.insert(key.clone(), obj);
+            apply_change(
+                &mut st.indexes,
+                &key,
+                old_values.as_ref(),
+                Some(&new_values),
+            );
+        }
+        old
+    }
+
+    /// Removes the object under `key`; returns it.
+    pub fn remove(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
+        let fns = self.writer();
+        let (key, old) = {
+            let st = self.read();
+            let (k, v) = st.objects.get_key_value(key.as_ref())?;
+            (k.clone(), v.clone())
+        };
+        let old_values: IndexValues = compute_values(&fns, &old);
+        let mut st = self.write();
+        st.objects.remove(&key);
+        apply_change(&mut st.indexes, &key, Some(&old_values), None);
+        Some(old)
+    }
+
+    /// Replaces the whole content (after a full list); returns the previous content.
+    ///
+    /// Objects without a name are skipped.
+    pub fn replace(&self, objects: Vec<Arc<K>>) -> HashMap<ObjectKey, Arc<K>> {
+        let keyed: Vec<(ObjectKey, Arc<K>)> = objects
+            .into_iter()
+            .filter_map(|o| Some((ObjectKey::from_object(&*o).ok()?, o)))
+            .collect();
+        self.replace_keyed(&keyed)
+    }
+
+    pub(crate) fn replace_keyed(
+        &self,
+        objects: &[(ObjectKey, Arc<K>)],
+    ) -> HashMap<ObjectKey, Arc<K>> {
+        let fns = self.writer();
+        let mut indexes: Vec<Index<K>> =
+            self.read().indexes.iter().map(Index::empty_like).collect();
+        let mut map = HashMap::with_capacity(objects.len());
+        for (key, obj) in objects {
+            let values = compute_values(&fns, obj);
+            for (index, values) in indexes.iter_mut().zip(&values) {
+                index.add(key, values);
+            }
+            map.insert(key.clone(), obj.clone());
+        }
+        let mut st = self.write();
+        let old = std::mem::replace(&mut st.objects, map);
+        st.indexes = indexes;
+        drop(st);
+        drop(fns);
+        old
+    }
+
+    /// Checks that objects and indexes agree; used by tests.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        let st = self.read();
+        for index in &st.indexes {
+            for (value, keys) in &index.entries {
+                for key in keys.iter() {
+                    let obj = st
+                        .objects
+                        .get(key)
+                        .ok_or_else(|| format!("{}[{value}] -> missing {key}", index.name))?;
+                    if !(index.func)(obj).iter().any(|v| **v == **value) {
+                        return Err(format!(
+                            "{}[{value}] -> {key} with other values",
+                            index.name
+                        ));
+                    }
+                }
+            }
+        }
+        for (key, obj) in &st.objects {
+            for index in &st.indexes {
+                for value in (index.func)(obj) {
+                    let ok = index
+                        .get(&value)
+                        .is_some_and(|s| s.iter().any(|k| k == key));
+                    if !ok {
+                        return Err(format!("{key} not in {}[{value}]", index.name));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::label_index;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_core::ObjectMeta;
+    use std::{
+        sync::atomic::{AtomicBool, Ordering},
+        thread,
+    };
+
+    fn cm(ns: &str, name: &str, app: &str) -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some([("app".to_owned(), app.to_owned())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn app(o: &ConfigMap) -> &str {
+        o.metadata.labels.as_ref().unwrap()["app"].as_str()
+    }
+
+    #[test]
+    fn crud_and_indexes() {
+        let store = Store::<ConfigMap>::new();
+        store.add_indexer("app", label_index("app")).unwrap();
+        assert!(matches!(
+            store.add_indexer("app", label_index("app")),
+            Err(Error::IndexExists(_))
+        ));
+        assert!(store.insert(cm("a", "x", "web")).unwrap().is_none());
+        store.insert(cm("b", "y", "web")).unwrap();
+        store.insert(cm("b", "z", "db")).unwrap();
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.by_index("app", "web").unwrap().len(), 2);
+        assert_eq!(store.by_index("namespace", "b").unwrap().len(), 2);
+        assert_eq!(store.list_index_values("app").unwrap(), ["db", "web"]);
+        assert!(matches!(
+            store.by_index("nope", "x"),
+            Err(Error::IndexNotFound(_))
+        ));
+
+        let old = store.insert(cm("b", "y", "db")).unwrap().unwrap();
+        assert_eq!(app(&old), "web");
+        assert_eq!(
+            store.index_keys("app", "web").unwrap(),
+            [ObjectKey::from("a/x")]
+        );
+        assert_eq!(store.by_index("app", "db").unwrap().len(), 2);
+
+        assert!(store.remove("a/x").is_some());
+        assert!(store.remove("a/x").is_none());
+        assert_eq!(store.list_index_values("app").unwrap(), ["db"]);
+        assert_eq!(store.list_index_values("namespace").unwrap(), ["b"]);
+
+        let old = store.replace(vec![cm("c", "q", "web")]);
+        assert_eq!(old.len(), 2);
+        assert_eq!(store.list_keys(), [ObjectKey::from("c/q")]);
+        assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+        store.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn late_indexer_indexes_existing_objects() {
+        let store = Store::<ConfigMap>::new();
+        store.insert(cm("a", "x", "web")).unwrap();
+        store.add_indexer("app", label_index("app")).unwrap();
+        assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn readers_see_objects_and_indexes_change_together() {
+        let store = Store::<ConfigMap>::new();
+        store.add_indexer("app", label_index("app")).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let apps = ["a", "b", "c"];
+
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let store = store.clone();
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let mut checks = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for value in apps {
+                            for obj in store.by_index("app", value).unwrap() {
+                                assert_eq!(
+                                    app(&obj),
+                                    value,
+                                    "index entry points to a stale object"
+                                );
+                            }
+                            let keys = store.index_keys("app", value).unwrap().len();
+                            let _ = keys;
+                        }
+                        if checks.is_multiple_of(16) {
+                            store.check_invariants().unwrap();
+                        }
+                        checks += 1;
+                    }
+                    checks
+                })
+            })
+            .collect();
+
+        let writer = {
+            let store = store.clone();
+            thread::spawn(move || {
+                for round in 0..3000usize {
+                    let name = format!("o{}", round % 50);
+                    let value = apps[round % 3];
+                    match round % 7 {
+                        0 => {
+                            store.remove(format!("ns/{name}"));
+                        }
+                        6 if round % 500 == 6 => {
+                            let batch = (0..40)
+                                .map(|i| cm("ns", &format!("o{i}"), apps[i % 3]))
+                                .collect();
+                            store.replace(batch);
+                        }
+                        _ => {
+                            store.insert(cm("ns", &name, value)).unwrap();
+                        }
+                    }
+                }
+            })
+        };
+        writer.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
+        }
+        store.check_invariants().unwrap();
+        let total: usize = apps
+            .iter()
+            .map(|a| store.by_index("app", a).unwrap().len())
+            .sum();
+        assert_eq!(total, store.len());
+    }
+}

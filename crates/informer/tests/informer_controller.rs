@@ -1,0 +1,71 @@
+//! The controller wiring, through the public API only: an informer feeds object keys to a
+//! queue, and a worker reads each object back from the store by key (absent = deleted).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube_informer::{
+    Lister, ObjectKey, Selector, SharedInformer, index::label_index, key_handler,
+    testing::FakeListWatch, wait_for_cache_sync,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+type Fake = FakeListWatch<ConfigMap>;
+
+fn labelled(name: &str, app: &str) -> ConfigMap {
+    let mut cm = Fake::object(Some("default"), name);
+    cm.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+    cm
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_to_queue_and_back_from_the_store() {
+    let fake = Fake::new("configmaps");
+    fake.add(labelled("web-1", "web"));
+    fake.add(labelled("web-2", "web"));
+    fake.add(labelled("db-1", "db"));
+
+    let informer = SharedInformer::builder(fake.clone())
+        .index_fn("app", label_index("app"))
+        .build();
+    let (queue, mut keys) = mpsc::unbounded_channel::<ObjectKey>();
+    let registration = informer.add_handler(key_handler::<ConfigMap, _>(move |key| {
+        let _ = queue.send(key);
+    }));
+
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(informer.run(stop.clone()));
+    wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(10))
+        .await
+        .expect("synced");
+
+    let store = informer.store();
+    let mut initial = Vec::new();
+    for _ in 0..3 {
+        let key = keys.recv().await.expect("key");
+        assert!(store.get_by_key(&key).is_some(), "{key} cached");
+        initial.push(key.to_string());
+    }
+    initial.sort();
+    assert_eq!(initial, ["default/db-1", "default/web-1", "default/web-2"]);
+
+    assert_eq!(store.by_index("app", "web").expect("index").len(), 2);
+    let lister: Lister<ConfigMap> = informer.lister();
+    let db: Selector = "app=db".parse().expect("selector");
+    assert_eq!(lister.list_selector(&db).len(), 1);
+    assert!(lister.get("default", "web-2").is_some());
+
+    fake.wait_for_calls(|c| c.watches == 1).await;
+    fake.delete(Some("default"), "web-1");
+    let key = keys.recv().await.expect("key");
+    assert_eq!(key.as_str(), "default/web-1");
+    assert!(
+        store.get_by_key(&key).is_none(),
+        "a worker sees the deletion"
+    );
+    assert_eq!(store.index_keys("app", "web").expect("index").len(), 1);
+
+    stop.cancel();
+    run.await.expect("informer task");
+}
