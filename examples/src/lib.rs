@@ -12,10 +12,16 @@ use tracing_subscriber::EnvFilter;
 
 /// Logs to stdout at `info` (override with `RUST_LOG`), with colours only on
 /// a terminal.
+///
+/// kube-client's own log of every failed request is muted by default: the
+/// library reports each failure itself, with the resource it concerns, and
+/// a starting control plane answers readiness probes with errors by design.
 pub fn init_tracing() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+            EnvFilter::new("info,kube_client::client::builder=off")
+        }))
         .with_ansi(std::io::stdout().is_terminal())
         .init();
 }

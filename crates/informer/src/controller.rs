@@ -55,6 +55,7 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use futures::FutureExt;
@@ -83,6 +84,7 @@ pub struct ControllerConfig {
     rate_limiter: Option<Arc<dyn RateLimiter<ObjectKey>>>,
     metrics: Option<Arc<dyn MetricsProvider>>,
     on_dropped: Option<DroppedHook>,
+    startup_grace: Duration,
 }
 
 impl ControllerConfig {
@@ -97,7 +99,18 @@ impl ControllerConfig {
             rate_limiter: None,
             metrics: None,
             on_dropped: None,
+            startup_grace: Duration::from_secs(10),
         }
+    }
+
+    /// How long the first sync may keep failing with an error that retrying cannot fix
+    /// (403, 401, 404) before [`Controller::run`] gives up with it (default 10 s). The grace
+    /// covers permissions or CRDs applied moments before the controller starts, which the
+    /// API server needs a moment to honour.
+    #[must_use]
+    pub fn startup_grace(mut self, grace: Duration) -> Self {
+        self.startup_grace = grace;
+        self
     }
 
     /// How many keys are synced concurrently (at least one).
@@ -147,6 +160,7 @@ impl fmt::Debug for ControllerConfig {
             .field("workers", &self.workers)
             .field("max_requeues", &self.max_requeues)
             .field("metrics", &self.metrics.is_some())
+            .field("startup_grace", &self.startup_grace)
             .finish_non_exhaustive()
     }
 }
@@ -243,6 +257,18 @@ where
         self.stats.clone()
     }
 
+    /// Waits for the cache to sync; a permanent error fails it unless the cache still syncs
+    /// within the startup grace.
+    async fn first_sync(&self) -> Result<(), Error> {
+        let Err(error) = self.informer.wait_synced_or_fatal().await else {
+            return Ok(());
+        };
+        warn!(controller = %self.config.name, %error, grace = ?self.config.startup_grace, "first sync failed; retrying within the startup grace");
+        tokio::time::timeout(self.config.startup_grace, self.informer.wait_synced())
+            .await
+            .map_err(|_| error)
+    }
+
     /// Runs the informer and the workers until `cancel` fires, calling `sync`
     /// with each key taken from the queue.
     ///
@@ -254,8 +280,9 @@ where
     ///
     /// [`Error::Forbidden`] (or another permanent error) when the informer's
     /// first list fails in a way retrying cannot fix, such as missing RBAC
-    /// permissions: the controller would otherwise wait for a sync that
-    /// never comes.
+    /// permissions, and still fails after the
+    /// [startup grace](ControllerConfig::startup_grace): the controller would
+    /// otherwise wait for a sync that never comes.
     pub async fn run<F, Fut, E>(self, cancel: CancellationToken, sync: F) -> Result<(), Error>
     where
         F: Fn(ObjectKey) -> Fut + Send + Sync + 'static,
@@ -271,7 +298,7 @@ where
 
         let synced = tokio::select! {
             () = cancel.cancelled() => Ok(false),
-            result = self.informer.wait_synced_or_fatal() => result.map(|()| true),
+            result = self.first_sync() => result.map(|()| true),
         };
         let synced = match synced {
             Ok(synced) => synced,

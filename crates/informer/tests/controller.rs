@@ -105,27 +105,63 @@ async fn a_panicking_sync_does_not_kill_its_worker() {
     run.await.unwrap().unwrap();
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_forbidden_first_list_fails_the_run_with_the_reason() {
-    let fake = fake_with(&["a"]);
-    fake.fail_next_list(Error::Forbidden {
+fn forbidden() -> Error {
+    Error::Forbidden {
         resource: "configmaps".into(),
         verb: Verb::List,
         namespace: Some("default".into()),
         message: "configmaps is forbidden: User \"system:serviceaccount:default:nobody\" cannot list resource \"configmaps\"".into(),
-    });
-    let controller = Controller::new(SharedInformer::new(fake), ControllerConfig::named("denied"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
+    let fake = fake_with(&["a"]);
+    // More refusals than retries fit into the grace period.
+    for _ in 0..20 {
+        fake.fail_next_list(forbidden());
+    }
+    let controller = Controller::new(
+        SharedInformer::new(fake.clone()),
+        ControllerConfig::named("denied").startup_grace(Duration::from_secs(10)),
+    );
+    let started = Instant::now();
     let result = controller
         .run(CancellationToken::new(), |_key: ObjectKey| async {
             Ok::<(), String>(())
         })
         .await;
-    let error = result.expect_err("a 403 on the first list ends the run");
+    let error = result.expect_err("a lasting 403 on the first list ends the run");
     assert!(error.is_forbidden(), "{error}");
     assert!(
         error.to_string().contains("configmaps"),
         "names the resource: {error}"
     );
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(10),
+        "gave up when the grace ran out"
+    );
+    assert!(fake.calls().lists > 1, "retried within the grace");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
+    let fake = fake_with(&["a"]);
+    fake.fail_next_list(forbidden());
+    let controller = Controller::new(
+        SharedInformer::new(fake),
+        ControllerConfig::named("late-rbac"),
+    );
+    let (synced_tx, mut synced) = mpsc::unbounded_channel::<String>();
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(controller.run(cancel.clone(), move |key: ObjectKey| {
+        let _ = synced_tx.send(key.to_string());
+        async { Ok::<(), String>(()) }
+    }));
+    assert_eq!(synced.recv().await.unwrap(), "default/a");
+    cancel.cancel();
+    run.await.unwrap().unwrap();
 }
 
 #[tokio::test(start_paused = true)]
