@@ -42,6 +42,7 @@ pub mod handler;
 pub mod index;
 pub mod informer;
 pub mod key;
+pub mod leader_election;
 pub mod list_watch;
 pub mod lister;
 pub mod meta;

@@ -22,8 +22,18 @@ pub(crate) struct Etcd {
 
 impl Etcd {
     pub(crate) async fn start(binary: &Path, dir: &Path, timeout: Duration) -> Result<Self> {
-        let client_port = free_port()?;
-        let peer_port = free_port()?;
+        Self::start_on(binary, dir, free_port()?, free_port()?, timeout).await
+    }
+
+    /// Starts a member on the given ports, with its data in `dir/etcd-data` (kept across
+    /// restarts on the same ports).
+    pub(crate) async fn start_on(
+        binary: &Path,
+        dir: &Path,
+        client_port: u16,
+        peer_port: u16,
+        timeout: Duration,
+    ) -> Result<Self> {
         let client_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let data_dir: PathBuf = dir.join("etcd-data");

@@ -24,11 +24,13 @@ mod controller_manager;
 mod env;
 mod error;
 mod etcd;
+mod etcd_server;
 mod kubeconfig;
 mod ports;
 mod process;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION};
 pub use env::{Builder, TestEnv};
+pub use etcd_server::EtcdServer;
 pub use error::{Error, Result};
 pub use kubeconfig::CONTEXT;

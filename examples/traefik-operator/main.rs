@@ -1,0 +1,43 @@
+//! `traefik-operator`: see `examples/traefik-operator/README.md` and
+//! `traefik-operator --help`.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use examples::traefik_operator::{
+    crd,
+    manager::{self, Cli, Command},
+};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(Command::Crd) = cli.command {
+        return match crd::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(err) => {
+                eprintln!("error: {err}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    examples::init_tracing();
+    let client = match kube_client::Client::try_default().await {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::error!(error = %err, "no Kubernetes configuration (in-cluster or KUBECONFIG)");
+            return ExitCode::FAILURE;
+        }
+    };
+    let cancel = CancellationToken::new();
+    examples::cancel_on_signal(cancel.clone());
+    match manager::run(cli.options, client, cancel).await {
+        Ok(()) => ExitCode::SUCCESS,
+        // manager::run has logged the error.
+        Err(_) => ExitCode::FAILURE,
+    }
+}

@@ -1,0 +1,22 @@
+//! The traefik-operator: the kubebuilder tutorial's operator, on kube-informer.
+//!
+//! Services written in any language get routed by Traefik without touching their code:
+//! a controller watching Kubernetes writes them into the etcd that Traefik's KV provider
+//! reads (`k8s service <-watch- operator -> etcd <- traefik`).
+//!
+//! * [`crd`]: the `TraefikService` custom resource and its generated CRD;
+//! * [`kv`]: Traefik's keys in etcd, written transactionally;
+//! * [`traefik_service`]: the `TraefikService` controller (finalizer, status);
+//! * [`services`]: Service mode, Services opted in by annotation, no CRD;
+//! * [`pods`]: the tutorial's Pod controller;
+//! * [`http`], [`manager`]: probes, metrics, leader election, flags.
+//!
+//! `main.rs` only parses flags and calls [`manager::run`]; tests run the same function.
+
+pub mod crd;
+pub mod http;
+pub mod kv;
+pub mod manager;
+pub mod pods;
+pub mod services;
+pub mod traefik_service;

@@ -1,0 +1,379 @@
+//! The `TraefikService` controller: each object becomes one Traefik route in etcd.
+//!
+//! The sync function follows the tutorial's `Reconcile`, made level-based and idempotent:
+//!
+//! 1. An object missing from the cache is gone: its keys are removed (normally the
+//!    finalizer already did that).
+//! 2. An object being deleted: its keys are removed, then the finalizer ([`FINALIZER`]).
+//! 3. Otherwise the finalizer is added if missing, the spec turned into a [`Route`] and
+//!    written with [`TraefikKv::sync`], which writes only what differs (instead of the
+//!    tutorial's "skip when already active", so keys changed behind our back are repaired).
+//! 4. The status says whether the route is active, since when, and if not, why. It is
+//!    patched only when it changes, so a status write never causes a sync loop.
+//!
+//! An etcd failure is reported in the status and returned as an error: the controller
+//! retries the key with the rate-limited queue, forever, until etcd is back.
+
+use std::sync::Arc;
+
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
+use kube_client::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use kube_informer::{ObjectKey, Store};
+use tracing::{debug, info, warn};
+
+use super::{
+    crd::{FINALIZER, TraefikService, TraefikServiceStatus},
+    kv::{KvError, Route, TraefikKv},
+};
+
+/// The prefix of the Traefik names of `TraefikService` routes.
+pub const ROUTE_PREFIX: &str = "tsvc_";
+
+/// The Traefik router and service name of the `TraefikService` `namespace/name`:
+/// `tsvc_<namespace>_<name>` (Kubernetes names never contain `_`, so it parses back).
+pub fn route_name(namespace: &str, name: &str) -> String {
+    format!("{ROUTE_PREFIX}{namespace}_{name}")
+}
+
+/// The object key a route name of this controller came from.
+pub fn key_of_route(route: &str) -> Option<ObjectKey> {
+    let (namespace, name) = route.strip_prefix(ROUTE_PREFIX)?.split_once('_')?;
+    Some(ObjectKey::new(Some(namespace), name))
+}
+
+/// Why a spec cannot be routed. Shown in the status; not retried (a new spec is).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// `spec.url` is not an absolute http(s) URL with a host.
+    #[error("spec.url {url:?} is not an absolute http or https URL: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `spec.entrypoint` is empty or holds a character Traefik keys cannot.
+    #[error("spec.entrypoint {0:?} must be a non-empty name without '/' or '@'")]
+    BadEntrypoint(String),
+    /// `spec.rule` is empty.
+    #[error("spec.rule must not be empty (leave it out for the default)")]
+    EmptyRule,
+}
+
+/// Checks that `url` is an absolute `http`/`https` URL with a host.
+///
+/// # Errors
+///
+/// [`SpecError::BadUrl`] saying what is wrong.
+pub fn check_url(url: &str) -> Result<(), SpecError> {
+    let bad = |reason: &str| SpecError::BadUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(bad(&format!(
+            "scheme {:?} is neither http nor https",
+            parsed.scheme()
+        )));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad("it has no host"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(bad("credentials in the URL are not supported"));
+    }
+    Ok(())
+}
+
+/// Checks an entrypoint name.
+///
+/// # Errors
+///
+/// [`SpecError::BadEntrypoint`].
+pub fn check_entrypoint(entrypoint: &str) -> Result<(), SpecError> {
+    if entrypoint.is_empty() || entrypoint.contains(['/', '@']) || entrypoint.trim() != entrypoint {
+        return Err(SpecError::BadEntrypoint(entrypoint.to_owned()));
+    }
+    Ok(())
+}
+
+/// The default rule of an object: ``Host(`<name>.<namespace>`)``.
+pub fn default_rule(namespace: &str, name: &str) -> String {
+    format!("Host(`{name}.{namespace}`)")
+}
+
+/// The route an object asks for.
+///
+/// # Errors
+///
+/// [`SpecError`] when the spec cannot be routed.
+pub fn desired_route(obj: &TraefikService) -> Result<Route, SpecError> {
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let name = obj.metadata.name.as_deref().unwrap_or_default();
+    check_entrypoint(&obj.spec.entrypoint)?;
+    check_url(&obj.spec.url)?;
+    let rule = match &obj.spec.rule {
+        Some(rule) if rule.trim().is_empty() => return Err(SpecError::EmptyRule),
+        Some(rule) => rule.clone(),
+        None => default_rule(namespace, name),
+    };
+    Ok(Route {
+        name: route_name(namespace, name),
+        entrypoint: obj.spec.entrypoint.clone(),
+        rule,
+        url: obj.spec.url.clone(),
+    })
+}
+
+/// Why a sync failed; the controller retries it.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// etcd could not be updated.
+    #[error(transparent)]
+    Etcd(#[from] KvError),
+    /// The API server refused a write (e.g. missing RBAC permissions) or was unreachable.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was attempted.
+        action: String,
+        /// The client's error.
+        source: kube_client::Error,
+    },
+}
+
+/// What the `TraefikService` sync function needs.
+#[derive(Clone)]
+pub struct Reconciler {
+    /// A Kubernetes client.
+    pub client: Client,
+    /// The etcd Traefik reads.
+    pub kv: Arc<TraefikKv>,
+    /// The controller's cache.
+    pub store: Store<TraefikService>,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("kv", &self.kv)
+            .finish_non_exhaustive()
+    }
+}
+
+const FIELD_MANAGER: &str = "traefik-operator";
+
+fn is_not_found(err: &kube_client::Error) -> bool {
+    matches!(err, kube_client::Error::Api(status) if status.code == 404)
+}
+
+impl Reconciler {
+    /// Syncs the object `key` (see the [module docs](self)).
+    ///
+    /// # Errors
+    ///
+    /// [`SyncError`]: etcd or the API server failed; the controller retries.
+    pub async fn sync(&self, key: ObjectKey) -> Result<(), SyncError> {
+        let namespace = key.namespace().unwrap_or_default().to_owned();
+        let name = key.name().to_owned();
+        let route = route_name(&namespace, &name);
+        let Some(obj) = self.store.get_by_key(&key) else {
+            let changes = self.kv.sync(&route, None).await?;
+            if !changes.is_empty() {
+                info!(%key, "TraefikService gone; removed its leftover route");
+            }
+            return Ok(());
+        };
+        let api: Api<TraefikService> = Api::namespaced(self.client.clone(), &namespace);
+        let finalizers = obj.metadata.finalizers.clone().unwrap_or_default();
+        let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
+
+        if obj.metadata.deletion_timestamp.is_some() {
+            if has_finalizer {
+                self.kv.sync(&route, None).await?;
+                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+                self.patch_finalizers(&api, &obj, &rest).await?;
+                info!(%key, route, "TraefikService deleted; route removed");
+            }
+            return Ok(());
+        }
+        if !has_finalizer {
+            let mut all: Vec<&String> = finalizers.iter().collect();
+            let ours = FINALIZER.to_owned();
+            all.push(&ours);
+            self.patch_finalizers(&api, &obj, &all).await?;
+            debug!(%key, "finalizer added");
+        }
+
+        let (result, status) = match desired_route(&obj) {
+            Ok(desired) => {
+                info!(%key, url = %desired.url, entrypoint = %desired.entrypoint, rule = %desired.rule, "syncing TraefikService");
+                match self.kv.sync(&route, Some(&desired)).await {
+                    Ok(changes) => (Ok(changes), status(true, "")),
+                    Err(err) => {
+                        warn!(%key, error = %err, detail = %err.detail(), "etcd update failed");
+                        let message = err.to_string();
+                        (Err(SyncError::Etcd(err)), status(false, &message))
+                    }
+                }
+            }
+            Err(spec_error) => {
+                warn!(%key, error = %spec_error, "TraefikService cannot be routed");
+                let removed = self.kv.sync(&route, None).await;
+                match removed {
+                    Ok(changes) => (Ok(changes), status(false, &spec_error.to_string())),
+                    Err(err) => {
+                        let message = format!("{spec_error}; also {err}");
+                        (Err(SyncError::Etcd(err)), status(false, &message))
+                    }
+                }
+            }
+        };
+        let changed_etcd = result.as_ref().is_ok_and(|c| !c.is_empty());
+        self.update_status(&api, &obj, status, changed_etcd).await?;
+        result.map(|_| ())
+    }
+
+    async fn patch_finalizers(
+        &self,
+        api: &Api<TraefikService>,
+        obj: &TraefikService,
+        finalizers: &[&String],
+    ) -> Result<(), SyncError> {
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        // The resourceVersion makes this a compare-and-swap: a concurrent change fails
+        // with 409 and the key is retried with fresh data.
+        let patch = serde_json::json!({
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": obj.metadata.resource_version,
+            }
+        });
+        match api
+            .patch(
+                name,
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(err) if is_not_found(&err) => Ok(()),
+            Err(source) => Err(SyncError::Kube {
+                action: format!("updating the finalizers of TraefikService {name}"),
+                source,
+            }),
+        }
+    }
+
+    async fn update_status(
+        &self,
+        api: &Api<TraefikService>,
+        obj: &TraefikService,
+        mut new: TraefikServiceStatus,
+        changed_etcd: bool,
+    ) -> Result<(), SyncError> {
+        let name = obj.metadata.name.as_deref().unwrap_or_default();
+        new.observed_generation = obj.metadata.generation;
+        let old = obj.status.clone().unwrap_or_default();
+        let same = old.active == new.active
+            && old.message == new.message
+            && old.observed_generation == new.observed_generation
+            && old.last_update_time.is_some();
+        if same && !changed_etcd {
+            return Ok(());
+        }
+        new.last_update_time = Some(Time(Timestamp::now()));
+        // Every field is spelled out, so a merge patch also clears an old message.
+        let patch = serde_json::json!({
+            "status": {
+                "active": new.active,
+                "message": new.message,
+                "lastUpdateTime": new.last_update_time,
+                "observedGeneration": new.observed_generation,
+            }
+        });
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {
+                debug!(name, active = new.active, message = %new.message, "status updated");
+                Ok(())
+            }
+            Err(err) if is_not_found(&err) => Ok(()),
+            Err(source) => Err(SyncError::Kube {
+                action: format!("updating the status of TraefikService {name}"),
+                source,
+            }),
+        }
+    }
+}
+
+fn status(active: bool, message: &str) -> TraefikServiceStatus {
+    TraefikServiceStatus {
+        active,
+        message: message.to_owned(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_names_parse_back() {
+        let route = route_name("shop", "web-1");
+        assert_eq!(route, "tsvc_shop_web-1");
+        assert_eq!(
+            key_of_route(&route),
+            Some(ObjectKey::new(Some("shop"), "web-1"))
+        );
+        assert_eq!(key_of_route("svc_shop_web"), None);
+    }
+
+    #[test]
+    fn urls_are_checked() {
+        assert!(check_url("http://127.0.0.1:8080/x").is_ok());
+        assert!(check_url("https://web.shop.svc").is_ok());
+        for bad in [
+            "",
+            "web:80",
+            "ftp://host/",
+            "http://",
+            "/relative",
+            "http://u:p@host/",
+        ] {
+            let err = check_url(bad).unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("is not an absolute http or https URL"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_rule_defaults_to_the_host_name() {
+        let mut obj = TraefikService::new(
+            "web",
+            super::super::crd::TraefikServiceSpec {
+                entrypoint: "web".into(),
+                url: "http://127.0.0.1:1".into(),
+                rule: None,
+            },
+        );
+        obj.metadata.namespace = Some("shop".into());
+        let route = desired_route(&obj).unwrap();
+        assert_eq!(route.rule, "Host(`web.shop`)");
+        obj.spec.entrypoint = "a/b".into();
+        assert_eq!(
+            desired_route(&obj),
+            Err(SpecError::BadEntrypoint("a/b".into()))
+        );
+    }
+}

