@@ -28,7 +28,9 @@ impl Cluster {
     /// controller-manager, so the Deployment gets its Pods.
     pub async fn connect(args: &Args) -> anyhow::Result<Self> {
         if args.demo && args.kubeconfig.is_none() && !cluster_configured() {
-            tracing::info!("no cluster configured: starting a local control plane (etcd, kube-apiserver, kube-controller-manager)");
+            tracing::info!(
+                "no cluster configured: starting a local control plane (etcd, kube-apiserver, kube-controller-manager)"
+            );
             let env = TestEnv::builder()
                 .controller_manager(true)
                 .start()
@@ -41,12 +43,19 @@ impl Cluster {
                 _local: Some(Arc::new(env)),
             });
         }
-        Ok(Self { kubeconfig: args.kubeconfig.clone(), context: args.context.clone(), _local: None })
+        Ok(Self {
+            kubeconfig: args.kubeconfig.clone(),
+            context: args.context.clone(),
+            _local: None,
+        })
     }
 
     /// A new client for the cluster.
     pub async fn client(&self) -> anyhow::Result<Client> {
-        let options = KubeConfigOptions { context: self.context.clone(), ..Default::default() };
+        let options = KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
         let config = match &self.kubeconfig {
             Some(path) => {
                 let kubeconfig = Kubeconfig::read_from(path)
@@ -65,8 +74,7 @@ impl Cluster {
 /// Whether the usual discovery would find a cluster: `$KUBECONFIG`,
 /// `~/.kube/config`, or a Pod's service account.
 fn cluster_configured() -> bool {
-    let home_config =
-        std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".kube/config"));
+    let home_config = std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".kube/config"));
     std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty())
         || home_config.is_some_and(|path| path.is_file())
         || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()

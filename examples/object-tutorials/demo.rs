@@ -65,17 +65,24 @@ async fn label_service_and_one_pod(
     pods: &Store<Pod>,
 ) -> anyhow::Result<()> {
     let client = cluster.client().await?;
-    let patch = Patch::Merge(serde_json::json!({ "metadata": { "labels": { DEMO_LABEL: "true" } } }));
+    let patch =
+        Patch::Merge(serde_json::json!({ "metadata": { "labels": { DEMO_LABEL: "true" } } }));
     let params = PatchParams::default();
     tracing::info!("demo: adding label {DEMO_LABEL}=true to Service nginx-service");
     Api::<Service>::namespaced(client.clone(), namespace)
         .patch("nginx-service", &params, &patch)
         .await?;
-    let mut names: Vec<String> = pods.list().iter().filter_map(|p| p.metadata.name.clone()).collect();
+    let mut names: Vec<String> = pods
+        .list()
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .collect();
     names.sort();
     if let Some(pod) = names.first() {
         tracing::info!("demo: adding label {DEMO_LABEL}=true to Pod {pod}");
-        Api::<Pod>::namespaced(client, namespace).patch(pod, &params, &patch).await?;
+        Api::<Pod>::namespaced(client, namespace)
+            .patch(pod, &params, &patch)
+            .await?;
     }
     tracing::info!("demo: done; the controllers keep running until Ctrl-C");
     Ok(())

@@ -89,7 +89,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ))
     });
 
-    let (pods, services) = tokio::join!(run_until_cancelled(pods, &cancel), run_until_cancelled(services, &cancel));
+    let (pods, services) = tokio::join!(
+        run_until_cancelled(pods, &cancel),
+        run_until_cancelled(services, &cancel)
+    );
     if let Some(task) = demo_edits {
         task.abort();
     }
@@ -113,10 +116,16 @@ where
         .transform(kube_informer::strip_managed_fields)
         .build();
     let name = K::plural(&()).into_owned();
-    Controller::new(informer, ControllerConfig::named(name).workers(args.workers))
+    Controller::new(
+        informer,
+        ControllerConfig::named(name).workers(args.workers),
+    )
 }
 
-async fn run_until_cancelled<K>(controller: Controller<K>, cancel: &CancellationToken) -> anyhow::Result<()>
+async fn run_until_cancelled<K>(
+    controller: Controller<K>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()>
 where
     K: Resource<DynamicType = ()> + Send + Sync + 'static,
 {

@@ -22,9 +22,10 @@ pub mod traefik_operator;
 pub fn init_tracing() {
     use std::io::IsTerminal;
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            EnvFilter::new("info,kube_client::client::builder=off")
-        }))
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,kube_client::client::builder=off")),
+        )
         .with_ansi(std::io::stdout().is_terminal())
         .init();
 }
@@ -55,7 +56,8 @@ pub fn cancel_on_signal(token: CancellationToken) {
 /// When the API server refuses for any reason but "already exists".
 pub async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
-    let namespace: Namespace = serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))?;
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": name } }))?;
     match api.create(&PostParams::default(), &namespace).await {
         Ok(_) => Ok(()),
         Err(kube_client::Error::Api(status)) if status.code == 409 => Ok(()),
@@ -81,15 +83,22 @@ pub async fn apply_yaml(
         serde_saphyr::from_multiple(yaml).context("parsing the manifest")?;
     let mut applied = Vec::new();
     for document in documents.into_iter().filter(|d| !d.is_null()) {
-        let mut object: DynamicObject =
-            serde_json::from_value(document).context("a manifest document is not a Kubernetes object")?;
-        let types = object.types.clone().context("a manifest document lacks apiVersion or kind")?;
+        let mut object: DynamicObject = serde_json::from_value(document)
+            .context("a manifest document is not a Kubernetes object")?;
+        let types = object
+            .types
+            .clone()
+            .context("a manifest document lacks apiVersion or kind")?;
         let (group, version) = match types.api_version.split_once('/') {
             Some((group, version)) => (group, version),
             None => ("", types.api_version.as_str()),
         };
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
-        let name = object.metadata.name.clone().context("a manifest document lacks metadata.name")?;
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .context("a manifest document lacks metadata.name")?;
         if let Some(namespace) = namespace.filter(|_| object.metadata.namespace.is_some()) {
             object.metadata.namespace = Some(namespace.to_owned());
         }
@@ -97,9 +106,13 @@ pub async fn apply_yaml(
             Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
             None => Api::all_with(client.clone(), &resource),
         };
-        api.patch(&name, &PatchParams::apply(field_manager).force(), &Patch::Apply(&object))
-            .await
-            .with_context(|| format!("applying {}/{name}", types.kind))?;
+        api.patch(
+            &name,
+            &PatchParams::apply(field_manager).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying {}/{name}", types.kind))?;
         applied.push(format!("{}/{name}", types.kind));
     }
     Ok(applied)

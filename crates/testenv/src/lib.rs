@@ -31,6 +31,6 @@ mod process;
 
 pub use binaries::{Binaries, KUBERNETES_VERSION};
 pub use env::{Builder, TestEnv};
-pub use etcd_server::EtcdServer;
 pub use error::{Error, Result};
+pub use etcd_server::EtcdServer;
 pub use kubeconfig::CONTEXT;
