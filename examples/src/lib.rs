@@ -10,9 +10,6 @@ use kube_client::{
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
-#[path = "../traefik-operator/mod.rs"]
-pub mod traefik_operator;
-
 /// Logs to stdout at `info` (override with `RUST_LOG`), with colours only on
 /// a terminal.
 ///

@@ -16,9 +16,8 @@ pub const GROUP: &str = "traefik.kube-informer.dev";
 /// The finalizer that keeps a `TraefikService` until its keys are gone from etcd.
 pub const FINALIZER: &str = "traefik.kube-informer.dev/cleanup";
 
-/// Where the generated CRD manifest is checked in, relative to the `examples` package.
-pub const CRD_PATH: &str =
-    "traefik-operator/config/crd/traefik.kube-informer.dev_traefikservices.yaml";
+/// Where the generated CRD manifest is checked in, relative to this package.
+pub const CRD_PATH: &str = "config/crd/traefik.kube-informer.dev_traefikservices.yaml";
 
 /// An absolute `http` or `https` URL with a host: what the API server accepts in `spec.url`.
 /// The controller checks the same again (objects stored before the CRD said so).
@@ -138,7 +137,7 @@ mod tests {
         let generated = crd_yaml().unwrap();
         assert!(
             checked_in == generated,
-            "{} is stale; regenerate it with `cargo run -p examples --bin traefik-operator -- crd > examples/{CRD_PATH}`",
+            "{} is stale; regenerate it with `cargo run -p traefik-operator -- crd > examples/traefik-operator/{CRD_PATH}`",
             path.display()
         );
     }

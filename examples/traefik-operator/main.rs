@@ -4,11 +4,11 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use examples::traefik_operator::{
+use tokio_util::sync::CancellationToken;
+use traefik_operator::{
     crd,
     manager::{self, Cli, Command},
 };
-use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> ExitCode {

@@ -13,12 +13,6 @@ use std::{
 
 use bytes::Bytes;
 use clap::Parser as _;
-use examples::traefik_operator::{
-    crd::{CRD_PATH, TraefikService},
-    kv::TraefikKv,
-    manager::{self, Cli, ManagerError},
-    services::ENTRYPOINT_ANNOTATION,
-};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::{Request, Response, server::conn::http1, service::service_fn};
 use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor, rt::TokioIo};
@@ -30,6 +24,12 @@ use kube_client::{
 use kube_testenv::{EtcdServer, TestEnv};
 use tokio::{sync::OnceCell, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
+use traefik_operator::{
+    crd::{CRD_PATH, TraefikService},
+    kv::TraefikKv,
+    manager::{self, Cli, ManagerError},
+    services::ENTRYPOINT_ANNOTATION,
+};
 
 /// Generous bound for conditions that take seconds; hitting it means a hang.
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -76,7 +76,7 @@ async fn install_crd(env: &TestEnv) {
     INSTALLED
         .get_or_init(|| async {
             let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples")
+                .join("../examples/traefik-operator")
                 .join(CRD_PATH);
             let output = env
                 .kubectl()
@@ -553,7 +553,7 @@ async fn an_applied_traefik_service_is_routed_and_deleting_it_unroutes_it() {
 
     // Idempotent: syncing again (a resync) writes nothing; the keys stay as they are.
     let before = world.kv.dump().await.unwrap();
-    let again = examples::traefik_operator::kv::Route {
+    let again = traefik_operator::kv::Route {
         name: route.clone(),
         entrypoint: "web".into(),
         rule: format!("Host(`{host}`)"),
