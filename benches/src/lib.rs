@@ -1,1 +1,183 @@
-//! Benchmarks of kube-informer; see `benches/`.
+//! Benchmarks of kube-informer; see `benches/` (criterion) and `src/bin` (the informer
+//! benchmark: subjects and the `informer-bench` driver).
+//!
+//! This library holds what the subject processes share: their command line and the JSON
+//! lines they print.
+
+use std::{collections::HashMap, path::PathBuf, time::Instant};
+
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+/// The label whose value identifies one update of the update-latency scenario.
+pub const UPDATE_LABEL: &str = "bench-update";
+
+/// The command line every subject takes.
+#[derive(Debug, Parser)]
+pub struct SubjectArgs {
+    /// The kubeconfig file of the control plane.
+    #[arg(long)]
+    pub kubeconfig: PathBuf,
+    /// The namespace whose Pods to cache.
+    #[arg(long)]
+    pub namespace: String,
+    /// Report synced once this many Pods are cached.
+    #[arg(long)]
+    pub expect: usize,
+    /// After sync, wait for this many update events carrying the `bench-update` label.
+    #[arg(long, default_value_t = 0)]
+    pub updates: usize,
+}
+
+/// The line a subject prints once synced.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SyncedLine {
+    /// Which subject.
+    pub subject: String,
+    /// Milliseconds from the start of `main` to synced with `expect` objects cached.
+    pub synced_ms: f64,
+    /// VmRSS at that moment, KiB.
+    pub rss_kb: u64,
+    /// VmHWM (peak RSS) at that moment, KiB.
+    pub hwm_kb: u64,
+    /// Objects in the cache.
+    pub cached: usize,
+    /// Add events the handler had seen.
+    pub adds: usize,
+}
+
+/// The line a subject prints once it has seen every update.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct UpdatesLine {
+    /// Which subject.
+    pub subject: String,
+    /// Distinct updates seen.
+    pub updates: usize,
+    /// For each update id (the `bench-update` label's value), when the handler saw it,
+    /// Unix nanoseconds.
+    pub received: HashMap<String, i64>,
+}
+
+/// `(VmRSS, VmHWM)` of this process in KiB, from `/proc/self/status`.
+pub fn self_memory() -> (u64, u64) {
+    memory_of("self")
+}
+
+/// `(VmRSS, VmHWM)` of a process in KiB (`pid` or `self`); zeros if unreadable.
+pub fn memory_of(pid: &str) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Now as Unix nanoseconds.
+pub fn unix_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// Collects update receipts for a subject and prints the protocol's lines.
+#[derive(Debug)]
+pub struct Recorder {
+    subject: &'static str,
+    expected_updates: usize,
+    received: std::sync::Mutex<HashMap<String, i64>>,
+    done: tokio::sync::Notify,
+}
+
+impl Recorder {
+    /// A recorder for `subject` waiting for `expected_updates` updates.
+    pub fn new(subject: &'static str, expected_updates: usize) -> Self {
+        Self {
+            subject,
+            expected_updates,
+            received: std::sync::Mutex::new(HashMap::with_capacity(expected_updates)),
+            done: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Records that the handler saw a Pod with these labels.
+    pub fn saw(&self, labels: Option<&std::collections::BTreeMap<String, String>>) {
+        let now = unix_nanos();
+        let Some(id) = labels.and_then(|l| l.get(UPDATE_LABEL)) else {
+            return;
+        };
+        if self.expected_updates == 0 {
+            return;
+        }
+        let mut received = self.received.lock().unwrap_or_else(|p| p.into_inner());
+        if !received.contains_key(id) {
+            received.insert(id.clone(), now);
+            if received.len() == self.expected_updates {
+                self.done.notify_one();
+            }
+        }
+    }
+
+    /// Prints the synced line.
+    pub fn print_synced(&self, started: Instant, cached: usize, adds: usize) {
+        let (rss_kb, hwm_kb) = self_memory();
+        let line = SyncedLine {
+            subject: self.subject.to_owned(),
+            synced_ms: started.elapsed().as_secs_f64() * 1000.0,
+            rss_kb,
+            hwm_kb,
+            cached,
+            adds,
+        };
+        println!("{}", serde_json::to_string(&line).expect("serialises"));
+    }
+
+    /// Waits for every expected update (if any), prints the updates line, then waits
+    /// until stdin closes (the driver reads memory, then closes it or kills the process).
+    pub async fn finish(&self) {
+        if self.expected_updates > 0 {
+            loop {
+                let notified = self.done.notified();
+                if self
+                    .received
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .len()
+                    >= self.expected_updates
+                {
+                    break;
+                }
+                notified.await;
+            }
+            let received = self
+                .received
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let line = UpdatesLine {
+                subject: self.subject.to_owned(),
+                updates: received.len(),
+                received,
+            };
+            println!("{}", serde_json::to_string(&line).expect("serialises"));
+        }
+        let mut sink = Vec::new();
+        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
+    }
+}
+
+/// Builds a kube client from a kubeconfig file.
+///
+/// # Errors
+///
+/// If the file cannot be read or turned into a client.
+pub async fn client(path: &std::path::Path) -> anyhow::Result<kube_client::Client> {
+    use kube_client::config::{Config, KubeConfigOptions, Kubeconfig};
+    let kubeconfig = Kubeconfig::read_from(path)?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    Ok(kube_client::Client::try_from(config)?)
+}

@@ -1,0 +1,66 @@
+//! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
+//! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
+//! for the protocol.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
+
+use benches::{Recorder, SubjectArgs};
+use clap::Parser;
+use k8s_openapi::api::core::v1::Pod;
+use kube_client::Api;
+use kube_informer::{ApiListWatch, SharedInformer, handler_fn};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let args = SubjectArgs::parse();
+    let client = benches::client(&args.kubeconfig).await?;
+    let informer = SharedInformer::new(ApiListWatch::new(Api::<Pod>::namespaced(
+        client,
+        &args.namespace,
+    )));
+    let recorder = Arc::new(Recorder::new("kube-informer", args.updates));
+    let adds = Arc::new(AtomicUsize::new(0));
+    let updates = Arc::new(AtomicUsize::new(0));
+    let deletes = Arc::new(AtomicUsize::new(0));
+    informer.add_handler({
+        let (adds, updates, deletes, recorder) = (
+            adds.clone(),
+            updates.clone(),
+            deletes.clone(),
+            recorder.clone(),
+        );
+        handler_fn()
+            .on_add(move |_pod: &Arc<Pod>, _initial| {
+                adds.fetch_add(1, Ordering::Relaxed);
+            })
+            .on_update(move |_old, new| {
+                recorder.saw(new.metadata.labels.as_ref());
+                updates.fetch_add(1, Ordering::Relaxed);
+            })
+            .on_delete(move |_| {
+                deletes.fetch_add(1, Ordering::Relaxed);
+            })
+    });
+    let stop = CancellationToken::new();
+    tokio::spawn(informer.run(stop.clone()));
+    informer.wait_synced_or_fatal().await?;
+    while informer.store().len() < args.expect {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    recorder.print_synced(
+        started,
+        informer.store().len(),
+        adds.load(Ordering::Relaxed),
+    );
+    recorder.finish().await;
+    stop.cancel();
+    Ok(())
+}
