@@ -167,12 +167,10 @@ async fn a_leader_whose_lease_is_taken_stops_leading() {
 async fn a_candidate_without_rbac_gets_a_clear_error() {
     let env = TestEnv::shared().await;
     let namespace = env.create_namespace("lease-rbac").await.unwrap();
-    let kubeconfig = kube_client::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
-    let mut config = kube_client::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let client = env
+        .client_as(&format!("system:serviceaccount:{namespace}:nobody"))
         .await
         .unwrap();
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:nobody"));
-    let client = Client::try_from(config).unwrap();
     let elector = LeaderElector::new(client, config_for_rbac(&namespace)).unwrap();
     let result = tokio::time::timeout(
         PATIENCE,

@@ -890,12 +890,10 @@ async fn bad_urls_are_rejected_and_missing_rbac_is_a_clear_error() {
     assert!(stderr.contains("spec.url"), "{stderr}");
 
     // A manager whose identity may not list TraefikServices stops with a clear error.
-    let kubeconfig = kube_client::config::Kubeconfig::read_from(env.kubeconfig_path()).unwrap();
-    let mut config = kube_client::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let client = env
+        .client_as(&format!("system:serviceaccount:{namespace}:nobody"))
         .await
         .unwrap();
-    config.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:nobody"));
-    let client = Client::try_from(config).unwrap();
     let etcd_endpoint = format!("127.0.0.1:{}", free_port());
     let cli = Cli::try_parse_from([
         "traefik-operator",
@@ -964,14 +962,11 @@ async fn the_checked_in_rbac_and_samples_are_enough() {
     }
 
     // The operator as its ServiceAccount, with every controller and leader election.
-    let kubeconfig =
-        kube_client::config::Kubeconfig::read_from(world.env.kubeconfig_path()).unwrap();
-    let mut config = kube_client::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+    let client = world
+        .env
+        .client_as("system:serviceaccount:traefik-operator:traefik-operator")
         .await
         .unwrap();
-    config.auth_info.impersonate =
-        Some("system:serviceaccount:traefik-operator:traefik-operator".into());
-    let client = Client::try_from(config).unwrap();
     let lease_id = format!("--leader-election-id={}", world.namespace);
     let operator = Operator::start(
         world.env,

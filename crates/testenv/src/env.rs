@@ -90,7 +90,7 @@ impl Builder {
         let kubeconfig_path = dir.path().join("kubeconfig");
         kubeconfig::write_admin(&kubeconfig_path, &spec.url(), &creds)?;
         let mut apiserver = spec.start()?;
-        let client = kubeconfig::client_from(&kubeconfig_path).await?;
+        let client = kubeconfig::client_from(&kubeconfig_path, None).await?;
         apiserver::wait_ready(&mut apiserver, &client, self.start_timeout).await?;
         let controller_manager = if self.controller_manager {
             let mut process = controller_manager::start(
@@ -200,7 +200,18 @@ impl TestEnv {
     ///
     /// [`Error::Client`] if the kubeconfig cannot be turned into a client.
     pub async fn client(&self) -> Result<kube_client::Client> {
-        kubeconfig::client_from(&self.kubeconfig_path).await
+        kubeconfig::client_from(&self.kubeconfig_path, None).await
+    }
+
+    /// A new client that authenticates as admin but acts as `user` (e.g.
+    /// `system:serviceaccount:<namespace>:<name>`), so RBAC applies exactly
+    /// as it would to that user.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Client`] if the kubeconfig cannot be turned into a client.
+    pub async fn client_as(&self, user: &str) -> Result<kube_client::Client> {
+        kubeconfig::client_from(&self.kubeconfig_path, Some(user)).await
     }
 
     /// The admin kubeconfig file.

@@ -40,12 +40,13 @@ pub(crate) fn write_admin(path: &Path, server: &str, creds: &Credentials) -> Res
     std::fs::write(path, text).map_err(Error::io("writing the kubeconfig", path))
 }
 
-/// Builds a client from a kubeconfig file.
-pub(crate) async fn client_from(path: &Path) -> Result<kube_client::Client> {
+/// Builds a client from a kubeconfig file, impersonating `user` if given.
+pub(crate) async fn client_from(path: &Path, user: Option<&str>) -> Result<kube_client::Client> {
     use kube_client::config::{Config, KubeConfigOptions, Kubeconfig};
     let kubeconfig = Kubeconfig::read_from(path).map_err(|e| Error::Client(e.to_string()))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| Error::Client(e.to_string()))?;
+    config.auth_info.impersonate = user.map(str::to_owned);
     kube_client::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
 }
