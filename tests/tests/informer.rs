@@ -477,6 +477,103 @@ async fn twelve_hundred_config_maps_sync_through_paged_lists() {
     running.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streaming_list_into_a_compact_cache_syncs_and_follows() {
+    let env = TestEnv::shared().await;
+    let namespace = env.create_namespace("streamed").await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(env.client().await.unwrap(), &namespace);
+    let expected: Vec<String> = (0..1200).map(|i| format!("cm-{i:04}")).collect();
+    create_all(
+        &api,
+        expected
+            .iter()
+            .map(|n| labelled(n, &[("app", if n.ends_with('0') { "db" } else { "web" })]))
+            .collect(),
+    )
+    .await;
+
+    let lw = Recording::new(ApiListWatch::new(api.clone()));
+    let informer = SharedInformer::builder(lw.clone())
+        .streaming_list()
+        .compact()
+        .index_fn("app", label_index("app"))
+        .build();
+    let (registration, mut rx) = recorder(&informer);
+    let running = run(&informer);
+    within("the informer to sync", registration.wait_synced()).await;
+
+    // The whole state came on one watch with sendInitialEvents, without a LIST.
+    let calls = lw.calls();
+    assert!(calls.lists.is_empty(), "{:?}", calls.lists);
+    assert_eq!(calls.watches.len(), 1);
+    assert!(calls.watches[0].send_initial_events);
+    assert_eq!(calls.watches[0].resource_version, "");
+    let mut initial = Vec::new();
+    while let Ok(ev) = rx.try_recv() {
+        match ev {
+            Ev::Add(o, true) => initial.push(name(&*o)),
+            other => panic!("expected initial adds only, got {other:?}"),
+        }
+    }
+    initial.sort();
+    assert_eq!(initial, expected);
+
+    let store = informer.store();
+    assert!(store.is_compact());
+    assert_eq!(cache_state(&informer), server_state(&api).await);
+    assert_eq!(store.by_index("app", "db").unwrap().len(), 120);
+    let synced_rv: u64 = informer
+        .last_sync_resource_version()
+        .expect("the end bookmark's version")
+        .parse()
+        .unwrap();
+    let newest = server_state(&api)
+        .await
+        .values()
+        .map(|rv| rv.parse::<u64>().unwrap())
+        .max();
+    assert!(
+        Some(synced_rv) >= newest,
+        "synced at {synced_rv}, objects up to {newest:?}"
+    );
+
+    // Changes follow on the same watch; the old object comes back from the compact form.
+    let before = api.get("cm-0001").await.unwrap();
+    let updated = api
+        .patch(
+            "cm-0001",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "app": "db" } } })),
+        )
+        .await
+        .unwrap();
+    match next_event(&mut rx, "the update").await {
+        Ev::Update(old, new) => {
+            assert_eq!(*old, before);
+            assert_eq!(rv(&*new), rv(&updated));
+        }
+        other => panic!("expected an update, got {other:?}"),
+    }
+    assert_eq!(store.by_index("app", "db").unwrap().len(), 121);
+    api.delete("cm-0002", &DeleteParams::default())
+        .await
+        .unwrap();
+    match next_event(&mut rx, "the delete").await {
+        Ev::Delete(deleted) => {
+            assert!(!deleted.is_final_state_unknown());
+            assert_eq!(name(&**deleted.object()), "cm-0002");
+        }
+        other => panic!("expected a delete, got {other:?}"),
+    }
+    assert_eq!(store.len(), 1199);
+    assert_eq!(
+        lw.calls().watches.len(),
+        1,
+        "the streaming watch carried on"
+    );
+    running.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. handler events
 
@@ -1262,6 +1359,7 @@ async fn rbac_forbidden_is_fatal_at_start_and_heals_when_granted() {
             resource_version: "0".into(),
             timeout: Some(Duration::from_secs(10)),
             allow_bookmarks: true,
+            send_initial_events: false,
         },
     )
     .await
@@ -1477,6 +1575,7 @@ async fn api_watch_streams_events_and_a_bookmark_before_its_timeout() {
             resource_version: start.resource_version.clone(),
             timeout: Some(Duration::from_secs(6)),
             allow_bookmarks: true,
+            send_initial_events: false,
         },
     )
     .await
@@ -1491,7 +1590,9 @@ async fn api_watch_streams_events_and_a_bookmark_before_its_timeout() {
     while let Some(event) = within("the watch to end at its timeout", stream.next()).await {
         match event.expect("no stream error") {
             WatchEvent::Added(o) => added = Some(o),
-            WatchEvent::Bookmark { resource_version } => bookmark = Some(resource_version),
+            WatchEvent::Bookmark {
+                resource_version, ..
+            } => bookmark = Some(resource_version),
             other => panic!("unexpected {other:?}"),
         }
     }

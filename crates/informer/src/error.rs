@@ -10,6 +10,7 @@
 //! | [`Error::Decode`], [`Error::MalformedEvent`] | relist (an event was lost) |
 //! | [`Error::Forbidden`], [`Error::Api`], [`Error::Transport`] | back off, then retry |
 //! | [`Error::IdleTimeout`] | reconnect the watch at once |
+//! | [`Error::StreamingListUnsupported`] | switch from streaming lists to paged lists |
 //!
 //! Every such error is also handed to the watch-error hook, if one is registered.
 
@@ -130,6 +131,16 @@ pub enum Error {
         resource: String,
         /// How long the watch was silent.
         idle: Duration,
+    },
+
+    /// The API server does not stream lists (`sendInitialEvents`): it rejected the parameter,
+    /// or ignored it and sent an ordinary watch. The reflector falls back to paged lists.
+    #[error("watch {resource}: the API server does not stream lists: {detail}")]
+    StreamingListUnsupported {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// How it showed.
+        detail: String,
     },
 
     /// An object has no `metadata.name`, so it has no key.

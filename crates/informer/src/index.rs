@@ -171,6 +171,11 @@ impl<K> Index<K> {
         }
     }
 
+    /// Removes `key` under every value (when its values are unknown).
+    pub(crate) fn remove_key(&mut self, key: &ObjectKey) {
+        self.entries.retain(|_, set| !set.remove(key));
+    }
+
     pub(crate) fn get(&self, value: &str) -> Option<&KeySet> {
         self.entries.get(value)
     }

@@ -36,6 +36,7 @@
 //! ```
 
 pub mod backoff;
+pub mod codec;
 pub mod controller;
 pub mod error;
 pub mod handler;
@@ -53,6 +54,7 @@ pub mod testing;
 pub mod workqueue;
 
 pub use backoff::{Backoff, BackoffConfig};
+pub use codec::{Codec, JsonCodec};
 pub use error::{Error, Verb};
 pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
@@ -66,6 +68,8 @@ pub use list_watch::{
     ApiListWatch, ListOptions, ListPage, ListWatch, WatchEvent, WatchOptions, WatchStream,
 };
 pub use lister::Lister;
-pub use reflector::{ErrorHook, Reflector, ReflectorConfig, ReflectorStore, SyncedVersion};
+pub use reflector::{
+    ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStore, SyncedVersion,
+};
 pub use selector::{Operator, Requirement, Selector, SelectorError};
 pub use store::{Store, TransformFn, strip_managed_fields};

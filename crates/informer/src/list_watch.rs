@@ -69,6 +69,12 @@ pub struct WatchOptions {
     pub timeout: Option<Duration>,
     /// `allowWatchBookmarks`: ask for `BOOKMARK` events carrying a fresh resourceVersion.
     pub allow_bookmarks: bool,
+    /// `sendInitialEvents` (a *streaming list*, Kubernetes 1.27+): the watch first sends the
+    /// current state as `ADDED` events, then a bookmark marked
+    /// [`initial_events_end`](WatchEvent::Bookmark::initial_events_end), then changes.
+    /// `resource_version` is then read as "not older than" (`""`: a consistent read), and
+    /// `allow_bookmarks` must be set.
+    pub send_initial_events: bool,
 }
 
 /// One event of a watch stream.
@@ -84,6 +90,9 @@ pub enum WatchEvent<K> {
     Bookmark {
         /// The collection's resourceVersion.
         resource_version: String,
+        /// True on the bookmark that ends the initial events of a streaming list
+        /// (annotation `k8s.io/initial-events-end: "true"`).
+        initial_events_end: bool,
     },
     /// An `ERROR` event: the server ends the watch with this status (410 when the start
     /// resourceVersion was compacted away).
@@ -337,7 +346,7 @@ where
             .timeout
             .map(|t| u32::try_from(t.as_secs()).unwrap_or(u32::MAX)),
         bookmarks: options.allow_bookmarks,
-        ..WatchParams::default()
+        send_initial_events: options.send_initial_events,
     };
     let resource = describe_url(api.resource_url());
     let namespace = api.namespace().map(str::to_owned);
@@ -351,6 +360,11 @@ where
             Ok(kube_core::WatchEvent::Modified(o)) => Ok(WatchEvent::Modified(o)),
             Ok(kube_core::WatchEvent::Deleted(o)) => Ok(WatchEvent::Deleted(o)),
             Ok(kube_core::WatchEvent::Bookmark(b)) => Ok(WatchEvent::Bookmark {
+                initial_events_end: b
+                    .metadata
+                    .annotations
+                    .get(INITIAL_EVENTS_END)
+                    .is_some_and(|v| v == "true"),
                 resource_version: b.metadata.resource_version,
             }),
             Ok(kube_core::WatchEvent::Error(status)) => Ok(WatchEvent::Error(status)),
@@ -363,6 +377,9 @@ where
         })
         .boxed())
 }
+
+/// The annotation on the bookmark that ends a streaming list's initial events.
+pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
 
 /// `plural[.group]` from a resource URL such as `/apis/apps/v1/namespaces/x/deployments`.
 pub(crate) fn describe_url(url: &str) -> String {

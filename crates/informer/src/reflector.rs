@@ -10,6 +10,15 @@
 //!    cache never goes back in time; after a 410 Gone the list is restarted from page one at
 //!    resourceVersion `""` (a consistent read). The store then gets one
 //!    [`replace`](ReflectorStore::replace).
+//!
+//!    With [`ListMode::Streaming`] the list is a *streaming list* instead (client-go's
+//!    watch-list): one watch with `sendInitialEvents=true` delivers the current objects as
+//!    events, which go to the store as they arrive, then a bookmark marked
+//!    `k8s.io/initial-events-end`, after which the same watch carries on with changes.
+//!    Nothing is buffered, so memory stays flat during a large sync and decoding overlaps
+//!    the server's encoding. Objects not seen by the end bookmark are removed
+//!    ([`finish_streamed_list`](ReflectorStore::finish_streamed_list)). A server that rejects
+//!    `sendInitialEvents` or ignores it makes the reflector fall back to paged lists.
 //! 2. **Watch** from the list's resourceVersion with `allowWatchBookmarks` and a random
 //!    server-side timeout in `[min_watch_timeout, 2 × min_watch_timeout)` (5–10 min), applying
 //!    each event to the store. Bookmarks only advance the resourceVersion.
@@ -25,6 +34,7 @@
 //! to `tracing`.
 
 use std::{
+    collections::HashSet,
     sync::{Arc, PoisonError, RwLock},
     time::Duration,
 };
@@ -50,6 +60,10 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     fn upsert(&self, key: ObjectKey, object: Arc<K>);
     /// An object was deleted; `object` is its last state.
     fn delete(&self, key: ObjectKey, object: Arc<K>);
+    /// The end of a streaming list at `resource_version`: its objects went to
+    /// [`upsert`](Self::upsert) as they arrived; every object whose key is not in `listed`
+    /// is gone.
+    fn finish_streamed_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str);
 }
 
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Store<K> {
@@ -64,14 +78,33 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Store<K> {
     fn delete(&self, key: ObjectKey, _object: Arc<K>) {
         self.remove(key);
     }
+
+    fn finish_streamed_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
+        self.retain_keys(listed);
+    }
 }
 
 /// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
 pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 
+/// How a [`Reflector`] fetches the full state of its resource.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ListMode {
+    /// Paged `LIST` calls, collected and then applied in one [`replace`](ReflectorStore::replace).
+    #[default]
+    Paged,
+    /// A streaming list: a watch with `sendInitialEvents=true` whose events are applied as
+    /// they arrive (see the [module docs](self)). Needs Kubernetes 1.27+ with the `WatchList`
+    /// feature (on by default since 1.32); other servers get paged lists.
+    Streaming,
+}
+
 /// Tuning of a [`Reflector`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReflectorConfig {
+    /// How the full state is fetched: [`ListMode::Paged`] (the default) or
+    /// [`ListMode::Streaming`].
+    pub list_mode: ListMode,
     /// Objects per list page (`limit`), 500.
     pub page_size: u32,
     /// Lower bound of the random server-side watch timeout; the upper bound is twice this
@@ -87,6 +120,7 @@ pub struct ReflectorConfig {
 impl Default for ReflectorConfig {
     fn default() -> Self {
         Self {
+            list_mode: ListMode::default(),
             page_size: 500,
             min_watch_timeout: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(300),
@@ -157,6 +191,12 @@ enum ListFrom {
     Latest,
 }
 
+/// The initial phase of a streaming list: the keys seen so far.
+struct InitialEvents {
+    listed: HashSet<ObjectKey>,
+    started: Instant,
+}
+
 /// How a watch ended.
 enum WatchEnd {
     Cancelled,
@@ -225,11 +265,22 @@ where
         let mut need_list = true;
         let mut last_rv = String::new();
         let mut gone_in_a_row = 0u32;
+        let mut streaming = self.config.list_mode == ListMode::Streaming;
         loop {
             if cancel.is_cancelled() {
                 break;
             }
-            if need_list {
+            let mut initial = None;
+            if need_list && streaming {
+                if list_from == ListFrom::Latest {
+                    last_rv.clear();
+                }
+                debug!(rv = %last_rv, "streaming list");
+                initial = Some(InitialEvents {
+                    listed: HashSet::new(),
+                    started: Instant::now(),
+                });
+            } else if need_list {
                 let listed = tokio::select! {
                     biased;
                     () = cancel.cancelled() => break,
@@ -256,8 +307,25 @@ where
                 }
             }
 
-            match self.watch(&cancel, &mut last_rv).await {
+            let streamed = initial.is_some();
+            let end = self.watch(&cancel, &mut last_rv, &mut initial).await;
+            if streamed {
+                need_list = initial.is_some();
+                if !need_list {
+                    list_from = ListFrom::LastSeen;
+                }
+            }
+            match end {
                 WatchEnd::Cancelled => break,
+                WatchEnd::Failed {
+                    error: error @ Error::StreamingListUnsupported { .. },
+                    ..
+                } => {
+                    self.report(&error);
+                    warn!("falling back to paged lists");
+                    streaming = false;
+                    need_list = true;
+                }
                 WatchEnd::Closed { events, elapsed } => {
                     if events > 0 {
                         gone_in_a_row = 0;
@@ -312,6 +380,13 @@ where
             biased;
             () = cancel.cancelled() => false,
             () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    fn unsupported(&self, detail: String) -> Error {
+        Error::StreamingListUnsupported {
+            resource: self.resource.clone(),
+            detail,
         }
     }
 
@@ -385,14 +460,21 @@ where
         Ok(list_rv)
     }
 
-    /// Watches from `last_rv` until the watch ends; applies its events.
-    async fn watch(&self, cancel: &CancellationToken, last_rv: &mut String) -> WatchEnd {
+    /// Watches from `last_rv` until the watch ends; applies its events. With `initial` set,
+    /// the watch is a streaming list, and `initial` is taken once its end bookmark arrived.
+    async fn watch(
+        &self,
+        cancel: &CancellationToken,
+        last_rv: &mut String,
+        initial: &mut Option<InitialEvents>,
+    ) -> WatchEnd {
         let min = self.config.min_watch_timeout;
         let timeout = min.mul_f64(1.0 + rand::rng().random::<f64>());
         let options = WatchOptions {
             resource_version: last_rv.clone(),
             timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
             allow_bookmarks: true,
+            send_initial_events: initial.is_some(),
         };
         debug!(rv = %last_rv, timeout_s = options.timeout.map(|t| t.as_secs()), "watching");
         let started = Instant::now();
@@ -401,6 +483,12 @@ where
             () = cancel.cancelled() => return WatchEnd::Cancelled,
             r = self.lw.watch(&options) => match r {
                 Ok(stream) => stream,
+                Err(Error::Api { status, .. })
+                    if initial.is_some() && matches!(status.code, 400 | 422) =>
+                {
+                    let error = self.unsupported(format!("{} ({})", status.message, status.code));
+                    return WatchEnd::Failed { error, events: 0 };
+                }
                 Err(error) => return WatchEnd::Failed { error, events: 0 },
             },
         };
@@ -412,6 +500,13 @@ where
                 n = tokio::time::timeout(self.config.idle_timeout, stream.next()) => n,
             };
             let event = match next {
+                Err(_) if initial.is_some() && events == 0 => {
+                    let error = self.unsupported(format!(
+                        "no initial event within {:?}",
+                        self.config.idle_timeout
+                    ));
+                    return WatchEnd::Failed { error, events };
+                }
                 Err(_) => {
                     self.report(&Error::IdleTimeout {
                         resource: self.resource.clone(),
@@ -428,11 +523,44 @@ where
                 Ok(Some(Ok(event))) => event,
             };
             events += 1;
+            if initial.is_some()
+                && events == 1
+                && !matches!(
+                    event,
+                    WatchEvent::Added(_)
+                        | WatchEvent::Error(_)
+                        | WatchEvent::Bookmark {
+                            initial_events_end: true,
+                            ..
+                        }
+                )
+            {
+                // A streaming list starts with the initial `ADDED`s or, for an empty
+                // collection, the end bookmark; anything else is an ordinary watch.
+                let error = self.unsupported(
+                    "the watch did not start with initial events (sendInitialEvents ignored)"
+                        .to_owned(),
+                );
+                return WatchEnd::Failed { error, events };
+            }
             let (obj, deleted) = match event {
                 WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
                 WatchEvent::Deleted(o) => (o, true),
-                WatchEvent::Bookmark { resource_version } => {
-                    if !resource_version.is_empty() {
+                WatchEvent::Bookmark {
+                    resource_version,
+                    initial_events_end,
+                } => {
+                    if initial_events_end && let Some(phase) = initial.take() {
+                        self.store
+                            .finish_streamed_list(&phase.listed, &resource_version);
+                        info!(
+                            rv = %resource_version,
+                            objects = phase.listed.len(),
+                            elapsed_ms = phase.started.elapsed().as_millis() as u64,
+                            "streamed list"
+                        );
+                    }
+                    if !resource_version.is_empty() && initial.is_none() {
                         *last_rv = resource_version;
                         self.synced.set(last_rv);
                     }
@@ -459,12 +587,23 @@ where
                     return WatchEnd::Failed { error, events };
                 }
             };
+            if let Some(phase) = initial.as_mut() {
+                if deleted {
+                    phase.listed.remove(&key);
+                } else {
+                    phase.listed.insert(key.clone());
+                }
+            }
             if deleted {
                 self.store.delete(key, obj);
             } else {
                 self.store.upsert(key, obj);
             }
-            if let Some(rv) = rv.filter(|rv| !rv.is_empty()) {
+            // During a streaming list the objects' versions are not in order; only the
+            // end bookmark says which version the whole state has.
+            if let Some(rv) = rv.filter(|rv| !rv.is_empty())
+                && initial.is_none()
+            {
                 *last_rv = rv;
                 self.synced.set(last_rv);
             }

@@ -1,8 +1,11 @@
 //! The thread-safe, indexed object cache (client-go's `Indexer` / `threadSafeMap`).
 //!
-//! [`Store<K>`] maps [`ObjectKey`]s to `Arc<K>`: the object decoded from the API server is
-//! moved into one `Arc` and every reader, index and event handler shares it; nothing is
-//! deep-copied after decoding.
+//! [`Store<K>`] maps [`ObjectKey`]s to objects. By default it holds each object as the
+//! `Arc<K>` it was decoded into: every reader, index and event handler shares it, and
+//! nothing is deep-copied after decoding. A *compact* store ([`Store::compact`],
+//! [`Store::with_codec`]) holds each object encoded by a [`Codec`] instead and decodes it
+//! on every read: several times less memory for a few microseconds per object read (see
+//! [`codec`](crate::codec)).
 //!
 //! # Consistency guarantee
 //!
@@ -15,9 +18,10 @@
 //!   whose *current* index values include `v`;
 //! * `list()` and friends are snapshots of one instant.
 //!
-//! Writers are serialized by a separate mutex, and the (user-supplied) index functions run
-//! under that mutex only, *before* the `RwLock` is taken for writing: readers are locked out
-//! just for the hash-map updates, and a panicking index function leaves the store unchanged.
+//! Writers are serialized by a separate mutex, and the (user-supplied) index functions and
+//! the codec run under that mutex only, *before* the `RwLock` is taken for writing: readers
+//! are locked out just for the hash-map updates, and a panicking index function leaves the
+//! store unchanged. Readers of a compact store decode after releasing the lock.
 //!
 //! A `RwLock` (and not a sharded map such as `dashmap`) is a deliberate choice: the
 //! guarantee above needs objects and indexes to change atomically together, which per-shard
@@ -25,15 +29,17 @@
 //! reflector), and read critical sections are short, so one lock does not limit throughput.
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fmt,
     sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
 };
 
 use kube_core::Resource;
+use serde::{Serialize, de::DeserializeOwned};
+use tracing::{error, warn};
 
 use crate::{
-    Error, ObjectKey,
+    Codec, Error, JsonCodec, ObjectKey,
     index::{Index, IndexFn, IndexValues, NAMESPACE_INDEX, apply_change, compute_values},
 };
 
@@ -59,7 +65,7 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
     obj
 }
 
-/// Thread-safe indexed cache of `Arc<K>` by [`ObjectKey`]. Cheap to clone (shared).
+/// Thread-safe indexed cache of `K` by [`ObjectKey`]. Cheap to clone (shared).
 ///
 /// An informer owns one and writes to it; programs read it (see the [module docs](self) for
 /// the consistency guarantee). The write methods are public so that a store can be filled by
@@ -89,11 +95,28 @@ struct Shared<K> {
     state: RwLock<State<K>>,
     /// Serializes writers; holds the index functions (changed only by `add_indexer`).
     writer: Mutex<Vec<IndexFn<K>>>,
+    /// Set for a compact store.
+    codec: Option<Arc<dyn Codec<K>>>,
 }
 
 struct State<K> {
-    objects: HashMap<ObjectKey, Arc<K>>,
+    objects: HashMap<ObjectKey, Slot<K>>,
     indexes: Vec<Index<K>>,
+}
+
+/// One stored object: shared as decoded, or encoded by the store's codec.
+enum Slot<K> {
+    Object(Arc<K>),
+    Packed(Arc<[u8]>),
+}
+
+impl<K> Clone for Slot<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Slot::Object(o) => Slot::Object(o.clone()),
+            Slot::Packed(b) => Slot::Packed(b.clone()),
+        }
+    }
 }
 
 impl<K> Clone for Store<K> {
@@ -113,6 +136,7 @@ impl<K> fmt::Debug for Store<K> {
                 "indexes",
                 &st.indexes.iter().map(|i| &*i.name).collect::<Vec<_>>(),
             )
+            .field("compact", &self.shared.codec.is_some())
             .finish()
     }
 }
@@ -145,9 +169,50 @@ impl<K> Store<K> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The slot to keep for `obj`: encoded in a compact store, unless encoding fails.
+    fn pack(&self, key: &ObjectKey, obj: Arc<K>) -> Slot<K> {
+        let Some(codec) = &self.shared.codec else {
+            return Slot::Object(obj);
+        };
+        match codec.encode(&obj) {
+            Ok(bytes) => Slot::Packed(bytes.into()),
+            Err(err) => {
+                warn!(%key, %err, "object does not encode; keeping it decoded");
+                Slot::Object(obj)
+            }
+        }
+    }
+
+    /// The object in `slot`; `None` (with an error log) when its bytes do not decode.
+    fn unpack(&self, key: &ObjectKey, slot: Slot<K>) -> Option<Arc<K>> {
+        match (slot, &self.shared.codec) {
+            (Slot::Object(obj), _) => Some(obj),
+            (Slot::Packed(bytes), Some(codec)) => match codec.decode(&bytes) {
+                Ok(obj) => Some(Arc::new(obj)),
+                Err(err) => {
+                    error!(%key, %err, "stored object does not decode; the codec does not round-trip");
+                    None
+                }
+            },
+            (Slot::Packed(_), None) => None,
+        }
+    }
+
+    fn unpack_all(&self, slots: Vec<(ObjectKey, Slot<K>)>) -> Vec<Arc<K>> {
+        slots
+            .into_iter()
+            .filter_map(|(key, slot)| self.unpack(&key, slot))
+            .collect()
+    }
+
     /// The object under `key` (`namespace/name`, or `name` for cluster-scoped objects).
     pub fn get_by_key(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
-        self.read().objects.get(key.as_ref()).cloned()
+        let (key, slot) = {
+            let st = self.read();
+            let (k, v) = st.objects.get_key_value(key.as_ref())?;
+            (k.clone(), v.clone())
+        };
+        self.unpack(&key, slot)
     }
 
     /// Whether an object is stored under `key`.
@@ -157,17 +222,36 @@ impl<K> Store<K> {
 
     /// All objects, in no particular order.
     pub fn list(&self) -> Vec<Arc<K>> {
-        self.read().objects.values().cloned().collect()
+        let slots = self.snapshot();
+        self.unpack_all(slots)
     }
 
-    /// The objects for which `filter` is true (evaluated under the read lock: keep it quick).
-    pub fn list_filtered(&self, mut filter: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
+    fn snapshot(&self) -> Vec<(ObjectKey, Slot<K>)> {
         self.read()
             .objects
-            .values()
-            .filter(|o| filter(o))
-            .cloned()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+
+    /// The objects for which `filter` is true. In a store of shared objects `filter` runs
+    /// under the read lock (keep it quick); a compact store decodes and filters after
+    /// releasing it.
+    pub fn list_filtered(&self, mut filter: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
+        if self.shared.codec.is_none() {
+            return self
+                .read()
+                .objects
+                .values()
+                .filter_map(|slot| match slot {
+                    Slot::Object(o) if filter(o) => Some(o.clone()),
+                    _ => None,
+                })
+                .collect();
+        }
+        let mut objects = self.list();
+        objects.retain(|o| filter(o));
+        objects
     }
 
     /// All keys, in no particular order.
@@ -185,20 +269,32 @@ impl<K> Store<K> {
         self.read().objects.is_empty()
     }
 
+    /// True for a store that keeps objects encoded ([`compact`](Self::compact),
+    /// [`with_codec`](Self::with_codec)).
+    pub fn is_compact(&self) -> bool {
+        self.shared.codec.is_some()
+    }
+
     /// The objects whose index `index` contains `value`.
     ///
     /// # Errors
     ///
     /// [`Error::IndexNotFound`] when no index is named `index`.
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, Error> {
-        let st = self.read();
-        let idx = find(&st.indexes, index)?;
-        let Some(keys) = idx.get(value) else {
-            return Ok(Vec::new());
+        let slots: Vec<(ObjectKey, Slot<K>)> = {
+            let st = self.read();
+            let idx = find(&st.indexes, index)?;
+            let Some(keys) = idx.get(value) else {
+                return Ok(Vec::new());
+            };
+            let mut slots = Vec::with_capacity(keys.len());
+            slots.extend(
+                keys.iter()
+                    .filter_map(|k| Some((k.clone(), st.objects.get(k)?.clone()))),
+            );
+            slots
         };
-        let mut objects = Vec::with_capacity(keys.len());
-        objects.extend(keys.iter().filter_map(|k| st.objects.get(k).cloned()));
-        Ok(objects)
+        Ok(self.unpack_all(slots))
     }
 
     /// The keys of the objects whose index `index` contains `value`.
@@ -245,9 +341,37 @@ fn find<'a, K>(indexes: &'a [Index<K>], name: &str) -> Result<&'a Index<K>, Erro
         .ok_or_else(|| Error::IndexNotFound(name.to_owned()))
 }
 
+impl<K: Serialize + DeserializeOwned + Resource + 'static> Store<K> {
+    /// An empty compact store: objects are kept as compact JSON ([`JsonCodec`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{Store, testing::FakeListWatch};
+    ///
+    /// let store = Store::<ConfigMap>::compact();
+    /// let cm = Arc::new(FakeListWatch::<ConfigMap>::object(Some("ns"), "a"));
+    /// store.insert(cm.clone()).unwrap();
+    /// // A fresh object, equal to the one stored.
+    /// assert_eq!(store.get_by_key("ns/a").unwrap(), cm);
+    /// ```
+    pub fn compact() -> Self {
+        Self::with_codec(Arc::new(JsonCodec))
+    }
+}
+
 impl<K: Resource> Store<K> {
-    /// An empty store with the built-in `namespace` index.
+    /// An empty store of shared objects with the built-in `namespace` index.
     pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// An empty compact store that keeps objects encoded by `codec`.
+    pub fn with_codec(codec: Arc<dyn Codec<K>>) -> Self {
+        Self::build(Some(codec))
+    }
+
+    fn build(codec: Option<Arc<dyn Codec<K>>>) -> Self {
         let func = crate::index::namespace_index::<K>();
         Self {
             shared: Arc::new(Shared {
@@ -256,6 +380,7 @@ impl<K: Resource> Store<K> {
                     indexes: vec![Index::new(NAMESPACE_INDEX, func.clone())],
                 }),
                 writer: Mutex::new(vec![func]),
+                codec,
             }),
         }
     }
@@ -276,18 +401,16 @@ impl<K: Resource> Store<K> {
         if self.read().indexes.iter().any(|i| &*i.name == name) {
             return Err(Error::IndexExists(name.to_owned()));
         }
-        let objects: Vec<(ObjectKey, Arc<K>)> = self
-            .read()
-            .objects
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let objects = self.snapshot();
         let mut index = Index::new(name, func.clone());
-        for (key, obj) in &objects {
-            let mut values = func(obj);
+        for (key, slot) in objects {
+            let Some(obj) = self.unpack(&key, slot) else {
+                continue;
+            };
+            let mut values = func(&obj);
             values.sort_unstable();
             values.dedup();
-            index.add(key, &values);
+            index.add(&key, &values);
         }
         self.write().indexes.push(index);
         fns.push(func);
@@ -306,12 +429,19 @@ impl<K: Resource> Store<K> {
 
     pub(crate) fn insert_keyed(&self, key: ObjectKey, obj: Arc<K>) -> Option<Arc<K>> {
         let fns = self.writer();
-        let old = self.read().objects.get(&key).cloned();
+        let old_slot = self.read().objects.get(&key).cloned();
+        let had_old = old_slot.is_some();
+        let old = old_slot.and_then(|slot| self.unpack(&key, slot));
         let old_values = old.as_deref().map(|o| compute_values(&fns, o));
         let new_values = compute_values(&fns, &obj);
+        let slot = self.pack(&key, obj);
         {
             let mut st = self.write();
-            st.objects.insert(key.clone(), obj);
+            if had_old && old.is_none() {
+                // Its old index values are unknown: drop the key from every index entry.
+                st.indexes.iter_mut().for_each(|i| i.remove_key(&key));
+            }
+            st.objects.insert(key.clone(), slot);
             apply_change(
                 &mut st.indexes,
                 &key,
@@ -325,16 +455,38 @@ impl<K: Resource> Store<K> {
     /// Removes the object under `key`; returns it.
     pub fn remove(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
         let fns = self.writer();
-        let (key, old) = {
+        let (key, slot) = {
             let st = self.read();
             let (k, v) = st.objects.get_key_value(key.as_ref())?;
             (k.clone(), v.clone())
         };
-        let old_values: IndexValues = compute_values(&fns, &old);
+        let old = self.unpack(&key, slot);
+        let old_values: Option<IndexValues> = old.as_deref().map(|o| compute_values(&fns, o));
         let mut st = self.write();
         st.objects.remove(&key);
-        apply_change(&mut st.indexes, &key, Some(&old_values), None);
-        Some(old)
+        match &old_values {
+            Some(values) => apply_change(&mut st.indexes, &key, Some(values), None),
+            // Its index values are unknown: drop the key from every index entry.
+            None => st.indexes.iter_mut().for_each(|i| i.remove_key(&key)),
+        }
+        old
+    }
+
+    /// Removes every object whose key is not in `keep`; returns the removed objects.
+    pub(crate) fn retain_keys(&self, keep: &HashSet<ObjectKey>) -> Vec<(ObjectKey, Arc<K>)> {
+        let gone: Vec<ObjectKey> = self
+            .read()
+            .objects
+            .keys()
+            .filter(|k| !keep.contains(*k))
+            .cloned()
+            .collect();
+        gone.into_iter()
+            .filter_map(|key| {
+                let obj = self.remove(&key)?;
+                Some((key, obj))
+            })
+            .collect()
     }
 
     /// Replaces the whole content (after a full list); returns the previous content.
@@ -361,44 +513,80 @@ impl<K: Resource> Store<K> {
             for (index, values) in indexes.iter_mut().zip(&values) {
                 index.add(key, values);
             }
-            map.insert(key.clone(), obj.clone());
+            map.insert(key.clone(), self.pack(key, obj.clone()));
         }
         let mut st = self.write();
         let old = std::mem::replace(&mut st.objects, map);
         st.indexes = indexes;
         drop(st);
         drop(fns);
-        old
+        old.into_iter()
+            .filter_map(|(key, slot)| {
+                let obj = self.unpack(&key, slot)?;
+                Some((key, obj))
+            })
+            .collect()
     }
 
     /// Checks that objects and indexes agree; used by tests.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
-        let st = self.read();
-        for index in &st.indexes {
-            for (value, keys) in &index.entries {
-                for key in keys.iter() {
-                    let obj = st
-                        .objects
+        type Entries = Vec<(String, Vec<ObjectKey>)>;
+        type Snapshot<K> = (
+            Vec<(ObjectKey, Slot<K>)>,
+            Vec<(String, IndexFn<K>, Entries)>,
+        );
+        // One snapshot of objects and indexes, taken under one read lock.
+        let (slots, indexes): Snapshot<K> = {
+            let st = self.read();
+            let slots = st
+                .objects
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let indexes = st
+                .indexes
+                .iter()
+                .map(|i| {
+                    let entries = i
+                        .entries
+                        .iter()
+                        .map(|(v, keys)| (v.to_string(), keys.iter().cloned().collect()))
+                        .collect();
+                    (i.name.to_string(), i.func.clone(), entries)
+                })
+                .collect();
+            (slots, indexes)
+        };
+        let objects: HashMap<ObjectKey, Arc<K>> = slots
+            .into_iter()
+            .map(|(k, slot)| {
+                let obj = self
+                    .unpack(&k, slot)
+                    .ok_or(format!("{k} does not decode"))?;
+                Ok((k, obj))
+            })
+            .collect::<Result<_, String>>()?;
+        for (name, func, entries) in &indexes {
+            for (value, keys) in entries {
+                for key in keys {
+                    let obj = objects
                         .get(key)
-                        .ok_or_else(|| format!("{}[{value}] -> missing {key}", index.name))?;
-                    if !(index.func)(obj).iter().any(|v| **v == **value) {
-                        return Err(format!(
-                            "{}[{value}] -> {key} with other values",
-                            index.name
-                        ));
+                        .ok_or_else(|| format!("{name}[{value}] -> missing {key}"))?;
+                    if !func(obj).iter().any(|v| v == value) {
+                        return Err(format!("{name}[{value}] -> {key} with other values"));
                     }
                 }
             }
         }
-        for (key, obj) in &st.objects {
-            for index in &st.indexes {
-                for value in (index.func)(obj) {
-                    let ok = index
-                        .get(&value)
-                        .is_some_and(|s| s.iter().any(|k| k == key));
+        for (key, obj) in &objects {
+            for (name, func, entries) in &indexes {
+                for value in func(obj) {
+                    let ok = entries
+                        .iter()
+                        .any(|(v, keys)| *v == value && keys.contains(key));
                     if !ok {
-                        return Err(format!("{key} not in {}[{value}]", index.name));
+                        return Err(format!("{key} not in {name}[{value}]"));
                     }
                 }
             }
@@ -434,9 +622,19 @@ mod tests {
         o.metadata.labels.as_ref().unwrap()["app"].as_str()
     }
 
+    /// Both kinds of store: shared objects and compact.
+    fn stores() -> [Store<ConfigMap>; 2] {
+        [Store::new(), Store::compact()]
+    }
+
     #[test]
     fn crud_and_indexes() {
-        let store = Store::<ConfigMap>::new();
+        for store in stores() {
+            crud_and_indexes_on(store);
+        }
+    }
+
+    fn crud_and_indexes_on(store: Store<ConfigMap>) {
         store.add_indexer("app", label_index("app")).unwrap();
         assert!(matches!(
             store.add_indexer("app", label_index("app")),
@@ -476,15 +674,69 @@ mod tests {
 
     #[test]
     fn late_indexer_indexes_existing_objects() {
-        let store = Store::<ConfigMap>::new();
-        store.insert(cm("a", "x", "web")).unwrap();
+        for store in stores() {
+            store.insert(cm("a", "x", "web")).unwrap();
+            store.add_indexer("app", label_index("app")).unwrap();
+            assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_compact_store_returns_equal_objects_and_keeps_no_decoded_one() {
+        let store = Store::<ConfigMap>::compact();
+        let obj = cm("a", "x", "web");
+        store.insert(obj.clone()).unwrap();
+        // Only the caller holds the inserted Arc: the store kept bytes.
+        assert_eq!(Arc::strong_count(&obj), 1);
+        let read = store.get_by_key("a/x").unwrap();
+        assert_eq!(read, obj);
+        assert!(!Arc::ptr_eq(&read, &obj));
+        assert_eq!(
+            store.list_filtered(|o| app(o) == "web"),
+            std::slice::from_ref(&obj)
+        );
+        assert_eq!(store.remove("a/x").unwrap(), obj);
+        assert!(store.is_empty());
+    }
+
+    /// A codec whose bytes never decode, standing in for a type that does not round-trip.
+    struct Broken;
+
+    impl Codec<ConfigMap> for Broken {
+        fn encode(&self, _: &ConfigMap) -> Result<Vec<u8>, crate::error::BoxError> {
+            Ok(b"not json".to_vec())
+        }
+        fn decode(&self, bytes: &[u8]) -> Result<ConfigMap, crate::error::BoxError> {
+            Ok(serde_json::from_slice(bytes)?)
+        }
+    }
+
+    #[test]
+    fn undecodable_bytes_leave_no_stale_index_entries() {
+        let store = Store::<ConfigMap>::with_codec(Arc::new(Broken));
         store.add_indexer("app", label_index("app")).unwrap();
-        assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+        store.insert(cm("a", "x", "web")).unwrap();
+        assert!(
+            store.get_by_key("a/x").is_none(),
+            "undecodable: not returned"
+        );
+        assert_eq!(store.index_keys("app", "web").unwrap().len(), 1);
+        store.insert(cm("a", "x", "db")).unwrap();
+        assert!(store.index_keys("app", "web").unwrap().is_empty());
+        assert_eq!(store.index_keys("app", "db").unwrap().len(), 1);
+        store.remove("a/x");
+        assert!(store.index_keys("app", "db").unwrap().is_empty());
+        assert!(store.is_empty());
     }
 
     #[test]
     fn readers_see_objects_and_indexes_change_together() {
-        let store = Store::<ConfigMap>::new();
+        for store in stores() {
+            readers_see_objects_and_indexes_change_together_in(store);
+        }
+    }
+
+    fn readers_see_objects_and_indexes_change_together_in(store: Store<ConfigMap>) {
         store.add_indexer("app", label_index("app")).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let apps = ["a", "b", "c"];

@@ -94,6 +94,8 @@ struct State<K> {
     watchers: Vec<Sender<K>>,
     list_requests: Vec<ListOptions>,
     watch_requests: Vec<WatchOptions>,
+    streaming_lists: bool,
+    cut_initial_events: VecDeque<usize>,
 }
 
 /// A `Status` with this code, reason and message.
@@ -170,6 +172,8 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
                     watchers: Vec::new(),
                     list_requests: Vec::new(),
                     watch_requests: Vec::new(),
+                    streaming_lists: true,
+                    cut_initial_events: VecDeque::new(),
                 }),
                 calls: watch::channel(CallCounts::default()).0,
             }),
@@ -276,7 +280,20 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
         let rv = self.resource_version();
         self.inject(Ok(WatchEvent::Bookmark {
             resource_version: rv,
+            initial_events_end: false,
         }));
+    }
+
+    /// When `false`, watches ignore `sendInitialEvents`, as API servers before 1.27 (or with
+    /// the `WatchList` feature off) do: no initial events, no `initial_events_end` bookmark.
+    pub fn set_streaming_lists(&self, on: bool) {
+        self.state().streaming_lists = on;
+    }
+
+    /// The next streaming list sends only its first `after` initial events and then ends,
+    /// as a connection torn in the middle of the initial state does.
+    pub fn cut_next_initial_events(&self, after: usize) {
+        self.state().cut_initial_events.push_back(after);
     }
 
     /// Ends every open watch normally (as the server's `timeoutSeconds` does).
@@ -374,7 +391,20 @@ impl<K: Resource + Clone + Send + Sync + 'static> ListWatch<K> for FakeListWatch
             } else {
                 let (tx, mut rx) = mpsc::unbounded_channel();
                 let from = parse_rv(Some(&options.resource_version)).unwrap_or(st.rv);
-                if from < st.compacted {
+                if options.send_initial_events && st.streaming_lists {
+                    // Not older than `from`: the current state always is.
+                    let cut = st.cut_initial_events.pop_front();
+                    for obj in st.objects.values().take(cut.unwrap_or(usize::MAX)) {
+                        let _ = tx.send(Ok(WatchEvent::Added(obj.clone())));
+                    }
+                    if cut.is_none() {
+                        let _ = tx.send(Ok(WatchEvent::Bookmark {
+                            resource_version: st.rv.to_string(),
+                            initial_events_end: true,
+                        }));
+                        st.watchers.push(tx);
+                    }
+                } else if from < st.compacted {
                     let _ = tx.send(Ok(WatchEvent::Error(status(
                         410,
                         "Expired",
@@ -473,6 +503,7 @@ mod tests {
                 resource_version: "3".into(),
                 timeout: None,
                 allow_bookmarks: true,
+                send_initial_events: false,
             })
             .await
             .unwrap();
@@ -490,6 +521,7 @@ mod tests {
                 resource_version: "3".into(),
                 timeout: None,
                 allow_bookmarks: true,
+                send_initial_events: false,
             })
             .await
             .unwrap();
