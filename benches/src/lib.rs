@@ -2,12 +2,21 @@
 //! benchmark: subjects and the `informer-bench` driver).
 //!
 //! This library holds what the subject processes share: their command line and the JSON
-//! lines they print.
+//! lines they print; the workqueue cases ([`workqueue_cases`]) and the driver's workqueue
+//! comparison ([`workqueue_report`]); and the description of the machine and versions the
+//! reports carry.
 
-use std::{collections::HashMap, path::PathBuf, time::Instant};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use clap::Parser;
 use serde::{Deserialize, Serialize};
+
+pub mod workqueue_cases;
+pub mod workqueue_report;
 
 /// The label whose value identifies one update of the update-latency scenario.
 pub const UPDATE_LABEL: &str = "bench-update";
@@ -180,4 +189,58 @@ pub async fn client(path: &std::path::Path) -> anyhow::Result<kube_client::Clien
     let kubeconfig = Kubeconfig::read_from(path)?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
     Ok(kube_client::Client::try_from(config)?)
+}
+
+/// The median of `values`; NaN if there are none.
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The trimmed standard output of `program args`, or `unknown` if it cannot run.
+pub fn command_output(program: &str, args: &[&str]) -> String {
+    std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The version of package `name` in the workspace's `Cargo.lock`, or `unknown`.
+pub fn lock_version(name: &str) -> String {
+    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
+        .unwrap_or_default();
+    let needle = format!("name = \"{name}\"\nversion = \"");
+    lock.find(&needle)
+        .map(|i| {
+            let rest = &lock[i + needle.len()..];
+            rest[..rest.find('"').unwrap_or(0)].to_owned()
+        })
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The machine in one line: CPU model, CPUs, RAM and kernel.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_gib = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
+    format!(
+        "{model}, {cpus} CPUs, {mem_gib:.1} GiB RAM, Linux {}",
+        command_output("uname", &["-r"])
+    )
 }

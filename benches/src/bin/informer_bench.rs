@@ -18,7 +18,10 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use benches::{SyncedLine, UPDATE_LABEL, UpdatesLine, memory_of, unix_nanos};
+use benches::{
+    SyncedLine, UPDATE_LABEL, UpdatesLine, command_output, lock_version, machine, median,
+    memory_of, unix_nanos, workqueue_report,
+};
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Pod;
@@ -47,7 +50,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kube-informer,kube-runtime,client-go"
+        default_value = "kube-informer,kube-informer-compact,kube-runtime,client-go"
     )]
     subjects: Vec<String>,
     /// kube-apiserver's `--watch-cache`.
@@ -71,6 +74,17 @@ struct Args {
     /// Concurrent requests when creating and updating Pods.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
+    /// Runs of each workqueue subject, kube-informer's and client-go's (they alternate);
+    /// `--runs` if not given, 0 skips the workqueue comparison.
+    #[arg(long)]
+    workqueue_runs: Option<usize>,
+    /// Minimum time per workqueue case per run, ms.
+    #[arg(long, default_value_t = 1000)]
+    workqueue_ms: u64,
+    /// Run only the workqueue comparison (no control plane), keeping the informer results
+    /// already in `--json` for the report.
+    #[arg(long)]
+    workqueue_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -106,6 +120,9 @@ struct RunResult {
 struct Results {
     command: String,
     results: Vec<RunResult>,
+    /// The workqueue comparison; absent from results saved before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    workqueue: Option<workqueue_report::WorkqueueResults>,
 }
 
 const NOTES_MARKER: &str = "<!-- notes -->";
@@ -127,13 +144,37 @@ async fn main() -> anyhow::Result<()> {
             .with_context(|| format!("reading results from {}", path.display()))?;
         return write_outputs(&args, &results);
     }
+    let workqueue_runs = args.workqueue_runs.unwrap_or(args.runs);
+    if args.workqueue_only {
+        // Keep the informer results of the last full run beside the new workqueue ones.
+        let mut results = std::fs::read_to_string(&args.json)
+            .ok()
+            .and_then(|text| serde_json::from_str::<Results>(&text).ok())
+            .unwrap_or(Results {
+                command: String::new(),
+                results: Vec::new(),
+                workqueue: None,
+            });
+        results.workqueue =
+            Some(workqueue_report::measure(workqueue_runs, args.workqueue_ms).await?);
+        return save_and_write_outputs(&args, &results);
+    }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let binaries = subject_binaries()?;
     for subject in &args.subjects {
         if !binaries.contains_key(subject.as_str()) {
-            bail!("unknown subject {subject}; known: kube-informer, kube-runtime, client-go");
+            bail!(
+                "unknown subject {subject}; known: kube-informer, kube-informer-compact, \
+                 kube-runtime, client-go"
+            );
         }
     }
+    // Before the control plane starts, so nothing else runs meanwhile.
+    let workqueue = if workqueue_runs > 0 {
+        Some(workqueue_report::measure(workqueue_runs, args.workqueue_ms).await?)
+    } else {
+        None
+    };
 
     eprintln!(
         "starting the control plane (watch cache {})",
@@ -177,31 +218,41 @@ async fn main() -> anyhow::Result<()> {
         }
     }
 
+    let results = Results {
+        command,
+        results,
+        workqueue,
+    };
+    save_and_write_outputs(&args, &results)
+}
+
+/// Saves the raw results to `--json`, then writes the report and chart.
+fn save_and_write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
     if let Some(dir) = args.json.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let results = Results { command, results };
-    std::fs::write(&args.json, serde_json::to_string_pretty(&results)?)?;
-    write_outputs(&args, &results)
+    std::fs::write(&args.json, serde_json::to_string_pretty(results)?)?;
+    write_outputs(args, results)
 }
 
 /// Writes the markdown report (keeping its notes) and the chart.
 fn write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
     let json = args.from_json.as_ref().unwrap_or(&args.json);
-    let report = report(args, json, &results.command, &results.results);
+    let mut report = report(args, json, &results.command, &results.results);
+    if let Some(workqueue) = &results.workqueue {
+        report = format!("{report}\n{}", workqueue_report::markdown(workqueue));
+    }
     let notes = std::fs::read_to_string(&args.out)
         .ok()
         .and_then(|old| old.find(NOTES_MARKER).map(|i| old[i..].to_owned()))
         .unwrap_or_else(|| format!("{NOTES_MARKER}\n"));
     std::fs::write(&args.out, format!("{report}\n{notes}"))?;
-    chart(&args.chart, &args.subjects, &results.results)
-        .with_context(|| format!("drawing {}", args.chart.display()))?;
-    eprintln!(
-        "wrote {}, {} and {}",
-        args.out.display(),
-        json.display(),
-        args.chart.display()
-    );
+    eprintln!("wrote {} and {}", args.out.display(), json.display());
+    if !results.results.is_empty() {
+        chart(&args.chart, &args.subjects, &results.results)
+            .with_context(|| format!("drawing {}", args.chart.display()))?;
+        eprintln!("wrote {}", args.chart.display());
+    }
     Ok(())
 }
 
@@ -225,6 +276,7 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     let mut binaries = HashMap::new();
     binaries.insert("kube-informer", dir.join("subject-kube-informer"));
     binaries.insert("kube-runtime", dir.join("subject-kube-runtime"));
+    binaries.insert("kube-informer-compact", dir.join("subject-kube-informer"));
     binaries.insert("client-go", go_binary);
     for path in binaries.values() {
         if !path.is_file() {
@@ -235,6 +287,15 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
         }
     }
     Ok(binaries)
+}
+
+/// The options a subject runs with beyond the common ones: `kube-informer-compact` is
+/// kube-informer with a streaming list and a compact cache.
+fn subject_options(subject: &str) -> &'static [&'static str] {
+    match subject {
+        "kube-informer-compact" => &["--streaming-list", "--compact"],
+        _ => &[],
+    }
 }
 
 /// The client-go tutorial's nginx Pod.
@@ -300,6 +361,7 @@ async fn run_subject(
         .args(["--namespace", namespace])
         .args(["--expect", &n.to_string()])
         .args(["--updates", &updates.to_string()])
+        .args(subject_options(subject))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -394,60 +456,19 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
-fn command_output(program: &str, args: &[&str]) -> String {
-    std::process::Command::new(program)
-        .args(args)
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-fn lock_version(name: &str) -> String {
-    let lock = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.lock"))
-        .unwrap_or_default();
-    let needle = format!("name = \"{name}\"\nversion = \"");
-    lock.find(&needle)
-        .map(|i| {
-            let rest = &lock[i + needle.len()..];
-            rest[..rest.find('"').unwrap_or(0)].to_owned()
-        })
-        .unwrap_or_else(|| "unknown".to_owned())
-}
-
-fn machine() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned())
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
-    let mem_gib = meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0 / 1024.0);
-    format!(
-        "{model}, {cpus} CPUs, {mem_gib:.1} GiB RAM, Linux {}",
-        command_output("uname", &["-r"])
-    )
-}
-
 fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
     let _ = writeln!(out, "# Informer benchmark\n");
+    if results.is_empty() {
+        let _ = writeln!(
+            out,
+            "No informer results in `{}` yet: run `informer-bench` without \
+             `--workqueue-only`.",
+            json.display()
+        );
+        return out;
+    }
     let _ = writeln!(
         out,
         "Generated by `informer-bench` (`benches/src/bin/informer_bench.rs`); the raw \
@@ -455,7 +476,7 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
          namespace and counting events; subjects alternate, {} runs each; figures are \
          medians, ratios are to client-go.\n",
         json.display(),
-        args.runs
+        results.iter().map(|r| r.run + 1).max().unwrap_or(0)
     );
     let _ = writeln!(out, "- command: `{command}`");
     let _ = writeln!(out, "- machine: {}", machine());

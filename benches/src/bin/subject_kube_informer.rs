@@ -1,6 +1,7 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
-//! for the protocol.
+//! for the protocol. With no flag it runs the defaults (paged lists, objects kept decoded);
+//! `--streaming-list` and `--compact` turn on the informer options of those names.
 
 use std::{
     sync::{
@@ -17,15 +18,39 @@ use kube_client::Api;
 use kube_informer::{ApiListWatch, SharedInformer, handler_fn};
 use tokio_util::sync::CancellationToken;
 
+/// The subject's command line: the common one plus the informer's options.
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(flatten)]
+    common: SubjectArgs,
+    /// Sync by a streaming list (`sendInitialEvents`) instead of paged lists.
+    #[arg(long)]
+    streaming_list: bool,
+    /// Keep the cache as compact JSON instead of decoded objects.
+    #[arg(long)]
+    compact: bool,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
-    let args = SubjectArgs::parse();
+    let Args {
+        common: args,
+        streaming_list,
+        compact,
+    } = Args::parse();
     let client = benches::client(&args.kubeconfig).await?;
-    let informer = SharedInformer::new(ApiListWatch::new(Api::<Pod>::namespaced(
+    let mut builder = SharedInformer::builder(ApiListWatch::new(Api::<Pod>::namespaced(
         client,
         &args.namespace,
     )));
+    if streaming_list {
+        builder = builder.streaming_list();
+    }
+    if compact {
+        builder = builder.compact();
+    }
+    let informer = builder.build();
     let recorder = Arc::new(Recorder::new("kube-informer", args.updates));
     let adds = Arc::new(AtomicUsize::new(0));
     let updates = Arc::new(AtomicUsize::new(0));
