@@ -28,9 +28,9 @@ use kube_client::{
     core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta, Resource},
 };
 use kube_informer::{
-    ApiListWatch, BackoffConfig, DeletedObject, Error, HandlerRegistration, ListOptions, ListPage,
-    ListWatch, Selector, SharedInformer, Verb, VersionMatch, WatchEvent, WatchOptions, WatchStream,
-    handler_fn, index::label_index,
+    ApiListWatch, BackoffConfig, DeletedObject, Error, HandlerRegistration, ListItem, ListOptions,
+    ListPage, ListWatch, Selector, SharedInformer, Verb, VersionMatch, WatchEvent, WatchOptions,
+    WatchStream, handler_fn, index::label_index,
 };
 use kube_testenv::TestEnv;
 use serde::Deserialize;
@@ -475,6 +475,111 @@ async fn twelve_hundred_config_maps_sync_through_paged_lists() {
     assert_eq!(sizes.iter().sum::<usize>(), 1200);
     assert!(sizes.iter().all(|s| *s <= 500), "{sizes:?}");
     running.stop().await;
+}
+
+/// Reads one page through [`ListWatch::list_stream`]: the names, then the page's end.
+async fn stream_page<K: Resource + Send + 'static, L: ListWatch<K>>(
+    lw: &L,
+    options: &ListOptions,
+) -> Result<(Vec<String>, String, Option<String>), Error> {
+    let mut stream = lw.list_stream(options).await?;
+    let mut names = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item? {
+            ListItem::Object(o) => names.push(name(&o)),
+            ListItem::End {
+                resource_version,
+                continue_token,
+            } => {
+                assert!(stream.next().await.is_none(), "End is the last item");
+                return Ok((names, resource_version, continue_token));
+            }
+        }
+    }
+    panic!("the page stream ended without End");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_read_as_streams_match_decoded_pages() {
+    let env = TestEnv::shared().await;
+    let namespace = env.create_namespace("list-stream").await.unwrap();
+    let client = env.client().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let expected: Vec<String> = (0..600).map(|i| format!("cm-{i:04}")).collect();
+    create_all(
+        &api,
+        expected
+            .iter()
+            .map(|n| config_map(n, &[("n", n)]))
+            .collect(),
+    )
+    .await;
+
+    // Page by page from a consistent read: the same names, versions and tokens as `list`
+    // (continue tokens differ only in what they encode, so compare their presence).
+    let mut options = ListOptions {
+        limit: Some(250),
+        ..Default::default()
+    };
+    let mut streamed = Vec::new();
+    let mut sizes = Vec::new();
+    loop {
+        let (names, rv, token) = stream_page(&api, &options).await.expect("a page");
+        let page = ListWatch::<ConfigMap>::list(&api, &options)
+            .await
+            .expect("the same page");
+        assert_eq!(
+            names,
+            page.items.iter().map(name).collect::<Vec<_>>()
+        );
+        assert_eq!(token.is_some(), page.continue_token.is_some());
+        if options.continue_token.is_some() {
+            assert_eq!(rv, page.resource_version, "one snapshot for all pages");
+        }
+        sizes.push(names.len());
+        streamed.extend(names);
+        match token {
+            Some(token) => {
+                options = ListOptions {
+                    limit: Some(250),
+                    continue_token: Some(token),
+                    ..Default::default()
+                }
+            }
+            None => break,
+        }
+    }
+    assert_eq!(sizes, [250, 250, 100]);
+    assert_eq!(streamed, expected);
+
+    // From the watch cache, whole, through the filtering ApiListWatch too.
+    let lw = ApiListWatch::new(api.clone()).fields("metadata.name=cm-0007");
+    let (names, rv, token) = stream_page(
+        &lw,
+        &ListOptions {
+            limit: Some(500),
+            resource_version: Some("0".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("a filtered page");
+    assert_eq!(names, ["cm-0007"]);
+    assert!(!rv.is_empty() && token.is_none());
+
+    // Errors come back sorted, as from `list`: an unknown resource is a 404.
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk("nothing.example.com", "v1", "Nope"));
+    let missing: Api<DynamicObject> = Api::namespaced_with(client, &namespace, &ar);
+    let err = stream_page(&missing, &ListOptions::default())
+        .await
+        .unwrap_err();
+    match &err {
+        Error::Api { status, verb, .. } => {
+            assert_eq!(status.code, 404, "{err}");
+            assert_eq!(*verb, Verb::List);
+        }
+        other => panic!("expected a 404, got {other}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,11 +6,11 @@
 //! handler sees events in store order, and a handler reading the store from a callback sees
 //! at least the state of the event it was given.
 //!
-//! * A full list ([`replace`](crate::ReflectorStore::replace)) is diffed against the cache:
-//!   new objects are adds (`is_initial_list` on the first list), objects with a different
-//!   resourceVersion are updates, unchanged ones (same resourceVersion) emit nothing, and
-//!   vanished ones are deletes carrying a tombstone
-//!   ([`DeletedObject::FinalStateUnknown`](crate::DeletedObject)).
+//! * A full list is compared with the cache object by object as it arrives: new objects are
+//!   adds (`is_initial_list` on the first list), objects with a different resourceVersion
+//!   are updates, unchanged ones (same resourceVersion) emit nothing; once the list is
+//!   complete ([`finish_list`](crate::ReflectorStore::finish_list)), vanished objects are
+//!   deletes carrying a tombstone ([`DeletedObject::FinalStateUnknown`](crate::DeletedObject)).
 //! * Each handler has its own unbounded buffer and task ([`handler`](crate::handler)); a
 //!   handler added after the first list first receives the cached objects as initial adds.
 //! * An optional resync period re-delivers every cached object as `on_update(obj, obj)`.
@@ -44,7 +44,7 @@
 //! ```
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     fmt,
     future::Future,
     sync::{
@@ -199,46 +199,13 @@ impl<K: Resource + Send + Sync + 'static> Sink<K> {
 }
 
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
-    fn replace(&self, objects: Vec<(ObjectKey, Arc<K>)>, _resource_version: &str) {
-        let p = &*self.0;
-        let mut dist = lock(&p.dist);
-        let old: HashMap<ObjectKey, Arc<K>> = p.store.replace_keyed(&objects);
-        let initial = !dist.synced;
-        let mut notes = Vec::new();
-        for (key, obj) in &objects {
-            match old.get(key) {
-                None => notes.push(Notification::Add {
-                    obj: obj.clone(),
-                    initial,
-                }),
-                Some(prev) if same_version(&**prev, &**obj) => {}
-                Some(prev) => notes.push(Notification::Update {
-                    old: prev.clone(),
-                    new: obj.clone(),
-                }),
-            }
-        }
-        for (key, prev) in old {
-            if !p.store.contains_key(&key) {
-                notes.push(Notification::Delete(DeletedObject::FinalStateUnknown(
-                    DeletedFinalStateUnknown {
-                        key,
-                        last_known: prev,
-                    },
-                )));
-            }
-        }
-        Processor::broadcast(&mut dist, &notes);
-        Self::mark_synced(p, &mut dist);
-    }
-
     fn upsert(&self, key: ObjectKey, object: Arc<K>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         let note = match p.store.insert_keyed(key, object.clone()) {
             None => Notification::Add {
                 obj: object,
-                // Objects of a streaming list arrive here before the first sync.
+                // Objects of the first list arrive here before the first sync.
                 initial: !dist.synced,
             },
             // A relisted object that did not change.
@@ -248,7 +215,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         Processor::broadcast(&mut dist, &[note]);
     }
 
-    fn finish_streamed_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         let notes: Vec<_> =

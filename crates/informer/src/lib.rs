@@ -44,6 +44,7 @@ pub mod index;
 pub mod informer;
 pub mod key;
 pub mod leader_election;
+mod list_decoder;
 pub mod list_watch;
 pub mod lister;
 pub mod meta;
@@ -65,7 +66,8 @@ pub use informer::{InformerBuilder, SharedInformer, wait_for_cache_sync};
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;
 pub use list_watch::{
-    ApiListWatch, ListOptions, ListPage, ListWatch, WatchEvent, WatchOptions, WatchStream,
+    ApiListWatch, ListItem, ListOptions, ListPage, ListStream, ListWatch, WatchEvent, WatchOptions,
+    WatchStream,
 };
 pub use lister::Lister;
 pub use reflector::{

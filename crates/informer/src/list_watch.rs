@@ -23,7 +23,10 @@
 
 use std::{fmt::Debug, future::Future, time::Duration};
 
+use std::collections::VecDeque;
+
 use futures::{StreamExt, stream::BoxStream};
+use http_body_util::BodyExt;
 use kube_client::{
     Api,
     api::{ListParams, VersionMatch, WatchParams},
@@ -31,7 +34,11 @@ use kube_client::{
 use kube_core::{ObjectList, Resource, Status};
 use serde::de::DeserializeOwned;
 
-use crate::{Error, error::Verb};
+use crate::{
+    Error,
+    error::{BoxError, Verb},
+    list_decoder::{ListDecodeError, ListDecoder},
+};
 
 /// Options of one list call (one page).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -59,6 +66,24 @@ pub struct ListPage<K> {
     /// Token for the next page; `None` on the last page.
     pub continue_token: Option<String>,
 }
+
+/// One item of a list page read as a stream ([`ListWatch::list_stream`]).
+#[derive(Clone, Debug)]
+pub enum ListItem<K> {
+    /// The next object of the page.
+    Object(K),
+    /// The page is complete; always the last item.
+    End {
+        /// The list's resourceVersion (the same on every page of one paged list).
+        resource_version: String,
+        /// Token for the next page; `None` on the last page.
+        continue_token: Option<String>,
+    },
+}
+
+/// A list page as a stream: objects as they are decoded, then [`ListItem::End`]. An error
+/// ends it.
+pub type ListStream<K> = BoxStream<'static, Result<ListItem<K>, Error>>;
 
 /// Options of a watch call.
 #[derive(Clone, Debug, PartialEq)]
@@ -142,6 +167,33 @@ pub trait ListWatch<K>: Send + Sync + 'static {
         options: &ListOptions,
     ) -> impl Future<Output = Result<ListPage<K>, Error>> + Send;
 
+    /// Lists one page as a stream of objects, so that they can be stored while the rest of
+    /// the page is still arriving; the reflector lists through this. The default calls
+    /// [`list`](Self::list) and streams its items.
+    ///
+    /// # Errors
+    ///
+    /// As for [`list`](Self::list), for the response; errors while reading the page (a
+    /// torn connection, an object that does not decode) arrive as items of the stream.
+    fn list_stream(
+        &self,
+        options: &ListOptions,
+    ) -> impl Future<Output = Result<ListStream<K>, Error>> + Send
+    where
+        K: Send + 'static,
+    {
+        let page = self.list(options);
+        async move {
+            let page = page.await?;
+            let end = ListItem::End {
+                resource_version: page.resource_version,
+                continue_token: page.continue_token,
+            };
+            let items = page.items.into_iter().map(ListItem::Object);
+            Ok(futures::stream::iter(items.chain([end]).map(Ok)).boxed())
+        }
+    }
+
     /// Starts a watch.
     ///
     /// # Errors
@@ -222,6 +274,16 @@ where
         .await
     }
 
+    async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<K>, Error> {
+        api_list_stream(
+            &self.api,
+            self.label_selector.as_deref(),
+            self.field_selector.as_deref(),
+            options,
+        )
+        .await
+    }
+
     async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
         api_watch(
             &self.api,
@@ -268,6 +330,10 @@ where
         api_list(self, None, None, options).await
     }
 
+    async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<K>, Error> {
+        api_list_stream(self, None, None, options).await
+    }
+
     async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
         api_watch(self, None, None, options).await
     }
@@ -281,6 +347,145 @@ async fn api_list<K>(
 ) -> Result<ListPage<K>, Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let resource = describe_url(api.resource_url());
+    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
+    let req = list_request(api, labels, fields, options)?;
+    let client: kube_client::Client = api.clone().into();
+    let list = client.request::<ObjectList<K>>(req).await.map_err(fail)?;
+    Ok(ListPage {
+        items: list.items,
+        resource_version: list.metadata.resource_version.unwrap_or_default(),
+        continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
+    })
+}
+
+/// Lists one page, decoding its objects as the body arrives ([`ListDecoder`]).
+async fn api_list_stream<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    options: &ListOptions,
+) -> Result<ListStream<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Send + 'static,
+{
+    let resource = describe_url(api.resource_url());
+    let namespace = api.namespace().map(str::to_owned);
+    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
+    let req = list_request(api, labels, fields, options)?;
+    let client: kube_client::Client = api.clone().into();
+    let response = client
+        .send(req.map(kube_client::client::Body::from))
+        .await
+        .map_err(fail)?;
+    let status = response.status();
+    let body = response.into_body();
+    if !status.is_success() {
+        let bytes = body.collect_bytes().await.map_err(fail)?;
+        let status = serde_json::from_slice::<Status>(&bytes)
+            .ok()
+            .filter(|s| s.code != 0 || !s.reason.is_empty())
+            .unwrap_or_else(|| {
+                Status::failure(String::from_utf8_lossy(&bytes).trim(), "")
+                    .with_code(status.as_u16())
+            });
+        return Err(Error::from_status(
+            Box::new(status),
+            Verb::List,
+            &resource,
+            namespace.as_deref(),
+        ));
+    }
+    Ok(decode_list_body(body.into_data_stream(), resource))
+}
+
+/// The items of a list body as they arrive, then its metadata.
+fn decode_list_body<K, B, D, E>(body: B, resource: String) -> ListStream<K>
+where
+    K: DeserializeOwned + Send + 'static,
+    B: futures::Stream<Item = Result<D, E>> + Send + 'static,
+    D: AsRef<[u8]>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    struct State<B, K> {
+        body: std::pin::Pin<Box<B>>,
+        decoder: ListDecoder,
+        ready: VecDeque<K>,
+        ended: bool,
+        resource: String,
+    }
+    impl<B, K> State<B, K> {
+        fn decode_error(&self, source: impl Into<BoxError>) -> Error {
+            Error::Decode {
+                resource: self.resource.clone(),
+                verb: Verb::List,
+                source: source.into(),
+            }
+        }
+    }
+    let state = State {
+        body: Box::pin(body),
+        decoder: ListDecoder::default(),
+        ready: VecDeque::new(),
+        ended: false,
+        resource,
+    };
+    futures::stream::try_unfold(state, |mut st| async move {
+        loop {
+            if let Some(obj) = st.ready.pop_front() {
+                return Ok(Some((ListItem::Object(obj), st)));
+            }
+            if st.ended {
+                return Ok(None);
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => {
+                    let ready = &mut st.ready;
+                    let fed =
+                        st.decoder
+                            .feed(chunk.as_ref(), |bytes| -> Result<(), ListDecodeError> {
+                                ready.push_back(serde_json::from_slice(bytes)?);
+                                Ok(())
+                            });
+                    if let Err(e) = fed {
+                        return Err(st.decode_error(e));
+                    }
+                }
+                Some(Err(e)) => {
+                    return Err(Error::Transport {
+                        resource: st.resource.clone(),
+                        verb: Verb::List,
+                        source: Box::new(e),
+                    });
+                }
+                None => {
+                    let end = match std::mem::take(&mut st.decoder).finish() {
+                        Ok(end) => end,
+                        Err(e) => return Err(st.decode_error(e)),
+                    };
+                    st.ended = true;
+                    let end = ListItem::End {
+                        resource_version: end.resource_version,
+                        continue_token: end.continue_token,
+                    };
+                    return Ok(Some((end, st)));
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
+/// The request for one list page.
+fn list_request<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    options: &ListOptions,
+) -> Result<http::Request<Vec<u8>>, Error>
+where
+    K: Resource,
 {
     let mut lp = ListParams {
         label_selector: labels.map(str::to_owned),
@@ -321,13 +526,7 @@ where
         })?;
     }
     req.extensions_mut().insert("list");
-    let client: kube_client::Client = api.clone().into();
-    let list = client.request::<ObjectList<K>>(req).await.map_err(fail)?;
-    Ok(ListPage {
-        items: list.items,
-        resource_version: list.metadata.resource_version.unwrap_or_default(),
-        continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
-    })
+    Ok(req)
 }
 
 async fn api_watch<K>(

@@ -8,16 +8,17 @@
 //!    for the server, which may then ignore the page size); later relists ask for data not
 //!    older than the last resourceVersion seen (`resourceVersionMatch=NotOlderThan`), so the
 //!    cache never goes back in time; after a 410 Gone the list is restarted from page one at
-//!    resourceVersion `""` (a consistent read). The store then gets one
-//!    [`replace`](ReflectorStore::replace).
+//!    resourceVersion `""` (a consistent read). Each page is read as a stream
+//!    ([`ListWatch::list_stream`]): objects go to the store as they are decoded, while the
+//!    server is still sending, and nothing holds a whole page; when the last page is in,
+//!    objects that were not listed are removed ([`finish_list`](ReflectorStore::finish_list)).
+//!    As with client-go's `DeltaFIFO`, readers may see a relist half applied.
 //!
 //!    With [`ListMode::Streaming`] the list is a *streaming list* instead (client-go's
 //!    watch-list): one watch with `sendInitialEvents=true` delivers the current objects as
 //!    events, which go to the store as they arrive, then a bookmark marked
 //!    `k8s.io/initial-events-end`, after which the same watch carries on with changes.
-//!    Nothing is buffered, so memory stays flat during a large sync and decoding overlaps
-//!    the server's encoding. Objects not seen by the end bookmark are removed
-//!    ([`finish_streamed_list`](ReflectorStore::finish_streamed_list)). A server that rejects
+//!    Objects not seen by the end bookmark are removed. A server that rejects
 //!    `sendInitialEvents` or ignores it makes the reflector fall back to paged lists.
 //! 2. **Watch** from the list's resourceVersion with `allowWatchBookmarks` and a random
 //!    server-side timeout in `[min_watch_timeout, 2 × min_watch_timeout)` (5–10 min), applying
@@ -47,30 +48,27 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::{
-    Backoff, BackoffConfig, Error, ListOptions, ListWatch, ObjectKey, Store, VersionMatch,
-    WatchEvent, WatchOptions, error::Verb, store::TransformFn,
+    Backoff, BackoffConfig, Error, ListItem, ListOptions, ListWatch, ObjectKey, Store,
+    VersionMatch, WatchEvent, WatchOptions, error::Verb, store::TransformFn,
 };
 
-/// Where a [`Reflector`] writes (client-go's reflector store: `Replace`, `Add`/`Update`,
-/// `Delete`). Implemented by [`Store`] and by the shared informer's event processor.
+/// Where a [`Reflector`] writes (client-go's reflector store: `Add`/`Update`, `Delete`,
+/// `Replace`). Implemented by [`Store`] and by the shared informer's event processor.
+///
+/// A full list arrives as one [`upsert`](Self::upsert) per listed object, as the objects
+/// are decoded, followed by [`finish_list`](Self::finish_list) with the keys listed: objects
+/// whose resourceVersion did not change should produce no event.
 pub trait ReflectorStore<K>: Send + Sync + 'static {
-    /// The result of a full list at `resource_version`: the new complete content.
-    fn replace(&self, objects: Vec<(ObjectKey, Arc<K>)>, resource_version: &str);
-    /// An object was added or modified.
+    /// An object was added or modified, or listed.
     fn upsert(&self, key: ObjectKey, object: Arc<K>);
     /// An object was deleted; `object` is its last state.
     fn delete(&self, key: ObjectKey, object: Arc<K>);
-    /// The end of a streaming list at `resource_version`: its objects went to
-    /// [`upsert`](Self::upsert) as they arrived; every object whose key is not in `listed`
-    /// is gone.
-    fn finish_streamed_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str);
+    /// A full list at `resource_version` is complete: its objects went to
+    /// [`upsert`](Self::upsert); every object whose key is not in `listed` is gone.
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str);
 }
 
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Store<K> {
-    fn replace(&self, objects: Vec<(ObjectKey, Arc<K>)>, _resource_version: &str) {
-        self.replace_keyed(&objects);
-    }
-
     fn upsert(&self, key: ObjectKey, object: Arc<K>) {
         self.insert_keyed(key, object);
     }
@@ -79,7 +77,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Store<K> {
         self.remove(key);
     }
 
-    fn finish_streamed_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
         self.retain_keys(listed);
     }
 }
@@ -90,7 +88,7 @@ pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 /// How a [`Reflector`] fetches the full state of its resource.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ListMode {
-    /// Paged `LIST` calls, collected and then applied in one [`replace`](ReflectorStore::replace).
+    /// Paged `LIST` calls, each page streamed into the store.
     #[default]
     Paged,
     /// A streaming list: a watch with `sendInitialEvents=true` whose events are applied as
@@ -401,7 +399,7 @@ where
         }
     }
 
-    /// Lists every page, replaces the store; returns the list's resourceVersion.
+    /// Lists every page into the store; returns the list's resourceVersion.
     async fn list_all(&self, from: ListFrom, last_rv: &str) -> Result<String, Error> {
         let started = Instant::now();
         let (resource_version, version_match) = match from {
@@ -420,22 +418,38 @@ where
             resource_version,
             version_match,
         };
-        let mut objects = Vec::new();
+        let mut listed = HashSet::new();
         let mut pages = 0usize;
         let list_rv = loop {
-            let page = self.lw.list(&options).await?;
+            let mut page = self.lw.list_stream(&options).await?;
             pages += 1;
-            objects.reserve(page.items.len());
-            for item in page.items {
-                match self.prepare(item) {
-                    Ok(pair) => objects.push(pair),
-                    Err(_) => self.report(&Error::MalformedEvent {
-                        resource: self.resource.clone(),
-                        detail: "listed object has no metadata.name; skipped".to_owned(),
-                    }),
+            let mut end = None;
+            while let Some(item) = page.next().await {
+                match item? {
+                    ListItem::Object(obj) => match self.prepare(obj) {
+                        Ok((key, obj)) => {
+                            listed.insert(key.clone());
+                            self.store.upsert(key, obj);
+                        }
+                        Err(_) => self.report(&Error::MalformedEvent {
+                            resource: self.resource.clone(),
+                            detail: "listed object has no metadata.name; skipped".to_owned(),
+                        }),
+                    },
+                    ListItem::End {
+                        resource_version,
+                        continue_token,
+                    } => end = Some((resource_version, continue_token)),
                 }
             }
-            match page.continue_token {
+            let Some((page_rv, continue_token)) = end else {
+                return Err(Error::Decode {
+                    resource: self.resource.clone(),
+                    verb: Verb::List,
+                    source: "the list page ended without its metadata".into(),
+                });
+            };
+            match continue_token {
                 Some(token) => {
                     options = ListOptions {
                         limit,
@@ -444,15 +458,14 @@ where
                         version_match: None,
                     };
                 }
-                None => break page.resource_version,
+                None => break page_rv,
             }
         };
-        let count = objects.len();
-        self.store.replace(objects, &list_rv);
+        self.store.finish_list(&listed, &list_rv);
         self.synced.set(&list_rv);
         info!(
             rv = %list_rv,
-            objects = count,
+            objects = listed.len(),
             pages,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "listed"
@@ -551,8 +564,7 @@ where
                     initial_events_end,
                 } => {
                     if initial_events_end && let Some(phase) = initial.take() {
-                        self.store
-                            .finish_streamed_list(&phase.listed, &resource_version);
+                        self.store.finish_list(&phase.listed, &resource_version);
                         info!(
                             rv = %resource_version,
                             objects = phase.listed.len(),
