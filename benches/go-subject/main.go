@@ -56,12 +56,17 @@ func main() {
 	namespace := flag.String("namespace", "", "namespace to watch")
 	expect := flag.Int("expect", 0, "objects to cache before reporting synced")
 	updates := flag.Int("updates", 0, "update events to wait for after sync")
+	jsonOnly := flag.Bool("json", false, "talk JSON only (client-go prefers protobuf for built-in types)")
 	flag.Parse()
 
 	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	if *jsonOnly {
+		config.ContentType = "application/json"
+		config.AcceptContentTypes = "application/json"
 	}
 	clientset, err := kubernetes.NewForConfig(config)
 	if err != nil {

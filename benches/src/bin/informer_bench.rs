@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
         if !binaries.contains_key(subject.as_str()) {
             bail!(
                 "unknown subject {subject}; known: kube-informer, kube-informer-compact, \
-                 kube-runtime, client-go"
+                 kube-runtime, client-go, client-go-json"
             );
         }
     }
@@ -277,6 +277,7 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     binaries.insert("kube-informer", dir.join("subject-kube-informer"));
     binaries.insert("kube-runtime", dir.join("subject-kube-runtime"));
     binaries.insert("kube-informer-compact", dir.join("subject-kube-informer"));
+    binaries.insert("client-go-json", go_binary.clone());
     binaries.insert("client-go", go_binary);
     for path in binaries.values() {
         if !path.is_file() {
@@ -290,10 +291,14 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
 }
 
 /// The options a subject runs with beyond the common ones: `kube-informer-compact` is
-/// kube-informer with a streaming list and a compact cache.
+/// kube-informer with a compact cache (paged lists, as by default: on this API server a
+/// list streams out faster than a `sendInitialEvents` watch); `client-go-json` is
+/// client-go talking JSON, as the Rust subjects do (it prefers protobuf for built-in
+/// types by default).
 fn subject_options(subject: &str) -> &'static [&'static str] {
     match subject {
-        "kube-informer-compact" => &["--streaming-list", "--compact"],
+        "kube-informer-compact" => &["--compact"],
+        "client-go-json" => &["-json"],
         _ => &[],
     }
 }

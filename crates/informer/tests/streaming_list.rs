@@ -39,6 +39,13 @@ enum Seen {
     },
 }
 
+fn add(name: &str, initial: bool) -> Seen {
+    Seen::Add {
+        name: name.to_owned(),
+        initial,
+    }
+}
+
 fn name(cm: &ConfigMap) -> String {
     cm.metadata.name.clone().unwrap_or_default()
 }
@@ -146,15 +153,7 @@ impl Running {
 fn adds(names: &[&str]) -> Vec<String> {
     let mut out: Vec<String> = names
         .iter()
-        .map(|n| {
-            format!(
-                "{:?}",
-                Seen::Add {
-                    name: (*n).to_owned(),
-                    initial: true
-                }
-            )
-        })
+        .map(|n| format!("{:?}", add(n, true)))
         .collect();
     out.sort();
     out
@@ -236,13 +235,7 @@ async fn a_torn_initial_stream_is_retried_without_duplicate_events() {
     assert_eq!(names.len(), 50);
     // The 20 objects seen before the tear were re-sent unchanged: no update for them.
     fake.add(labelled("late", "web"));
-    assert_eq!(
-        run.next().await,
-        Seen::Add {
-            name: "late".into(),
-            initial: false
-        }
-    );
+    assert_eq!(run.next().await, add("late", false));
     run.stop().await;
 }
 
@@ -300,13 +293,7 @@ async fn a_server_that_ignores_streaming_lists_gets_paged_lists() {
     let mut run = Running::start(&fake, |b| b).await;
     informer.await.unwrap();
 
-    assert_eq!(
-        run.next().await,
-        Seen::Add {
-            name: "a".into(),
-            initial: true
-        }
-    );
+    assert_eq!(run.next().await, add("a", true));
     assert_eq!(fake.list_requests().len(), 1);
     let watches = fake.watch_requests();
     assert!(watches[0].send_initial_events);
@@ -334,13 +321,7 @@ async fn a_server_that_rejects_streaming_lists_gets_paged_lists() {
         Some("ns"),
     ));
     let mut run = Running::start(&fake, |b| b).await;
-    assert_eq!(
-        run.next().await,
-        Seen::Add {
-            name: "a".into(),
-            initial: true
-        }
-    );
+    assert_eq!(run.next().await, add("a", true));
     assert_eq!(fake.list_requests().len(), 1);
     assert!(
         run.errors()[0].contains("WatchList feature gate"),
@@ -356,13 +337,7 @@ async fn a_gone_stream_restarts_from_a_consistent_read() {
     fake.add(labelled("a", "web"));
     fake.fail_next_watch(gone("configmaps", Verb::Watch));
     let mut run = Running::start(&fake, |b| b).await;
-    assert_eq!(
-        run.next().await,
-        Seen::Add {
-            name: "a".into(),
-            initial: true
-        }
-    );
+    assert_eq!(run.next().await, add("a", true));
     assert!(fake.list_requests().is_empty());
     assert!(fake.watch_requests().iter().all(|w| w.send_initial_events));
     run.stop().await;
