@@ -9,6 +9,7 @@ use std::hash::Hash;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use kube_informer::ObjectKey;
 use kube_informer::workqueue::{DelayingQueue, Queue};
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Runtime;
@@ -36,10 +37,14 @@ pub fn numbers() -> Vec<u64> {
     (0..ITEMS as u64).collect()
 }
 
-/// Object keys as a controller builds them: `default/object-00000` and on.
-pub fn names() -> Vec<String> {
+/// Object keys as a controller queues them: [`ObjectKey`]s `default/object-00000` and on.
+///
+/// An `ObjectKey` is one shared, immutable string (`Arc<str>`), so queueing a clone copies
+/// a pointer, as passing a Go string to client-go's queue copies its header: like for like
+/// with the Go subject's `string` keys.
+pub fn names() -> Vec<ObjectKey> {
     (0..ITEMS)
-        .map(|i| format!("default/object-{i:05}"))
+        .map(|i| ObjectKey::from(format!("default/object-{i:05}")))
         .collect()
 }
 

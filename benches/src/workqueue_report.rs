@@ -234,8 +234,10 @@ pub fn markdown(results: &WorkqueueResults) -> String {
         out,
         "- cases: `add_get_done/<item>/<W>` = add the items while W workers (tokio \
          tasks, goroutines) get and mark them done, then shut down and wait for the \
-         workers; items are `u64` or the keys `default/object-00000`... (the Rust case \
-         clones each `String` key as it adds it; Go passes the string header). \
+         workers; items are `u64` or the keys `default/object-00000`... (`string`: Go \
+         passes each `string`, Rust each `kube_informer::ObjectKey`, the key type its \
+         controllers queue, an immutable shared `Arc<str>` whose clone copies a pointer, \
+         like for like with a Go string). \
          `add_after/schedule` = `add_after` of each item with delays of 60 s + (i mod 1000) s, \
          then shutdown: the cost of scheduling (kube-informer pushes onto its timer heap \
          under a mutex in the caller; client-go sends each item over a channel of 1000 to \

@@ -528,10 +528,7 @@ async fn list_pages_read_as_streams_match_decoded_pages() {
         let page = ListWatch::<ConfigMap>::list(&api, &options)
             .await
             .expect("the same page");
-        assert_eq!(
-            names,
-            page.items.iter().map(name).collect::<Vec<_>>()
-        );
+        assert_eq!(names, page.items.iter().map(name).collect::<Vec<_>>());
         assert_eq!(token.is_some(), page.continue_token.is_some());
         if options.continue_token.is_some() {
             assert_eq!(rv, page.resource_version, "one snapshot for all pages");

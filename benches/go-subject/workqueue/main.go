@@ -4,10 +4,12 @@
 //
 // Each case pushes 10,000 distinct items through a fresh queue per iteration:
 // add/get/done with 1 and 4 worker goroutines, for uint64 items and for string
-// keys "default/object-%05d"; and AddAfter, scheduling only (delays of
-// 60 s + i%1000 s, then ShutDown) and firing within a millisecond (delays of
-// 1 + i%1000 µs, drained by one worker). After one untimed iteration, a case
-// repeats until --min-ms have passed (at least --min-iterations times).
+// keys "default/object-%05d" (the Rust side queues them as kube_informer's
+// ObjectKey, a shared immutable Arc<str>, like for like with a Go string); and
+// AddAfter, scheduling only (delays of 60 s + i%1000 s, then ShutDown) and
+// firing within a millisecond (delays of 1 + i%1000 µs, drained by one worker).
+// After one untimed iteration, a case repeats until --min-ms have passed (at
+// least --min-iterations times).
 //
 // Protocol (shared with benches/src/bin/subject_workqueue.rs): one JSON line,
 // {"subject":"client-go","min_ms":...,"cases":[{"name":...,"iterations":...,

@@ -12,19 +12,25 @@
 //! Because a key stands for "the object with this name changed, look at it", collapsing
 //! duplicates loses nothing and bounds the queue by the number of objects, not of events.
 
-use std::collections::hash_map::Entry;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 use std::ops::Deref;
 use std::pin::pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 
+use hashbrown::hash_table::{self, HashTable};
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::QueueConfig;
 use super::metrics::{InFlightProbe, InFlightSnapshot, InFlightSource, QueueMetrics};
+
+/// foldhash rather than SipHash: hashing was a fifth of a queue cycle on object keys. Its
+/// per-queue random seed defeats precomputed collisions, the threat here; names are chosen
+/// by users who can create objects, not by anyone who can time the queue.
+type Hasher = foldhash::fast::RandomState;
 
 /// A work queue shared by producers and workers: client-go's `workqueue.Interface`.
 ///
@@ -74,7 +80,13 @@ pub struct Queue<T> {
 }
 
 struct Inner<T> {
+    /// parking_lot's mutex rather than std's: when a producer and a worker contend for it,
+    /// it soon backs off (a few spins, then yields) instead of spinning on the lock's cache
+    /// line, which the holder then has to win back; each side then gets several operations
+    /// in a row. That alone doubled throughput in the add/get/done benchmark.
     state: Mutex<State<T>>,
+    /// Hashes items before the lock is taken, so the critical sections stay short.
+    hasher: Hasher,
     /// Wakes workers blocked in `get`: one per newly queued item, all of them on shutdown.
     item_queued: Notify,
     /// Wakes `shutdown_with_drain` when the last in-flight item is done.
@@ -86,26 +98,58 @@ struct Inner<T> {
 struct State<T> {
     /// Items waiting for a worker, oldest first, each with its slot so that handing one out
     /// needs no hashing.
-    queue: VecDeque<(T, usize)>,
+    queue: VecDeque<(T, u32)>,
     /// Every item that is waiting or processing, with its slot: client-go's `dirty` and
-    /// `processing` sets in one map, so that each `add` and `done` hashes the item once.
-    /// foldhash rather than SipHash: hashing was a fifth of a queue cycle on object keys.
-    /// Its per-map random seed defeats precomputed collisions, the threat here; names are
-    /// chosen by users who can create objects, not by anyone who can time the queue.
-    items: HashMap<T, usize, foldhash::fast::RandomState>,
-    /// Where each item of `items` stands; freed slots are reused through `free`.
-    slots: Vec<Slot>,
-    free: Vec<usize>,
+    /// `processing` sets in one table, so that each `add` and `done` looks the item up once,
+    /// with a hash computed before the lock is taken.
+    items: HashTable<Entry<T>>,
+    /// How many items `items` held room for when it last grew or was rehashed, which
+    /// clears the room deleted items use up until then.
+    room: usize,
+    /// The phase of each slot of `items`; freed slots are reused through `free`. One byte
+    /// a slot keeps the memory a burst of adds touches small.
+    phases: Vec<Phase>,
+    /// When each slot's item was added and started; only kept when the queue reports
+    /// metrics (then as long as `phases`), otherwise empty.
+    times: Vec<Times>,
+    free: Vec<u32>,
     processing: usize,
+    /// Workers that found nothing in `get` and wait for `item_queued`, less those an `add`
+    /// or `done` has already woken for an item: queueing an item only notifies while this
+    /// is positive, so a busy queue never touches the `Notify`. A `get` dropped while
+    /// waiting stays counted; the next item then notifies once for nothing, which is harmless.
+    sleepers: usize,
     shutting_down: bool,
+    /// Whether `shutdown_with_drain` waits, so that `done` only wakes it then.
+    draining: bool,
 }
 
-/// One item's phase. The instants are only set when the queue reports metrics.
+/// An item of `State::items`.
+struct Entry<T> {
+    item: T,
+    slot: u32,
+    /// The item's [`ItemHash`], so that growing the table never hashes an item again (nor
+    /// reads it, when it is behind a pointer).
+    hash: ItemHash,
+}
+
+/// 32 bits of an item's hash: as many as a table of fewer than 2^32 items can use, and
+/// beside the `u32` slot they cost no room in an [`Entry`].
 #[derive(Clone, Copy)]
-struct Slot {
-    phase: Phase,
-    added: Option<Instant>,
-    started: Option<Instant>,
+struct ItemHash(u32);
+
+impl ItemHash {
+    fn of<T: Hash>(item: &T, hasher: &Hasher) -> Self {
+        let hash = hasher.hash_one(item);
+        // Both halves are well mixed: fold them.
+        Self((hash ^ (hash >> 32)) as u32)
+    }
+
+    /// The hash the table works with: the 32 bits spread over 64, since the table takes
+    /// its buckets from the low bits and its tags from the top 7.
+    fn table(self) -> u64 {
+        u64::from(self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -115,6 +159,22 @@ enum Phase {
     /// Added again while processing: it goes back in the queue at `done`.
     ProcessingDirty,
 }
+
+/// A slot's instants, for metrics.
+#[derive(Clone, Copy, Default)]
+struct Times {
+    added: Option<Instant>,
+    started: Option<Instant>,
+}
+
+/// Below this many items, a table full of items grows fourfold instead of twofold.
+///
+/// Growing moves every item, under the queue's lock, with every worker waiting; a burst of
+/// adds (an informer's initial list, a resync) into a fresh queue then moves items a third
+/// as often, which made a burst of 10,000 keys a quarter faster. The price is up to twice
+/// the room a doubling table keeps, a couple of megabytes at most below this size; above
+/// it, the table doubles.
+const QUADRUPLE_BELOW: usize = 1 << 14;
 
 /// What an `add` did.
 #[derive(Debug, PartialEq, Eq)]
@@ -130,9 +190,11 @@ enum Added {
 }
 
 /// What a `done` did, for a processing item.
-struct Finished {
+struct Finished<T> {
     started: Option<Instant>,
     requeued: bool,
+    /// The queue's copy of the item, to drop once the lock is released.
+    released: Option<T>,
 }
 
 /// What a non-blocking attempt to take an item found.
@@ -146,93 +208,147 @@ impl<T: Clone + Eq + Hash> State<T> {
     fn new() -> Self {
         Self {
             queue: VecDeque::new(),
-            items: HashMap::default(),
-            slots: Vec::new(),
+            items: HashTable::new(),
+            room: 0,
+            phases: Vec::new(),
+            times: Vec::new(),
             free: Vec::new(),
             processing: 0,
+            sleepers: 0,
             shutting_down: false,
+            draining: false,
         }
     }
 
-    fn add(&mut self, item: T, now: Option<Instant>) -> Added {
+    /// Adds `item`, whose hash is `hash`; `now` is set when the queue reports metrics.
+    /// Returns what happened, and `item` back when the queue did not keep it, so that the
+    /// caller drops it after releasing the lock.
+    fn add(&mut self, item: T, hash: ItemHash, now: Option<Instant>) -> (Added, Option<T>) {
         if self.shutting_down {
-            return Added::Ignored;
+            return (Added::Ignored, Some(item));
         }
-        match self.items.entry(item) {
-            Entry::Vacant(vacant) => {
-                let slot = Slot {
-                    phase: Phase::Waiting,
-                    added: now,
-                    started: None,
-                };
+        let len = self.items.len();
+        if len == self.items.capacity() {
+            // No room left (the table would grow or rehash in the insert below). Filled by
+            // items rather than by deleted ones, it grows fourfold while small, see
+            // `QUADRUPLE_BELOW`; otherwise it doubles or rehashes in place, as usual.
+            let additional = if len < QUADRUPLE_BELOW && len >= self.room / 2 {
+                3 * len + 1
+            } else {
+                1
+            };
+            self.items.reserve(additional, |e| e.hash.table());
+            self.room = self.items.capacity();
+        }
+        match self
+            .items
+            .entry(hash.table(), |e| e.item == item, |e| e.hash.table())
+        {
+            hash_table::Entry::Vacant(vacant) => {
                 let index = match self.free.pop() {
                     Some(index) => {
-                        self.slots[index] = slot;
+                        self.phases[index as usize] = Phase::Waiting;
                         index
                     }
                     None => {
-                        self.slots.push(slot);
-                        self.slots.len() - 1
+                        let index = u32::try_from(self.phases.len())
+                            .expect("a queue holds fewer than 2^32 items");
+                        self.phases.push(Phase::Waiting);
+                        index
                     }
                 };
-                self.queue.push_back((vacant.key().clone(), index));
-                vacant.insert(index);
-                Added::Queued
-            }
-            Entry::Occupied(occupied) => {
-                let slot = &mut self.slots[*occupied.get()];
-                if slot.phase != Phase::Processing {
-                    return Added::Duplicate;
+                if now.is_some() {
+                    let times = Times {
+                        added: now,
+                        started: None,
+                    };
+                    match self.times.get_mut(index as usize) {
+                        Some(slot) => *slot = times,
+                        None => self.times.push(times),
+                    }
                 }
-                slot.phase = Phase::ProcessingDirty;
-                slot.added = now;
-                Added::Dirty
+                self.queue.push_back((item.clone(), index));
+                vacant.insert(Entry {
+                    item,
+                    slot: index,
+                    hash,
+                });
+                (Added::Queued, None)
+            }
+            hash_table::Entry::Occupied(occupied) => {
+                let index = occupied.get().slot as usize;
+                let phase = &mut self.phases[index];
+                if *phase != Phase::Processing {
+                    return (Added::Duplicate, Some(item));
+                }
+                *phase = Phase::ProcessingDirty;
+                if now.is_some() {
+                    self.times[index].added = now;
+                }
+                (Added::Dirty, Some(item))
             }
         }
     }
 
-    /// Hands out the oldest waiting item, with when it was added.
-    fn next(&mut self, now: Option<Instant>) -> Next<(T, Option<Instant>)> {
-        let Some((item, index)) = self.queue.pop_front() else {
-            return if self.shutting_down {
-                Next::ShutDown
-            } else {
-                Next::Empty
-            };
-        };
-        let slot = &mut self.slots[index];
-        debug_assert_eq!(slot.phase, Phase::Waiting, "a queued item must be waiting");
-        slot.phase = Phase::Processing;
-        slot.started = now;
-        self.processing += 1;
-        Next::Item((item, slot.added))
+    /// Whether a worker waits for an item and has not been woken for one yet; if so, counts
+    /// it as woken, and the caller must notify `item_queued` once.
+    fn wake_sleeper(&mut self) -> bool {
+        let wake = self.sleepers > 0;
+        self.sleepers -= usize::from(wake);
+        wake
     }
 
-    /// Ends the processing of `item`; `None` if it was not processing.
-    fn done(&mut self, item: &T) -> Option<Finished> {
-        // Remove first: the usual case is plain processing, which then costs one lookup.
-        let (key, index) = self.items.remove_entry(item)?;
-        let slot = &mut self.slots[index];
-        let requeued = match slot.phase {
+    /// Hands out the oldest waiting item, with when it was added. When there is none and
+    /// `sleep` is set, counts the caller among the sleepers: it is about to wait, registered
+    /// with `item_queued`.
+    fn next(&mut self, now: Option<Instant>, sleep: bool) -> Next<(T, Option<Instant>)> {
+        let Some((item, index)) = self.queue.pop_front() else {
+            if self.shutting_down {
+                return Next::ShutDown;
+            }
+            self.sleepers += usize::from(sleep);
+            return Next::Empty;
+        };
+        let index = index as usize;
+        let phase = &mut self.phases[index];
+        debug_assert_eq!(*phase, Phase::Waiting, "a queued item must be waiting");
+        *phase = Phase::Processing;
+        self.processing += 1;
+        let added = if now.is_some() {
+            let times = &mut self.times[index];
+            times.started = now;
+            times.added
+        } else {
+            None
+        };
+        Next::Item((item, added))
+    }
+
+    /// Ends the processing of `item`, whose hash is `hash`; `None` if it was not processing.
+    fn done(&mut self, item: &T, hash: ItemHash) -> Option<Finished<T>> {
+        let Ok(occupied) = self.items.find_entry(hash.table(), |e| e.item == *item) else {
+            return None;
+        };
+        let index = occupied.get().slot;
+        let phase = &mut self.phases[index as usize];
+        let (requeued, released) = match *phase {
             Phase::Processing => {
+                let (Entry { item: key, .. }, _) = occupied.remove();
                 self.free.push(index);
-                false
+                (false, Some(key))
             }
             Phase::ProcessingDirty => {
-                slot.phase = Phase::Waiting;
-                self.queue.push_back((key.clone(), index));
-                self.items.insert(key, index);
-                true
+                *phase = Phase::Waiting;
+                self.queue.push_back((occupied.get().item.clone(), index));
+                (true, None)
             }
-            Phase::Waiting => {
-                self.items.insert(key, index);
-                return None;
-            }
+            Phase::Waiting => return None,
         };
         self.processing -= 1;
         Some(Finished {
-            started: slot.started,
+            started: self.times.get(index as usize).and_then(|t| t.started),
             requeued,
+            released,
         })
     }
 }
@@ -259,6 +375,7 @@ where
             };
             Inner {
                 state: Mutex::new(State::new()),
+                hasher: Hasher::default(),
                 item_queued: Notify::new(),
                 drained: Notify::new(),
                 name,
@@ -279,8 +396,16 @@ where
     /// it is queued again when that processing is [`done`](Self::done)). Ignored once the
     /// queue is shutting down.
     pub fn add(&self, item: T) {
-        let added = self.inner.lock().add(item, self.now());
-        if added == Added::Queued {
+        let hash = ItemHash::of(&item, &self.inner.hasher);
+        let now = self.now();
+        let (added, unused, wake) = {
+            let mut state = self.inner.lock();
+            let (added, unused) = state.add(item, hash, now);
+            let wake = added == Added::Queued && state.wake_sleeper();
+            (added, unused, wake)
+        };
+        drop(unused);
+        if wake {
             self.inner.item_queued.notify_one();
         }
         if matches!(added, Added::Queued | Added::Dirty)
@@ -298,18 +423,19 @@ where
     ///
     /// Cancel safe: an item is only taken in the poll that returns it.
     pub async fn get(&self) -> Option<T> {
-        // Registering with `Notify` costs a lock, so try without it first.
-        match self.try_next() {
-            Next::Item(item) => return Some(item),
-            Next::ShutDown => return None,
-            Next::Empty => {}
-        }
         loop {
-            // Register before looking, so an item queued between the look and the wait
-            // still wakes this worker.
+            // Registering with `Notify` costs a lock, so try without it first.
+            match self.try_next(false) {
+                Next::Item(item) => return Some(item),
+                Next::ShutDown => return None,
+                Next::Empty => {}
+            }
+            // Register before looking again, so an item queued between the look and the
+            // wait still wakes this worker; the look counts it among the sleepers, which
+            // `add` and `done` notify.
             let mut queued = pin!(self.inner.item_queued.notified());
             queued.as_mut().enable();
-            match self.try_next() {
+            match self.try_next(true) {
                 Next::Item(item) => return Some(item),
                 Next::ShutDown => return None,
                 Next::Empty => queued.await,
@@ -347,15 +473,18 @@ where
     /// If it was added again meanwhile it is queued again now. Calling it for an item that
     /// is not processing does nothing.
     pub fn done(&self, item: &T) {
+        let hash = ItemHash::of(item, &self.inner.hasher);
         let now = self.now();
-        let (finished, drained) = {
+        let (finished, wake, drained) = {
             let mut state = self.inner.lock();
-            let Some(finished) = state.done(item) else {
+            let Some(finished) = state.done(item, hash) else {
                 return;
             };
-            (finished, state.shutting_down && state.processing == 0)
+            let wake = finished.requeued && state.wake_sleeper();
+            (finished, wake, state.draining && state.processing == 0)
         };
-        if finished.requeued {
+        drop(finished.released);
+        if wake {
             self.inner.item_queued.notify_one();
         }
         if drained {
@@ -381,7 +510,12 @@ where
     /// Stops accepting items. Workers still receive the items already waiting; once none is
     /// left, every [`get`](Self::get), including those blocked now, returns `None`.
     pub fn shutdown(&self) {
-        self.inner.lock().shutting_down = true;
+        {
+            let mut state = self.inner.lock();
+            state.shutting_down = true;
+            // All of them are woken below, and none waits again.
+            state.sleepers = 0;
+        }
         self.inner.item_queued.notify_waiters();
     }
 
@@ -396,8 +530,12 @@ where
         loop {
             let mut drained = pin!(self.inner.drained.notified());
             drained.as_mut().enable();
-            if self.inner.lock().processing == 0 {
-                return;
+            {
+                let mut state = self.inner.lock();
+                if state.processing == 0 {
+                    return;
+                }
+                state.draining = true;
             }
             drained.await;
         }
@@ -422,9 +560,10 @@ where
         Arc::strong_count(&self.inner)
     }
 
-    fn try_next(&self) -> Next<T> {
+    /// Takes the next item if one is waiting; `sleep` as in [`State::next`].
+    fn try_next(&self, sleep: bool) -> Next<T> {
         let now = self.now();
-        let next = self.inner.lock().next(now);
+        let next = self.inner.lock().next(now, sleep);
         match next {
             Next::Item((item, added)) => {
                 if let (Some(metrics), Some(added), Some(now)) = (&self.inner.metrics, added, now) {
@@ -446,9 +585,9 @@ where
 
 impl<T> Inner<T> {
     fn lock(&self) -> MutexGuard<'_, State<T>> {
-        // The state is consistent between statements; a panic elsewhere (in a user's `Hash`,
-        // say) must not take every worker down with it.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        // parking_lot's lock does not poison: the state is consistent between statements,
+        // and a panic elsewhere (in a user's `Eq`, say) must not take every worker down.
+        self.state.lock()
     }
 }
 
@@ -457,10 +596,11 @@ impl<T: Send + Sync> InFlightSource for Inner<T> {
         let now = Instant::now();
         let state = self.lock();
         let mut snapshot = InFlightSnapshot::default();
-        for &index in state.items.values() {
-            let slot = &state.slots[index];
+        for entry in &state.items {
+            let index = entry.slot as usize;
+            let started = state.times.get(index).and_then(|t| t.started);
             let (Phase::Processing | Phase::ProcessingDirty, Some(started)) =
-                (slot.phase, slot.started)
+                (state.phases[index], started)
             else {
                 continue;
             };
@@ -562,7 +702,7 @@ mod tests {
 
     /// Takes an item that must already be waiting, without blocking.
     fn take<T: Clone + Eq + Hash + Send + Sync + 'static>(queue: &Queue<T>) -> Option<T> {
-        match queue.try_next() {
+        match queue.try_next(false) {
             Next::Item(item) => Some(item),
             Next::Empty | Next::ShutDown => None,
         }
@@ -637,9 +777,28 @@ mod tests {
             }
         }
         let state = queue.inner.lock();
-        assert_eq!(state.slots.len(), 10);
+        assert_eq!(state.phases.len(), 10);
         assert_eq!(state.free.len(), 10);
         assert!(state.items.is_empty());
+    }
+
+    #[tokio::test]
+    async fn table_room_stays_bounded_under_churn() {
+        // 100 items live at any time, 100,000 over the queue's life: the table must grow
+        // with the items it holds at once, not with those it ever held.
+        let queue = Queue::new();
+        for i in 0..100_u32 {
+            queue.add(i);
+        }
+        for i in 100..100_000 {
+            let item = take(&queue).unwrap();
+            queue.done(&item);
+            queue.add(i);
+        }
+        let state = queue.inner.lock();
+        assert_eq!(state.items.len(), 100);
+        assert!(state.items.capacity() < 500, "{}", state.items.capacity());
+        assert_eq!(state.phases.len(), 100);
     }
 
     #[tokio::test]
@@ -771,6 +930,49 @@ mod tests {
         assert_eq!(second.await.unwrap(), Some(1));
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sleeping_workers_are_woken_for_every_burst() {
+        // Workers go to sleep between bursts, so every burst must wake them: a lost wakeup
+        // leaves items waiting and the round never ends.
+        use std::sync::atomic::AtomicUsize;
+        let queue: Queue<u64> = Queue::new();
+        let processed = Arc::new(AtomicUsize::new(0));
+        let progress = Arc::new(Notify::new());
+        let workers: Vec<_> = (0..8)
+            .map(|_| {
+                let (queue, processed, progress) =
+                    (queue.clone(), processed.clone(), progress.clone());
+                tokio::spawn(async move {
+                    while let Some(item) = queue.get().await {
+                        queue.done(&item);
+                        processed.fetch_add(1, Ordering::SeqCst);
+                        progress.notify_one();
+                    }
+                })
+            })
+            .collect();
+        let mut expected = 0;
+        for round in 0..2_000_u64 {
+            let burst = 1 + round % 7;
+            for i in 0..burst {
+                queue.add(round * 10 + i);
+            }
+            expected += burst as usize;
+            tokio::time::timeout(Duration::from_secs(10), async {
+                while processed.load(Ordering::SeqCst) < expected {
+                    progress.notified().await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: items left unprocessed"));
+        }
+        queue.shutdown();
+        for worker in workers {
+            worker.await.unwrap();
+        }
+        assert_eq!(queue.inner.lock().sleepers, 0);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn in_flight_snapshot_sums_and_maxes_processing_time() {
         struct Nothing;
@@ -780,14 +982,14 @@ mod tests {
             fn finished(&self, _: Duration) {}
             fn retried(&self) {}
         }
-        struct Keep(Mutex<Option<InFlightProbe>>);
+        struct Keep(std::sync::Mutex<Option<InFlightProbe>>);
         impl super::super::MetricsProvider for Arc<Keep> {
             fn queue_metrics(&self, _: &str, probe: InFlightProbe) -> Box<dyn QueueMetrics> {
                 *self.0.lock().unwrap() = Some(probe);
                 Box::new(Nothing)
             }
         }
-        let keep = Arc::new(Keep(Mutex::new(None)));
+        let keep = Arc::new(Keep(std::sync::Mutex::new(None)));
         let queue = Queue::with_config(QueueConfig::named("q").metrics(keep.clone()));
         let probe = keep.0.lock().unwrap().take().unwrap();
 
