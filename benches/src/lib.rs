@@ -244,3 +244,32 @@ pub fn machine() -> String {
         command_output("uname", &["-r"])
     )
 }
+
+/// Builds the Rust subject binaries `bins` with this executable's profile: `cargo run --bin
+/// informer-bench` builds only the driver, and a subject must never be stale or missing.
+///
+/// # Errors
+///
+/// When the build fails. Without cargo at hand the binaries are used as they are.
+pub fn build_rust_subjects(bins: &[&str]) -> anyhow::Result<()> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command
+        .args(["build", "-p", "benches"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    for bin in bins {
+        command.args(["--bin", bin]);
+    }
+    if !cfg!(debug_assertions) {
+        command.arg("--release");
+    }
+    eprintln!("building {}", bins.join(", "));
+    match command.status() {
+        Ok(status) if !status.success() => {
+            anyhow::bail!("cargo build of {} failed: {status}", bins.join(", "))
+        }
+        Ok(_) => {}
+        Err(error) => eprintln!("cannot run cargo ({error}); using the subjects as they are"),
+    }
+    Ok(())
+}

@@ -68,7 +68,7 @@ pub struct WorkqueueResults {
 pub async fn measure(runs: usize, min_ms: u64) -> anyhow::Result<WorkqueueResults> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("the executable has a directory")?;
-    build_rust_subject()?;
+    crate::build_rust_subjects(&[RUST_BINARY])?;
     build_go_subject(&dir.join(GO_BINARY))?;
     let subjects = [
         (RUST_SUBJECT, dir.join(RUST_BINARY)),
@@ -122,27 +122,6 @@ pub async fn measure(runs: usize, min_ms: u64) -> anyhow::Result<WorkqueueResult
         runs_each: runs,
         runs: results,
     })
-}
-
-/// Builds `subject-workqueue` with this executable's profile (`cargo run --bin
-/// informer-bench` builds only the driver), so it is never stale.
-fn build_rust_subject() -> anyhow::Result<()> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut command = std::process::Command::new(cargo);
-    command
-        .args(["build", "-p", "benches", "--bin", RUST_BINARY])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    if !cfg!(debug_assertions) {
-        command.arg("--release");
-    }
-    eprintln!("building {RUST_BINARY}");
-    match command.status() {
-        Ok(status) if !status.success() => bail!("cargo build of {RUST_BINARY} failed: {status}"),
-        Ok(_) => {}
-        // Run without cargo at hand: use the subject as it was built.
-        Err(error) => eprintln!("cannot run cargo ({error}); using {RUST_BINARY} as it is"),
-    }
-    Ok(())
 }
 
 /// Builds `go-subject/workqueue` into `binary`.

@@ -262,6 +262,7 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     let dir = exe.parent().context("the executable has a directory")?;
     let go_module = Path::new(env!("CARGO_MANIFEST_DIR")).join("go-subject");
     let go_binary = dir.join("go-subject");
+    benches::build_rust_subjects(&["subject-kube-informer", "subject-kube-runtime"])?;
     eprintln!("building {}", go_module.display());
     let status = std::process::Command::new("go")
         .args(["build", "-trimpath", "-o"])
@@ -281,10 +282,7 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     binaries.insert("client-go", go_binary);
     for path in binaries.values() {
         if !path.is_file() {
-            bail!(
-                "{} is missing; run through `cargo run -p benches --bin informer-bench`, which builds it",
-                path.display()
-            );
+            bail!("{} is missing; its build failed", path.display());
         }
     }
     Ok(binaries)
