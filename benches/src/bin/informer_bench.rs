@@ -622,16 +622,18 @@ fn series(
 /// with an embedded 8×8 bitmap font, so no system font is needed.
 fn chart(path: &Path, subjects: &[String], results: &[RunResult]) -> anyhow::Result<()> {
     use plotters::prelude::*;
-    const COLORS: [RGBColor; 4] = [
+    const COLORS: [RGBColor; 6] = [
         RGBColor(0xd6, 0x27, 0x28),
         RGBColor(0x1f, 0x77, 0xb4),
         RGBColor(0x2c, 0xa0, 0x2c),
         RGBColor(0x94, 0x67, 0xbd),
+        RGBColor(0xff, 0x7f, 0x0e),
+        RGBColor(0x8c, 0x56, 0x4b),
     ];
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let (width, height) = (1200u32, 520u32);
+    let (width, height) = (1200u32, 550u32);
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     type Panel = (&'static str, fn(&RunResult) -> f64);
@@ -656,7 +658,7 @@ fn chart(path: &Path, subjects: &[String], results: &[RunResult]) -> anyhow::Res
             .margin_left(90)
             .margin_right(30)
             .margin_top(50)
-            .margin_bottom(110)
+            .margin_bottom(140)
             .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y * 1.1)?;
         let x0 = panel as i32 * (width as i32 / 2);
         let grey = RGBColor(0xdd, 0xdd, 0xdd);
@@ -706,8 +708,12 @@ fn chart(path: &Path, subjects: &[String], results: &[RunResult]) -> anyhow::Res
                 color.stroke_width(3),
             ))?;
             chart.draw_series(points.iter().map(|p| Circle::new(*p, 5, color.filled())))?;
-            let legend_y = height as i32 - 50 + 20 * (i as i32 / 2);
-            let legend_x = x0 + 90 + 260 * (i as i32 % 2);
+            // One legend for both panels, three entries a row across the whole width.
+            if panel > 0 {
+                continue;
+            }
+            let legend_y = height as i32 - 50 + 20 * (i as i32 / 3);
+            let legend_x = 20 + 400 * (i as i32 % 3);
             root.draw(&Rectangle::new(
                 [(legend_x, legend_y), (legend_x + 24, legend_y + 12)],
                 color.filled(),
