@@ -81,6 +81,18 @@ impl ListDecoder {
         self.buf.extend_from_slice(chunk);
         let mut i = scan_from;
         while i < self.buf.len() {
+            if self.in_string && !self.escaped {
+                // Most of a list is string contents: jump to the next quote or backslash.
+                let run =
+                    memchr::memchr2(b'"', b'\\', &self.buf[i..]).unwrap_or(self.buf.len() - i);
+                if !self.in_items {
+                    self.envelope.extend_from_slice(&self.buf[i..i + run]);
+                }
+                i += run;
+                if i == self.buf.len() {
+                    break;
+                }
+            }
             let b = self.buf[i];
             if self.in_string {
                 if self.escaped {
