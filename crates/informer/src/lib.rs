@@ -11,7 +11,9 @@
 //!   own buffer and task;
 //! - [`workqueue`]: deduplicating, delaying and rate-limited queues with metrics;
 //! - [`controller`]: the worker loop that ties an informer to a workqueue of keys;
-//! - [`meta`]: metadata access that works the same for every resource type.
+//! - [`meta`]: metadata access that works the same for every resource type;
+//! - [`protobuf`]: built-in kinds read in protobuf, as client-go reads them, into the same
+//!   serde types that read JSON.
 //!
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
@@ -48,10 +50,12 @@ mod list_decoder;
 pub mod list_watch;
 pub mod lister;
 pub mod meta;
+pub mod protobuf;
 pub mod reflector;
 pub mod selector;
 pub mod store;
 pub mod testing;
+mod wire_format;
 pub mod workqueue;
 
 pub use backoff::{Backoff, BackoffConfig};
@@ -70,8 +74,10 @@ pub use list_watch::{
     WatchStream,
 };
 pub use lister::Lister;
+pub use protobuf::ProtobufError;
 pub use reflector::{
     ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStore, SyncedVersion,
 };
 pub use selector::{Operator, Requirement, Selector, SelectorError};
 pub use store::{Store, TransformFn, strip_managed_fields};
+pub use wire_format::WireFormat;

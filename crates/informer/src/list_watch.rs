@@ -35,9 +35,10 @@ use kube_core::{ObjectList, Resource, Status};
 use serde::de::DeserializeOwned;
 
 use crate::{
-    Error,
+    Error, WireFormat,
     error::{BoxError, Verb},
-    list_decoder::{ListDecodeError, ListDecoder},
+    list_decoder::{ListDecodeError, ListDecoder, ListEnd},
+    protobuf::{self, ProtobufError, ProtobufListDecoder, WatchFrameDecoder},
 };
 
 /// Options of one list call (one page).
@@ -225,6 +226,7 @@ pub struct ApiListWatch<K> {
     api: Api<K>,
     label_selector: Option<String>,
     field_selector: Option<String>,
+    wire_format: WireFormat,
 }
 
 impl<K> ApiListWatch<K> {
@@ -234,7 +236,16 @@ impl<K> ApiListWatch<K> {
             api,
             label_selector: None,
             field_selector: None,
+            wire_format: WireFormat::default(),
         }
+    }
+
+    /// The encoding to ask for: [`WireFormat::Protobuf`] (the default) reads built-in kinds
+    /// in protobuf, as client-go does.
+    #[must_use]
+    pub fn wire_format(mut self, wire_format: WireFormat) -> Self {
+        self.wire_format = wire_format;
+        self
     }
 
     /// Restricts to objects matching this label selector (`app=web,tier!=db`).
@@ -269,6 +280,7 @@ where
             &self.api,
             self.label_selector.as_deref(),
             self.field_selector.as_deref(),
+            self.wire_format,
             options,
         )
         .await
@@ -279,6 +291,7 @@ where
             &self.api,
             self.label_selector.as_deref(),
             self.field_selector.as_deref(),
+            self.wire_format,
             options,
         )
         .await
@@ -289,6 +302,7 @@ where
             &self.api,
             self.label_selector.as_deref(),
             self.field_selector.as_deref(),
+            self.wire_format,
             options,
         )
         .await
@@ -327,15 +341,15 @@ where
     }
 
     async fn list(&self, options: &ListOptions) -> Result<ListPage<K>, Error> {
-        api_list(self, None, None, options).await
+        api_list(self, None, None, WireFormat::default(), options).await
     }
 
     async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<K>, Error> {
-        api_list_stream(self, None, None, options).await
+        api_list_stream(self, None, None, WireFormat::default(), options).await
     }
 
     async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
-        api_watch(self, None, None, options).await
+        api_watch(self, None, None, WireFormat::default(), options).await
     }
 }
 
@@ -343,11 +357,15 @@ async fn api_list<K>(
     api: &Api<K>,
     labels: Option<&str>,
     fields: Option<&str>,
+    wire: WireFormat,
     options: &ListOptions,
 ) -> Result<ListPage<K>, Error>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
+    if protobuf_resource(api, wire).is_some() {
+        return collect_page(api_list_stream(api, labels, fields, wire, options).await?).await;
+    }
     let resource = describe_url(api.resource_url());
     let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
     let req = list_request(api, labels, fields, options)?;
@@ -360,31 +378,76 @@ where
     })
 }
 
-/// Lists one page, decoding its objects as the body arrives ([`ListDecoder`]).
-async fn api_list_stream<K>(
+/// One page from its stream.
+async fn collect_page<K>(mut stream: ListStream<K>) -> Result<ListPage<K>, Error> {
+    let mut items = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item? {
+            ListItem::Object(obj) => items.push(obj),
+            ListItem::End {
+                resource_version,
+                continue_token,
+            } => {
+                return Ok(ListPage {
+                    items,
+                    resource_version,
+                    continue_token,
+                });
+            }
+        }
+    }
+    Ok(ListPage {
+        items,
+        resource_version: String::new(),
+        continue_token: None,
+    })
+}
+
+/// The built-in resource `api` lists, when `wire` asks for protobuf and the table has it.
+fn protobuf_resource<K: Resource>(
     api: &Api<K>,
-    labels: Option<&str>,
-    fields: Option<&str>,
-    options: &ListOptions,
-) -> Result<ListStream<K>, Error>
-where
-    K: Resource + Clone + DeserializeOwned + Send + 'static,
-{
+    wire: WireFormat,
+) -> Option<&'static protobuf::Resource> {
+    if wire != WireFormat::Protobuf || K::metadata_api() {
+        return None;
+    }
+    protobuf::Resource::for_url(api.resource_url())
+}
+
+/// Sends `req`, asking for protobuf when `protobuf` is set; an error status becomes an
+/// [`Error`]. Returns the response and whether its body is protobuf.
+async fn send<K: Resource + Clone>(
+    api: &Api<K>,
+    mut req: http::Request<Vec<u8>>,
+    protobuf: bool,
+    verb: Verb,
+) -> Result<(kube_client::client::Body, bool), Error> {
     let resource = describe_url(api.resource_url());
-    let namespace = api.namespace().map(str::to_owned);
-    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
-    let req = list_request(api, labels, fields, options)?;
+    let fail = |e: kube_client::Error| Error::from_kube(e, verb, &resource, api.namespace());
+    if protobuf {
+        req.headers_mut().insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static(protobuf::ACCEPT),
+        );
+    }
     let client: kube_client::Client = api.clone().into();
     let response = client
         .send(req.map(kube_client::client::Body::from))
         .await
         .map_err(fail)?;
     let status = response.status();
+    let is_protobuf = protobuf::is_protobuf(response.headers().get(http::header::CONTENT_TYPE));
     let body = response.into_body();
     if !status.is_success() {
         let bytes = body.collect_bytes().await.map_err(fail)?;
-        let status = serde_json::from_slice::<Status>(&bytes)
-            .ok()
+        let decoded = if is_protobuf {
+            protobuf::Envelope::open(&bytes)
+                .and_then(|e| protobuf::from_message::<Status>(e.raw, protobuf::STATUS, None))
+                .ok()
+        } else {
+            serde_json::from_slice::<Status>(&bytes).ok()
+        };
+        let status = decoded
             .filter(|s| s.code != 0 || !s.reason.is_empty())
             .unwrap_or_else(|| {
                 Status::failure(String::from_utf8_lossy(&bytes).trim(), "")
@@ -392,16 +455,86 @@ where
             });
         return Err(Error::from_status(
             Box::new(status),
-            Verb::List,
+            verb,
             &resource,
-            namespace.as_deref(),
+            api.namespace(),
         ));
     }
-    Ok(decode_list_body(body.into_data_stream(), resource))
+    Ok((body, is_protobuf))
+}
+
+/// Lists one page, decoding its objects as the body arrives ([`ListDecoder`], or
+/// [`ProtobufListDecoder`] when the server answered in protobuf).
+async fn api_list_stream<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    wire: WireFormat,
+    options: &ListOptions,
+) -> Result<ListStream<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Send + 'static,
+{
+    let resource = describe_url(api.resource_url());
+    let table = protobuf_resource(api, wire);
+    let req = list_request(api, labels, fields, options)?;
+    let (body, is_protobuf) = send(api, req, table.is_some(), Verb::List).await?;
+    let decoder = match table.filter(|_| is_protobuf) {
+        Some(table) => BodyDecoder::Protobuf(ProtobufListDecoder::new(table)),
+        None if is_protobuf => {
+            return Err(Error::Decode {
+                resource,
+                verb: Verb::List,
+                source: "the server answered in protobuf, which was not asked for".into(),
+            });
+        }
+        None => BodyDecoder::Json(ListDecoder::default()),
+    };
+    Ok(decode_list_body(body.into_data_stream(), decoder, resource))
+}
+
+/// A list body's decoder, by encoding.
+enum BodyDecoder {
+    Json(ListDecoder),
+    Protobuf(ProtobufListDecoder),
+}
+
+impl BodyDecoder {
+    /// Decodes the items `chunk` completes into `ready`.
+    fn feed<K: DeserializeOwned>(
+        &mut self,
+        chunk: &[u8],
+        ready: &mut VecDeque<K>,
+    ) -> Result<(), BoxError> {
+        match self {
+            BodyDecoder::Json(decoder) => decoder
+                .feed(chunk, |bytes| -> Result<(), ListDecodeError> {
+                    ready.push_back(serde_json::from_slice(bytes)?);
+                    Ok(())
+                })
+                .map_err(Into::into),
+            BodyDecoder::Protobuf(decoder) => {
+                let item = decoder.item_message();
+                decoder
+                    .feed(chunk, |bytes| -> Result<(), ProtobufError> {
+                        ready.push_back(protobuf::from_message(bytes, item, None)?);
+                        Ok(())
+                    })
+                    .map_err(Into::into)
+            }
+        }
+    }
+
+    fn finish(self) -> Result<ListEnd, BoxError> {
+        match self {
+            BodyDecoder::Json(decoder) => decoder.finish().map_err(Into::into),
+            BodyDecoder::Protobuf(decoder) => decoder.finish().map_err(Into::into),
+        }
+    }
 }
 
 /// The items of a list body as they arrive, then its metadata.
-fn decode_list_body<K, B, D, E>(body: B, resource: String) -> ListStream<K>
+fn decode_list_body<K, B, D, E>(body: B, decoder: BodyDecoder, resource: String) -> ListStream<K>
 where
     K: DeserializeOwned + Send + 'static,
     B: futures::Stream<Item = Result<D, E>> + Send + 'static,
@@ -410,7 +543,7 @@ where
 {
     struct State<B, K> {
         body: std::pin::Pin<Box<B>>,
-        decoder: ListDecoder,
+        decoder: Option<BodyDecoder>,
         ready: VecDeque<K>,
         ended: bool,
         resource: String,
@@ -426,7 +559,7 @@ where
     }
     let state = State {
         body: Box::pin(body),
-        decoder: ListDecoder::default(),
+        decoder: Some(decoder),
         ready: VecDeque::new(),
         ended: false,
         resource,
@@ -439,16 +572,12 @@ where
             if st.ended {
                 return Ok(None);
             }
+            let Some(decoder) = st.decoder.as_mut() else {
+                return Ok(None);
+            };
             match st.body.next().await {
                 Some(Ok(chunk)) => {
-                    let ready = &mut st.ready;
-                    let fed =
-                        st.decoder
-                            .feed(chunk.as_ref(), |bytes| -> Result<(), ListDecodeError> {
-                                ready.push_back(serde_json::from_slice(bytes)?);
-                                Ok(())
-                            });
-                    if let Err(e) = fed {
+                    if let Err(e) = decoder.feed(chunk.as_ref(), &mut st.ready) {
                         return Err(st.decode_error(e));
                     }
                 }
@@ -460,9 +589,11 @@ where
                     });
                 }
                 None => {
-                    let end = match std::mem::take(&mut st.decoder).finish() {
-                        Ok(end) => end,
-                        Err(e) => return Err(st.decode_error(e)),
+                    let finished = st.decoder.take().map(BodyDecoder::finish);
+                    let end = match finished {
+                        Some(Ok(end)) => end,
+                        Some(Err(e)) => return Err(st.decode_error(e)),
+                        None => return Ok(None),
                     };
                     st.ended = true;
                     let end = ListItem::End {
@@ -533,6 +664,7 @@ async fn api_watch<K>(
     api: &Api<K>,
     labels: Option<&str>,
     fields: Option<&str>,
+    wire: WireFormat,
     options: &WatchOptions,
 ) -> Result<WatchStream<K>, Error>
 where
@@ -549,24 +681,16 @@ where
     };
     let resource = describe_url(api.resource_url());
     let namespace = api.namespace().map(str::to_owned);
+    if let Some(table) = protobuf_resource(api, wire) {
+        return protobuf_watch(api, table, &wp, &options.resource_version).await;
+    }
     let stream = api
         .watch(&wp, &options.resource_version)
         .await
         .map_err(|e| Error::from_kube(e, Verb::Watch, &resource, namespace.as_deref()))?;
     Ok(stream
         .map(move |item| match item {
-            Ok(kube_core::WatchEvent::Added(o)) => Ok(WatchEvent::Added(o)),
-            Ok(kube_core::WatchEvent::Modified(o)) => Ok(WatchEvent::Modified(o)),
-            Ok(kube_core::WatchEvent::Deleted(o)) => Ok(WatchEvent::Deleted(o)),
-            Ok(kube_core::WatchEvent::Bookmark(b)) => Ok(WatchEvent::Bookmark {
-                initial_events_end: b
-                    .metadata
-                    .annotations
-                    .get(INITIAL_EVENTS_END)
-                    .is_some_and(|v| v == "true"),
-                resource_version: b.metadata.resource_version,
-            }),
-            Ok(kube_core::WatchEvent::Error(status)) => Ok(WatchEvent::Error(status)),
+            Ok(event) => Ok(from_kube_event(event)),
             Err(e) => Err(Error::from_kube(
                 e,
                 Verb::Watch,
@@ -575,6 +699,149 @@ where
             )),
         })
         .boxed())
+}
+
+fn from_kube_event<K>(event: kube_core::WatchEvent<K>) -> WatchEvent<K> {
+    match event {
+        kube_core::WatchEvent::Added(o) => WatchEvent::Added(o),
+        kube_core::WatchEvent::Modified(o) => WatchEvent::Modified(o),
+        kube_core::WatchEvent::Deleted(o) => WatchEvent::Deleted(o),
+        kube_core::WatchEvent::Bookmark(b) => WatchEvent::Bookmark {
+            initial_events_end: b
+                .metadata
+                .annotations
+                .get(INITIAL_EVENTS_END)
+                .is_some_and(|v| v == "true"),
+            resource_version: b.metadata.resource_version,
+        },
+        kube_core::WatchEvent::Error(status) => WatchEvent::Error(status),
+    }
+}
+
+/// A watch read in protobuf frames ([`WatchFrameDecoder`]). Should the server answer in
+/// JSON after all, its lines are read instead.
+async fn protobuf_watch<K>(
+    api: &Api<K>,
+    table: &'static protobuf::Resource,
+    wp: &WatchParams,
+    resource_version: &str,
+) -> Result<WatchStream<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Send + 'static,
+{
+    let resource = describe_url(api.resource_url());
+    let mut req = kube_core::Request::new(api.resource_url())
+        .watch(wp, resource_version)
+        .map_err(|e| {
+            Error::from_kube(
+                kube_client::Error::BuildRequest(e),
+                Verb::Watch,
+                &resource,
+                api.namespace(),
+            )
+        })?;
+    req.extensions_mut().insert("watch");
+    let (body, is_protobuf) = send(api, req, true, Verb::Watch).await?;
+    struct State<B, K> {
+        body: std::pin::Pin<Box<B>>,
+        frames: WatchFrameDecoder,
+        lines: Vec<u8>,
+        is_protobuf: bool,
+        ready: VecDeque<Result<WatchEvent<K>, Error>>,
+        table: &'static protobuf::Resource,
+        resource: String,
+    }
+    impl<B, K: DeserializeOwned> State<B, K> {
+        fn decode_error(&self, source: impl Into<BoxError>) -> Error {
+            Error::Decode {
+                resource: self.resource.clone(),
+                verb: Verb::Watch,
+                source: source.into(),
+            }
+        }
+
+        fn feed(&mut self, chunk: &[u8]) -> Result<(), Error> {
+            let (table, resource) = (self.table, &self.resource);
+            let ready = &mut self.ready;
+            if self.is_protobuf {
+                return self
+                    .frames
+                    .feed(chunk, |frame| -> Result<(), ProtobufError> {
+                        ready.push_back(protobuf::decode_event(frame, table).map_err(|e| {
+                            Error::Decode {
+                                resource: resource.clone(),
+                                verb: Verb::Watch,
+                                source: e.into(),
+                            }
+                        }));
+                        Ok(())
+                    })
+                    .map_err(|e| self.decode_error(e));
+            }
+            self.lines.extend_from_slice(chunk);
+            let mut start = 0;
+            while let Some(end) = memchr::memchr(b'\n', &self.lines[start..]) {
+                let line = &self.lines[start..start + end];
+                if !line.iter().all(u8::is_ascii_whitespace) {
+                    ready.push_back(
+                        serde_json::from_slice::<kube_core::WatchEvent<K>>(line)
+                            .map(from_kube_event)
+                            .map_err(|e| Error::Decode {
+                                resource: resource.clone(),
+                                verb: Verb::Watch,
+                                source: e.into(),
+                            }),
+                    );
+                }
+                start += end + 1;
+            }
+            self.lines.drain(..start);
+            Ok(())
+        }
+    }
+    let state = State {
+        body: Box::pin(body.into_data_stream()),
+        frames: WatchFrameDecoder::default(),
+        lines: Vec::new(),
+        is_protobuf,
+        ready: VecDeque::new(),
+        table,
+        resource,
+    };
+    Ok(futures::stream::unfold(Some(state), |state| async move {
+        let mut st = state?;
+        loop {
+            if let Some(event) = st.ready.pop_front() {
+                return Some((event, Some(st)));
+            }
+            match st.body.next().await {
+                Some(Ok(chunk)) => {
+                    if let Err(e) = st.feed(&chunk) {
+                        // The framing is lost: end the stream after the error.
+                        return Some((Err(e), None));
+                    }
+                }
+                Some(Err(e)) => {
+                    let error = Error::Transport {
+                        resource: st.resource.clone(),
+                        verb: Verb::Watch,
+                        source: Box::new(e),
+                    };
+                    return Some((Err(error), None));
+                }
+                None => {
+                    if !st.frames.is_clean() {
+                        tracing::debug!(
+                            resource = %st.resource,
+                            "watch body ended inside a frame; the watch resumes from the last event"
+                        );
+                    }
+                    return None;
+                }
+            }
+        }
+    })
+    .boxed())
 }
 
 /// The annotation on the bookmark that ends a streaming list's initial events.
