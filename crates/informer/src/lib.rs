@@ -46,6 +46,7 @@ pub mod index;
 pub mod informer;
 pub mod key;
 pub mod leader_election;
+mod list_body;
 mod list_decoder;
 pub mod list_watch;
 pub mod lister;

@@ -37,7 +37,8 @@ use serde::de::DeserializeOwned;
 use crate::{
     Error, WireFormat,
     error::{BoxError, Verb},
-    list_decoder::{ListDecodeError, ListDecoder, ListEnd},
+    list_body::{BodySplitter, decode_list_body},
+    list_decoder::ListDecoder,
     protobuf::{self, ProtobufError, ProtobufListDecoder, WatchFrameDecoder},
 };
 
@@ -464,7 +465,8 @@ async fn send<K: Resource + Clone>(
 }
 
 /// Lists one page, decoding its objects as the body arrives ([`ListDecoder`], or
-/// [`ProtobufListDecoder`] when the server answered in protobuf).
+/// [`ProtobufListDecoder`] when the server answered in protobuf), in parallel batches
+/// ([`decode_list_body`]).
 async fn api_list_stream<K>(
     api: &Api<K>,
     labels: Option<&str>,
@@ -479,8 +481,8 @@ where
     let table = protobuf_resource(api, wire);
     let req = list_request(api, labels, fields, options)?;
     let (body, is_protobuf) = send(api, req, table.is_some(), Verb::List).await?;
-    let decoder = match table.filter(|_| is_protobuf) {
-        Some(table) => BodyDecoder::Protobuf(ProtobufListDecoder::new(table)),
+    let splitter = match table.filter(|_| is_protobuf) {
+        Some(table) => BodySplitter::Protobuf(ProtobufListDecoder::new(table)),
         None if is_protobuf => {
             return Err(Error::Decode {
                 resource,
@@ -488,124 +490,13 @@ where
                 source: "the server answered in protobuf, which was not asked for".into(),
             });
         }
-        None => BodyDecoder::Json(ListDecoder::default()),
+        None => BodySplitter::Json(ListDecoder::default()),
     };
-    Ok(decode_list_body(body.into_data_stream(), decoder, resource))
-}
-
-/// A list body's decoder, by encoding.
-enum BodyDecoder {
-    Json(ListDecoder),
-    Protobuf(ProtobufListDecoder),
-}
-
-impl BodyDecoder {
-    /// Decodes the items `chunk` completes into `ready`.
-    fn feed<K: DeserializeOwned>(
-        &mut self,
-        chunk: &[u8],
-        ready: &mut VecDeque<K>,
-    ) -> Result<(), BoxError> {
-        match self {
-            BodyDecoder::Json(decoder) => decoder
-                .feed(chunk, |bytes| -> Result<(), ListDecodeError> {
-                    ready.push_back(serde_json::from_slice(bytes)?);
-                    Ok(())
-                })
-                .map_err(Into::into),
-            BodyDecoder::Protobuf(decoder) => {
-                let item = decoder.item_message();
-                decoder
-                    .feed(chunk, |bytes| -> Result<(), ProtobufError> {
-                        ready.push_back(protobuf::from_message(bytes, item, None)?);
-                        Ok(())
-                    })
-                    .map_err(Into::into)
-            }
-        }
-    }
-
-    fn finish(self) -> Result<ListEnd, BoxError> {
-        match self {
-            BodyDecoder::Json(decoder) => decoder.finish().map_err(Into::into),
-            BodyDecoder::Protobuf(decoder) => decoder.finish().map_err(Into::into),
-        }
-    }
-}
-
-/// The items of a list body as they arrive, then its metadata.
-fn decode_list_body<K, B, D, E>(body: B, decoder: BodyDecoder, resource: String) -> ListStream<K>
-where
-    K: DeserializeOwned + Send + 'static,
-    B: futures::Stream<Item = Result<D, E>> + Send + 'static,
-    D: AsRef<[u8]>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    struct State<B, K> {
-        body: std::pin::Pin<Box<B>>,
-        decoder: Option<BodyDecoder>,
-        ready: VecDeque<K>,
-        ended: bool,
-        resource: String,
-    }
-    impl<B, K> State<B, K> {
-        fn decode_error(&self, source: impl Into<BoxError>) -> Error {
-            Error::Decode {
-                resource: self.resource.clone(),
-                verb: Verb::List,
-                source: source.into(),
-            }
-        }
-    }
-    let state = State {
-        body: Box::pin(body),
-        decoder: Some(decoder),
-        ready: VecDeque::new(),
-        ended: false,
+    Ok(decode_list_body(
+        body.into_data_stream(),
+        splitter,
         resource,
-    };
-    futures::stream::try_unfold(state, |mut st| async move {
-        loop {
-            if let Some(obj) = st.ready.pop_front() {
-                return Ok(Some((ListItem::Object(obj), st)));
-            }
-            if st.ended {
-                return Ok(None);
-            }
-            let Some(decoder) = st.decoder.as_mut() else {
-                return Ok(None);
-            };
-            match st.body.next().await {
-                Some(Ok(chunk)) => {
-                    if let Err(e) = decoder.feed(chunk.as_ref(), &mut st.ready) {
-                        return Err(st.decode_error(e));
-                    }
-                }
-                Some(Err(e)) => {
-                    return Err(Error::Transport {
-                        resource: st.resource.clone(),
-                        verb: Verb::List,
-                        source: Box::new(e),
-                    });
-                }
-                None => {
-                    let finished = st.decoder.take().map(BodyDecoder::finish);
-                    let end = match finished {
-                        Some(Ok(end)) => end,
-                        Some(Err(e)) => return Err(st.decode_error(e)),
-                        None => return Ok(None),
-                    };
-                    st.ended = true;
-                    let end = ListItem::End {
-                        resource_version: end.resource_version,
-                        continue_token: end.continue_token,
-                    };
-                    return Ok(Some((end, st)));
-                }
-            }
-        }
-    })
-    .boxed()
+    ))
 }
 
 /// The request for one list page.

@@ -22,7 +22,7 @@ mod schema;
 #[allow(clippy::all)]
 mod schema_table;
 #[cfg(test)]
-mod test_encoder;
+pub(crate) mod test_encoder;
 mod watch_decoder;
 mod well_known;
 mod wire;
@@ -31,7 +31,7 @@ pub(crate) use deserializer::from_message;
 pub(crate) use envelope::{ACCEPT, Envelope, is_protobuf};
 pub use error::ProtobufError;
 pub(crate) use list_decoder::ProtobufListDecoder;
-pub(crate) use schema::Resource;
+pub(crate) use schema::{Message, Resource};
 pub use schema_table::KUBERNETES_API_VERSION;
 pub(crate) use schema_table::STATUS;
 pub(crate) use watch_decoder::{WatchFrameDecoder, decode_event};

@@ -21,8 +21,16 @@ impl Message {
     }
 
     /// The field numbered `number` and its index.
+    #[inline]
     pub(crate) fn field(&self, number: u32) -> Option<(usize, &'static Field)> {
         let fields: &'static [Field] = self.fields;
+        // Most messages number their fields 1, 2, 3, ...: look where the number says first.
+        let guess = (number as usize).wrapping_sub(1);
+        if let Some(field) = fields.get(guess)
+            && field.number == number
+        {
+            return Some((guess, field));
+        }
         fields
             .binary_search_by_key(&number, |f| f.number)
             .ok()
