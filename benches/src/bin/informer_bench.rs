@@ -165,7 +165,7 @@ async fn main() -> anyhow::Result<()> {
         if !binaries.contains_key(subject.as_str()) {
             bail!(
                 "unknown subject {subject}; known: kube-informer, kube-informer-compact, \
-                 kube-runtime, client-go, client-go-json"
+                 kube-informer-json, kube-runtime, client-go, client-go-json"
             );
         }
     }
@@ -278,6 +278,7 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     binaries.insert("kube-informer", dir.join("subject-kube-informer"));
     binaries.insert("kube-runtime", dir.join("subject-kube-runtime"));
     binaries.insert("kube-informer-compact", dir.join("subject-kube-informer"));
+    binaries.insert("kube-informer-json", dir.join("subject-kube-informer"));
     binaries.insert("client-go-json", go_binary.clone());
     binaries.insert("client-go", go_binary);
     for path in binaries.values() {
@@ -290,12 +291,13 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
 
 /// The options a subject runs with beyond the common ones: `kube-informer-compact` is
 /// kube-informer with a compact cache (paged lists, as by default: on this API server a
-/// list streams out faster than a `sendInitialEvents` watch); `client-go-json` is
-/// client-go talking JSON, as the Rust subjects do (it prefers protobuf for built-in
-/// types by default).
+/// list streams out faster than a `sendInitialEvents` watch); `kube-informer-json` and
+/// `client-go-json` read JSON instead of protobuf, which both prefer for built-in kinds
+/// (kube-runtime only reads JSON).
 fn subject_options(subject: &str) -> &'static [&'static str] {
     match subject {
         "kube-informer-compact" => &["--compact"],
+        "kube-informer-json" => &["--json"],
         "client-go-json" => &["-json"],
         _ => &[],
     }

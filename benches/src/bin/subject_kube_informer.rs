@@ -1,7 +1,8 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
 //! for the protocol. With no flag it runs the defaults (paged lists, objects kept decoded);
-//! `--streaming-list` and `--compact` turn on the informer options of those names.
+//! `--streaming-list` and `--compact` turn on the informer options of those names; `--json`
+//! reads JSON instead of protobuf.
 
 use std::{
     sync::{
@@ -15,7 +16,7 @@ use benches::{Recorder, SubjectArgs};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
-use kube_informer::{ApiListWatch, SharedInformer, handler_fn};
+use kube_informer::{ApiListWatch, SharedInformer, WireFormat, handler_fn};
 use tokio_util::sync::CancellationToken;
 
 /// The subject's command line: the common one plus the informer's options.
@@ -29,6 +30,9 @@ struct Args {
     /// Keep the cache as compact JSON instead of decoded objects.
     #[arg(long)]
     compact: bool,
+    /// List and watch in JSON instead of protobuf.
+    #[arg(long)]
+    json: bool,
 }
 
 #[tokio::main]
@@ -38,12 +42,17 @@ async fn main() -> anyhow::Result<()> {
         common: args,
         streaming_list,
         compact,
+        json,
     } = Args::parse();
     let client = benches::client(&args.kubeconfig).await?;
-    let mut builder = SharedInformer::builder(ApiListWatch::new(Api::<Pod>::namespaced(
-        client,
-        &args.namespace,
-    )));
+    let wire_format = if json {
+        WireFormat::Json
+    } else {
+        WireFormat::Protobuf
+    };
+    let mut builder = SharedInformer::builder(
+        ApiListWatch::new(Api::<Pod>::namespaced(client, &args.namespace)).wire_format(wire_format),
+    );
     if streaming_list {
         builder = builder.streaming_list();
     }
