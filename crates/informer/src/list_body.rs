@@ -27,9 +27,10 @@ use crate::{
     protobuf::{self, ProtobufError, ProtobufListDecoder},
 };
 
-/// Items per batch: enough to amortise a hand-off (a few microseconds) over a millisecond
-/// or more of decoding, few enough that the first objects are stored early.
-const BATCH_ITEMS: usize = 128;
+/// Items per batch: enough to amortise a hand-off (a few microseconds) over a quarter of a
+/// millisecond of decoding (Pods), few enough that the objects in flight stay small: with
+/// 128, a sync of 10,000 Pods peaked 7 MiB higher in the decoding threads' heaps.
+const BATCH_ITEMS: usize = 32;
 
 /// A list body's splitter, by encoding.
 pub(crate) enum BodySplitter {

@@ -7,6 +7,10 @@
 //! for [`ApiListWatch`] (an `Api` plus label/field selectors), and for the in-memory
 //! [`FakeListWatch`](crate::testing::FakeListWatch) used in tests.
 //!
+//! Built-in kinds are listed and watched in protobuf, as client-go does, and read into the
+//! same serde types as JSON (see [`protobuf`](crate::protobuf)); large protobuf lists are
+//! decoded on all cores.
+//!
 //! # Why `impl Future + Send` and not boxed futures
 //!
 //! The trait uses native async-in-trait (`fn list(..) -> impl Future<..> + Send`): one list
@@ -313,6 +317,8 @@ where
 /// Lists and watches everything the `Api` can see. Works for typed resources,
 /// `Api<DynamicObject>` (built with `Api::all_with(client, &api_resource)`) and
 /// `Api<PartialObjectMeta<K>>` (metadata only; kube-client sends the metadata `Accept` header).
+/// Built-in kinds are read in protobuf, everything else in JSON ([`WireFormat::Protobuf`]);
+/// wrap the `Api` in an [`ApiListWatch`] to choose.
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
