@@ -8,8 +8,8 @@
 //! [`FakeListWatch`](crate::testing::FakeListWatch) used in tests.
 //!
 //! Built-in kinds are listed and watched in protobuf, as client-go does, and read into the
-//! same serde types as JSON (see [`protobuf`](crate::protobuf)); large protobuf lists are
-//! decoded on all cores.
+//! same serde types as JSON (see [`protobuf`]); large protobuf lists are decoded on all
+//! cores.
 //!
 //! # Why `impl Future + Send` and not boxed futures
 //!

@@ -29,7 +29,7 @@
 //!    a list can tell the truth). A watch silent (no event, no bookmark) for
 //!    [`idle_timeout`](ReflectorConfig::idle_timeout) is presumed dead and reconnected.
 //!    Other errors back off (800 ms doubling to 30 s, jittered, reset after 2 min of health;
-//!    see [`Backoff`](crate::Backoff)) and retry.
+//!    see [`Backoff`]) and retry.
 //!
 //! Every list/watch error goes to the [error hook](Reflector::with_error_hook), if any, and
 //! to `tracing`.
