@@ -18,7 +18,7 @@ use super::{
     ProtobufError,
     schema::{Cardinality, Field, Message, Shape, Value},
     well_known,
-    wire::{Raw, Reader, WireType},
+    wire::{Raw, Reader, WireType, utf8},
 };
 
 /// `apiVersion` and `kind` from the envelope, emitted first as JSON watch events carry them.
@@ -106,7 +106,7 @@ impl<'de> MessageDeserializer<'de> {
     ) -> Result<&'de str, ProtobufError> {
         match raw {
             None => Ok(""),
-            Some(Raw::Len(b)) => std::str::from_utf8(b).map_err(|_| ProtobufError::Utf8 { field }),
+            Some(Raw::Len(b)) => utf8(b, field),
             Some(_) => Err(self.mismatch(field, "a string")),
         }
     }
@@ -245,11 +245,7 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'de> {
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ProtobufError> {
         match self.value {
-            Value::String => {
-                let s = std::str::from_utf8(self.len()?)
-                    .map_err(|_| ProtobufError::Utf8 { field: self.field })?;
-                visitor.visit_borrowed_str(s)
-            }
+            Value::String => visitor.visit_borrowed_str(utf8(self.len()?, self.field)?),
             Value::Bytes => visitor.visit_string(well_known::base64(self.len()?)),
             Value::Bool => visitor.visit_bool(self.varint()? != 0),
             // Negative int32s are sign-extended to 64 bits on the wire; truncation undoes it.
@@ -284,11 +280,8 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'de> {
         visitor: V,
     ) -> Result<V::Value, ProtobufError> {
         match self.value {
-            Value::String => {
-                let s = std::str::from_utf8(self.len()?)
-                    .map_err(|_| ProtobufError::Utf8 { field: self.field })?;
-                BorrowedStrDeserializer::new(s).deserialize_enum(name, variants, visitor)
-            }
+            Value::String => BorrowedStrDeserializer::new(utf8(self.len()?, self.field)?)
+                .deserialize_enum(name, variants, visitor),
             Value::Message(m) if m.shape == Shape::Object => visitor.visit_enum(
                 MapAccessDeserializer::new(ObjectAccess::new(self.len()?, m, None)),
             ),
@@ -658,9 +651,7 @@ impl<'de> MapAccess<'de> for MapRunAccess<'de> {
             let (number, wire) = reader.tag()?;
             match (number, reader.value(wire)?) {
                 (1, Raw::Len(k)) => {
-                    key = std::str::from_utf8(k).map_err(|_| ProtobufError::Utf8 {
-                        field: self.field.json,
-                    })?;
+                    key = utf8(k, self.field.json)?;
                 }
                 (2, raw) => value = raw,
                 _ => {}

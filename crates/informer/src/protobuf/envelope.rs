@@ -4,7 +4,7 @@
 use super::{
     ProtobufError,
     deserializer::TypeMeta,
-    wire::{Raw, Reader},
+    wire::{Raw, Reader, utf8},
 };
 
 /// The four bytes every Kubernetes protobuf object starts with.
@@ -74,7 +74,7 @@ pub(crate) fn parse_type_meta(bytes: &[u8]) -> Result<TypeMeta<'_>, ProtobufErro
         let (number, wire) = reader.tag()?;
         let value = reader.value(wire)?;
         let text = |field| match value {
-            Raw::Len(b) => std::str::from_utf8(b).map_err(|_| ProtobufError::Utf8 { field }),
+            Raw::Len(b) => utf8(b, field),
             _ => Err(ProtobufError::Malformed("type meta")),
         };
         match number {

@@ -9,7 +9,7 @@ use super::{
     ProtobufError,
     envelope::{self, MAGIC},
     schema::Resource,
-    wire::{Raw, Reader, varint},
+    wire::{Raw, Reader, utf8, varint},
 };
 use crate::list_decoder::ListEnd;
 
@@ -176,9 +176,7 @@ fn list_meta(bytes: &[u8]) -> Result<ListEnd, ProtobufError> {
         let (number, wire) = reader.tag()?;
         let value = reader.value(wire)?;
         let text = |field| match value {
-            Raw::Len(b) => std::str::from_utf8(b)
-                .map(str::to_owned)
-                .map_err(|_| ProtobufError::Utf8 { field }),
+            Raw::Len(b) => utf8(b, field).map(str::to_owned),
             _ => Err(ProtobufError::Malformed("list metadata")),
         };
         match number {

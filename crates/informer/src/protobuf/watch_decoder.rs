@@ -13,7 +13,7 @@ use super::{
     envelope::Envelope,
     schema::Resource,
     schema_table::STATUS,
-    wire::{Raw, Reader},
+    wire::{Raw, Reader, utf8},
 };
 use crate::{WatchEvent, list_watch::INITIAL_EVENTS_END};
 
@@ -93,8 +93,7 @@ pub(crate) fn decode_event<K: DeserializeOwned>(
         let (number, wire) = reader.tag()?;
         match (number, reader.value(wire)?) {
             (1, Raw::Len(b)) => {
-                event_type =
-                    std::str::from_utf8(b).map_err(|_| ProtobufError::Utf8 { field: "type" })?;
+                event_type = utf8(b, "type")?;
             }
             (2, Raw::Len(b)) => object = raw_extension(b)?,
             _ => {}

@@ -128,6 +128,11 @@ impl<'de> Reader<'de> {
     }
 }
 
+/// A string field's bytes as text.
+pub(crate) fn utf8<'a>(bytes: &'a [u8], field: &'static str) -> Result<&'a str, ProtobufError> {
+    std::str::from_utf8(bytes).map_err(|_| ProtobufError::Utf8 { field })
+}
+
 /// Decodes a varint at the start of `bytes`: its value and length, or `None` when `bytes`
 /// ends inside it.
 pub(crate) fn varint(bytes: &[u8]) -> Result<Option<(u64, usize)>, ProtobufError> {
