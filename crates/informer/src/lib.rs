@@ -56,6 +56,7 @@ pub mod reflector;
 pub mod selector;
 pub mod store;
 pub mod testing;
+mod watch_body;
 mod wire_format;
 pub mod workqueue;
 

@@ -27,8 +27,6 @@
 
 use std::{fmt::Debug, future::Future, time::Duration};
 
-use std::collections::VecDeque;
-
 use futures::{StreamExt, stream::BoxStream};
 use http_body_util::BodyExt;
 use kube_client::{
@@ -40,10 +38,11 @@ use serde::de::DeserializeOwned;
 
 use crate::{
     Error, WireFormat,
-    error::{BoxError, Verb},
+    error::Verb,
     list_body::{BodySplitter, decode_list_body},
     list_decoder::ListDecoder,
-    protobuf::{self, ProtobufError, ProtobufListDecoder, WatchFrameDecoder},
+    protobuf::{self, ProtobufListDecoder},
+    watch_body::decode_watch_body,
 };
 
 /// Options of one list call (one page).
@@ -598,7 +597,8 @@ where
         .boxed())
 }
 
-fn from_kube_event<K>(event: kube_core::WatchEvent<K>) -> WatchEvent<K> {
+/// kube-core's watch event as ours.
+pub(crate) fn from_kube_event<K>(event: kube_core::WatchEvent<K>) -> WatchEvent<K> {
     match event {
         kube_core::WatchEvent::Added(o) => WatchEvent::Added(o),
         kube_core::WatchEvent::Modified(o) => WatchEvent::Modified(o),
@@ -615,7 +615,7 @@ fn from_kube_event<K>(event: kube_core::WatchEvent<K>) -> WatchEvent<K> {
     }
 }
 
-/// A watch read in protobuf frames ([`WatchFrameDecoder`]). Should the server answer in
+/// A watch read in protobuf frames ([`decode_watch_body`]). Should the server answer in
 /// JSON after all, its lines are read instead.
 async fn protobuf_watch<K>(
     api: &Api<K>,
@@ -639,106 +639,12 @@ where
         })?;
     req.extensions_mut().insert("watch");
     let (body, is_protobuf) = send(api, req, true, Verb::Watch).await?;
-    struct State<B, K> {
-        body: std::pin::Pin<Box<B>>,
-        frames: WatchFrameDecoder,
-        lines: Vec<u8>,
-        is_protobuf: bool,
-        ready: VecDeque<Result<WatchEvent<K>, Error>>,
-        table: &'static protobuf::Resource,
-        resource: String,
-    }
-    impl<B, K: DeserializeOwned> State<B, K> {
-        fn decode_error(&self, source: impl Into<BoxError>) -> Error {
-            Error::Decode {
-                resource: self.resource.clone(),
-                verb: Verb::Watch,
-                source: source.into(),
-            }
-        }
-
-        fn feed(&mut self, chunk: &[u8]) -> Result<(), Error> {
-            let (table, resource) = (self.table, &self.resource);
-            let ready = &mut self.ready;
-            if self.is_protobuf {
-                return self
-                    .frames
-                    .feed(chunk, |frame| -> Result<(), ProtobufError> {
-                        ready.push_back(protobuf::decode_event(frame, table).map_err(|e| {
-                            Error::Decode {
-                                resource: resource.clone(),
-                                verb: Verb::Watch,
-                                source: e.into(),
-                            }
-                        }));
-                        Ok(())
-                    })
-                    .map_err(|e| self.decode_error(e));
-            }
-            self.lines.extend_from_slice(chunk);
-            let mut start = 0;
-            while let Some(end) = memchr::memchr(b'\n', &self.lines[start..]) {
-                let line = &self.lines[start..start + end];
-                if !line.iter().all(u8::is_ascii_whitespace) {
-                    ready.push_back(
-                        serde_json::from_slice::<kube_core::WatchEvent<K>>(line)
-                            .map(from_kube_event)
-                            .map_err(|e| Error::Decode {
-                                resource: resource.clone(),
-                                verb: Verb::Watch,
-                                source: e.into(),
-                            }),
-                    );
-                }
-                start += end + 1;
-            }
-            self.lines.drain(..start);
-            Ok(())
-        }
-    }
-    let state = State {
-        body: Box::pin(body.into_data_stream()),
-        frames: WatchFrameDecoder::default(),
-        lines: Vec::new(),
+    Ok(decode_watch_body(
+        body.into_data_stream(),
         is_protobuf,
-        ready: VecDeque::new(),
         table,
         resource,
-    };
-    Ok(futures::stream::unfold(Some(state), |state| async move {
-        let mut st = state?;
-        loop {
-            if let Some(event) = st.ready.pop_front() {
-                return Some((event, Some(st)));
-            }
-            match st.body.next().await {
-                Some(Ok(chunk)) => {
-                    if let Err(e) = st.feed(&chunk) {
-                        // The framing is lost: end the stream after the error.
-                        return Some((Err(e), None));
-                    }
-                }
-                Some(Err(e)) => {
-                    let error = Error::Transport {
-                        resource: st.resource.clone(),
-                        verb: Verb::Watch,
-                        source: Box::new(e),
-                    };
-                    return Some((Err(error), None));
-                }
-                None => {
-                    if !st.frames.is_clean() {
-                        tracing::debug!(
-                            resource = %st.resource,
-                            "watch body ended inside a frame; the watch resumes from the last event"
-                        );
-                    }
-                    return None;
-                }
-            }
-        }
-    })
-    .boxed())
+    ))
 }
 
 /// The annotation on the bookmark that ends a streaming list's initial events.
