@@ -256,20 +256,11 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use futures::TryStreamExt;
     use serde_json::Value;
 
     use super::*;
-    use crate::protobuf::{
-        Resource,
-        test_encoder::{Msg, envelope},
-    };
-
-    fn pods() -> &'static Resource {
-        Resource::for_url("/api/v1/pods").expect("pods are in the table")
-    }
+    use crate::protobuf::test_encoder::{Msg, chunked, envelope, pods};
 
     /// A protobuf list of `n` Pods named `p0`, `p1`, ...; `bad` gets a name that is not UTF-8.
     fn protobuf_body(n: usize, bad: Option<usize>) -> Vec<u8> {
@@ -284,11 +275,6 @@ mod tests {
             list = list.msg(2, &Msg::new().msg(1, &meta));
         }
         envelope("v1", "PodList", &list)
-    }
-
-    fn chunks(body: Vec<u8>, size: usize) -> impl Stream<Item = Result<Vec<u8>, Infallible>> {
-        let pieces: Vec<_> = body.chunks(size).map(|c| Ok(c.to_vec())).collect();
-        futures::stream::iter(pieces)
     }
 
     async fn names(stream: ListStream<Value>) -> Result<(Vec<String>, String), Error> {
@@ -314,7 +300,7 @@ mod tests {
         for size in [97, 4096, usize::MAX] {
             let splitter = BodySplitter::Protobuf(ProtobufListDecoder::new(pods()));
             let stream = decode_list_body(
-                chunks(protobuf_body(n, None), size),
+                chunked(protobuf_body(n, None), size),
                 splitter,
                 "pods".into(),
             );
@@ -330,7 +316,7 @@ mod tests {
         let splitter = BodySplitter::Protobuf(ProtobufListDecoder::new(pods()));
         let body = protobuf_body(BATCH_ITEMS * 3, Some(BATCH_ITEMS * 2 + 1));
         let err = names(decode_list_body(
-            chunks(body, 1000),
+            chunked(body, 1000),
             splitter,
             "pods".into(),
         ))
@@ -356,7 +342,7 @@ mod tests {
         .unwrap();
         let splitter = BodySplitter::Json(ListDecoder::default());
         let (names, rv) = names(decode_list_body(
-            chunks(body, 333),
+            chunked(body, 333),
             splitter,
             "configmaps".into(),
         ))

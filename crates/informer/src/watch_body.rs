@@ -150,24 +150,10 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::convert::Infallible;
-
     use k8s_openapi::api::core::v1::Pod;
 
     use super::*;
-    use crate::protobuf::{
-        Resource,
-        test_encoder::{Msg, envelope},
-    };
-
-    fn pods() -> &'static Resource {
-        Resource::for_url("/api/v1/pods").expect("pods are in the table")
-    }
-
-    fn chunks(body: Vec<u8>, size: usize) -> impl Stream<Item = Result<Vec<u8>, Infallible>> {
-        let pieces: Vec<_> = body.chunks(size).map(|c| Ok(c.to_vec())).collect();
-        futures::stream::iter(pieces)
-    }
+    use crate::protobuf::test_encoder::{Msg, chunked, envelope, pods};
 
     fn frame(event: &str, name: &str) -> Vec<u8> {
         let pod = Msg::new().msg(1, &Msg::new().str(1, name));
@@ -192,7 +178,7 @@ mod tests {
         bad[last] = 0xff; // the name's last byte: no longer UTF-8
         let body = [frame("ADDED", "a"), bad, frame("DELETED", "c")].concat();
         let events: Vec<_> =
-            decode_watch_body::<Pod, _, _, _>(chunks(body, 5), true, pods(), "pods".into())
+            decode_watch_body::<Pod, _, _, _>(chunked(body, 5), true, pods(), "pods".into())
                 .collect()
                 .await;
         assert_eq!(events.len(), 3);
@@ -220,7 +206,7 @@ mod tests {
         ]
         .concat();
         let events: Vec<_> =
-            decode_watch_body::<Pod, _, _, _>(chunks(body, 64), true, pods(), "pods".into())
+            decode_watch_body::<Pod, _, _, _>(chunked(body, 64), true, pods(), "pods".into())
                 .collect()
                 .await;
         assert_eq!(events.len(), 2);
@@ -246,7 +232,7 @@ mod tests {
         );
         for size in [1, 7, body.len()] {
             let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
-                chunks(body.as_bytes().to_vec(), size),
+                chunked(body.as_bytes().to_vec(), size),
                 false,
                 pods(),
                 "pods".into(),

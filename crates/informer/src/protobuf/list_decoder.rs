@@ -193,12 +193,8 @@ mod tests {
     use super::*;
     use crate::protobuf::{
         deserializer::from_message,
-        test_encoder::{Msg, envelope},
+        test_encoder::{Msg, envelope, pods},
     };
-
-    fn pods() -> &'static Resource {
-        Resource::for_url("/api/v1/namespaces/x/pods").expect("pods are in the table")
-    }
 
     fn pod(name: &str) -> Msg {
         Msg::new().msg(1, &Msg::new().str(1, name).str(3, "x"))

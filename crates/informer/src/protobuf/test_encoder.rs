@@ -1,4 +1,25 @@
-//! A protobuf writer for the tests: just enough to build the messages the server sends.
+//! A protobuf writer for the tests: just enough to build the messages the server sends,
+//! and the few helpers the decoders' tests share.
+
+use std::convert::Infallible;
+
+use futures::Stream;
+
+use super::Resource;
+
+/// The table's entry for Pods.
+pub(crate) fn pods() -> &'static Resource {
+    Resource::for_url("/api/v1/namespaces/x/pods").expect("pods are in the table")
+}
+
+/// `body` as a response body arriving in pieces of `size` bytes.
+pub(crate) fn chunked(
+    body: Vec<u8>,
+    size: usize,
+) -> impl Stream<Item = Result<Vec<u8>, Infallible>> {
+    let pieces: Vec<_> = body.chunks(size).map(|c| Ok(c.to_vec())).collect();
+    futures::stream::iter(pieces)
+}
 
 /// A message under construction.
 #[derive(Default, Clone)]

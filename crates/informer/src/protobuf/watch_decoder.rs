@@ -154,11 +154,7 @@ mod tests {
     use k8s_openapi::api::core::v1::Pod;
 
     use super::*;
-    use crate::protobuf::test_encoder::{Msg, envelope};
-
-    fn pods() -> &'static Resource {
-        Resource::for_url("/api/v1/pods").expect("pods are in the table")
-    }
+    use crate::protobuf::test_encoder::{Msg, envelope, pods};
 
     fn frame(event: &str, api_version: &str, kind: &str, object: &Msg) -> Vec<u8> {
         let raw = envelope(api_version, kind, object);
