@@ -50,6 +50,28 @@ async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
         .unwrap_or_else(|_| panic!("timed out after {PATIENCE:?} waiting for {what}"))
 }
 
+/// Waits until a list served from the API server's watch cache (resourceVersion "0", as an
+/// informer's first list) returns at least `count` objects: that cache may lag the writes
+/// just made, and a test that expects its informer to sync with them must wait for it.
+async fn watch_cache_holds<K>(api: &Api<K>, count: usize)
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    within("the watch cache to take in the writes", async {
+        while api
+            .list(&ListParams::default().match_any())
+            .await
+            .unwrap()
+            .items
+            .len()
+            < count
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
 /// Polls `condition` every 50 ms until it holds; panics after [`PATIENCE`].
 async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     let started = Instant::now();
@@ -396,6 +418,10 @@ async fn twelve_hundred_config_maps_sync_through_paged_lists() {
             .collect(),
     )
     .await;
+    // The informer's first list (resourceVersion "0") is served from the API server's watch
+    // cache, which may still be taking in the last creates: start once it holds them all, so
+    // that list alone must bring all 1,200.
+    watch_cache_holds(&api, 1200).await;
 
     let lw = Recording::new(ApiListWatch::new(api.clone()));
     let informer = SharedInformer::new(lw.clone());
@@ -782,6 +808,7 @@ async fn label_index_and_lister_by_selector() {
         ],
     )
     .await;
+    watch_cache_holds(&api, 6).await;
 
     let informer = SharedInformer::builder(api.clone())
         .index_fn("app", label_index("app"))
@@ -1398,6 +1425,14 @@ async fn typed_dynamic_and_metadata_only_informers() {
         .build();
     let meta_run = run(&meta_informer);
     within("the metadata informer to sync", meta_informer.wait_synced()).await;
+    // Its list may predate the create in the watch cache; the watch brings it then.
+    eventually("the ConfigMap's metadata in the cache", || {
+        meta_informer
+            .store()
+            .get_by_key(format!("{namespace}/meta"))
+            .is_some()
+    })
+    .await;
     let cached = meta_informer
         .store()
         .get_by_key(format!("{namespace}/meta"))
