@@ -7,8 +7,10 @@
 //! order, and measures: time from process start to synced, RSS when synced, peak and
 //! steady RSS after sync (from `/proc/<pid>/status`), and, for M label updates sent as
 //! fast as the API server takes them, the time until the subject saw all of them and the
-//! per-event latency from the update's response to the handler. Results go to a JSON file
-//! and to `BENCHMARKS.md`.
+//! per-event latency from the update's response to the handler; then the same latency for
+//! updates sent at a steady pace the API server keeps up with, where it is the watch
+//! pipeline's (server and subject) rather than the server's queue. Results go to a JSON
+//! file and to `BENCHMARKS.md`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -46,6 +48,12 @@ struct Args {
     /// Label updates per run for the update-latency scenario (at most N; 0 skips it).
     #[arg(long, default_value_t = 1000)]
     updates: usize,
+    /// Label updates per run sent at `--paced-rate` after the burst (at most N; 0 skips).
+    #[arg(long, default_value_t = 500)]
+    paced_updates: usize,
+    /// Updates per second of the paced scenario.
+    #[arg(long, default_value_t = 100)]
+    paced_rate: u32,
     /// Subjects to run, comma-separated.
     #[arg(
         long,
@@ -98,6 +106,18 @@ struct UpdateResult {
     p99_ms: f64,
 }
 
+/// Latencies of updates sent at a steady pace.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PacedResult {
+    updates: usize,
+    /// Updates per second sent.
+    rate: u32,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// The largest latency.
+    max_ms: f64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct RunResult {
     pods: usize,
@@ -113,6 +133,9 @@ struct RunResult {
     /// VmHWM `settle_ms` after sync (the peak so far, sync included).
     peak_rss_kb: u64,
     update: Option<UpdateResult>,
+    /// Absent from results saved before the paced scenario existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    paced: Option<PacedResult>,
 }
 
 /// What the JSON file holds.
@@ -399,13 +422,14 @@ async fn run_subject(
     run: usize,
 ) -> anyhow::Result<RunResult> {
     let updates = args.updates.min(n);
+    let paced_updates = args.paced_updates.min(n);
     let spawned = Instant::now();
     let mut child = tokio::process::Command::new(binary)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .args(["--namespace", namespace])
         .args(["--expect", &n.to_string()])
-        .args(["--updates", &updates.to_string()])
+        .args(["--updates", &(updates + paced_updates).to_string()])
         .args(subject_options(subject))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -429,49 +453,48 @@ async fn run_subject(
     tokio::time::sleep(Duration::from_millis(args.settle_ms)).await;
     let (steady_rss_kb, peak_rss_kb) = memory_of(&pid);
 
-    let update = if updates > 0 {
-        let params = PatchParams::default();
-        let first_sent = unix_nanos();
-        let responses: Vec<(String, i64)> = futures::stream::iter(0..updates)
-            .map(|i| {
-                let params = &params;
-                async move {
-                    let id = format!("r{run}-{subject}-{i}");
-                    let patch = serde_json::json!({"metadata": {"labels": {UPDATE_LABEL: id}}});
-                    pods.patch(&format!("nginx-{i:05}"), params, &Patch::Merge(patch))
-                        .await
-                        .with_context(|| format!("updating Pod nginx-{i:05}"))?;
-                    anyhow::Ok((id, unix_nanos()))
-                }
-            })
-            .buffer_unordered(args.concurrency)
-            .try_collect()
-            .await?;
-        let last_response = responses
+    let id = |phase: &str, i: usize| format!("r{run}-{subject}-{phase}{i}");
+    let first_sent = unix_nanos();
+    let burst = burst_updates(pods, updates, args.concurrency, |i| id("", i)).await?;
+    let paced = if paced_updates > 0 {
+        // The burst's tail must not queue ahead of the paced updates.
+        wait_for_idle_cpus().await;
+        paced_updates_at(pods, paced_updates, args.paced_rate, |i| id("p", i)).await?
+    } else {
+        Vec::new()
+    };
+    let seen: Option<UpdatesLine> = if updates + paced_updates > 0 {
+        Some(serde_json::from_str(&next_line().await?)?)
+    } else {
+        None
+    };
+    let received = seen.map(|s| s.received).unwrap_or_default();
+    let update = (updates > 0).then(|| {
+        let latencies = latencies(&burst, &received);
+        let last_response = burst.iter().map(|(_, t)| *t).max().unwrap_or(first_sent);
+        let last_seen = burst
             .iter()
-            .map(|(_, t)| *t)
+            .filter_map(|(id, _)| received.get(id).copied())
             .max()
             .unwrap_or(first_sent);
-        let seen: UpdatesLine = serde_json::from_str(&next_line().await?)?;
-        let mut latencies: Vec<f64> = responses
-            .iter()
-            .map(|(id, responded)| {
-                let received = seen.received.get(id).copied().unwrap_or(i64::MAX);
-                (received - responded) as f64 / 1e6
-            })
-            .collect();
-        latencies.sort_by(f64::total_cmp);
-        let last_seen = seen.received.values().copied().max().unwrap_or(first_sent);
-        Some(UpdateResult {
+        UpdateResult {
             updates,
             all_seen_ms: (last_seen - first_sent) as f64 / 1e6,
             driver_ms: (last_response - first_sent) as f64 / 1e6,
             p50_ms: percentile(&latencies, 0.50),
             p99_ms: percentile(&latencies, 0.99),
-        })
-    } else {
-        None
-    };
+        }
+    });
+    let paced = (paced_updates > 0).then(|| {
+        let latencies = latencies(&paced, &received);
+        PacedResult {
+            updates: paced_updates,
+            rate: args.paced_rate,
+            p50_ms: percentile(&latencies, 0.50),
+            p99_ms: percentile(&latencies, 0.99),
+            max_ms: latencies.last().copied().unwrap_or(f64::NAN),
+        }
+    });
     drop(child.stdin.take());
     if tokio::time::timeout(Duration::from_secs(10), child.wait())
         .await
@@ -489,7 +512,74 @@ async fn run_subject(
         steady_rss_kb,
         peak_rss_kb,
         update,
+        paced,
     })
+}
+
+/// Sets the update label of the first `m` Pods to `id(i)` with `concurrency` requests in
+/// flight, as fast as the API server takes them; returns each id with the Unix nanos of
+/// its response.
+async fn burst_updates(
+    pods: &Api<Pod>,
+    m: usize,
+    concurrency: usize,
+    id: impl Fn(usize) -> String,
+) -> anyhow::Result<Vec<(String, i64)>> {
+    futures::stream::iter(0..m)
+        .map(|i| update_label(pods.clone(), i, id(i)))
+        .buffer_unordered(concurrency)
+        .try_collect()
+        .await
+}
+
+/// Like [`burst_updates`], but starting one update every `1 / rate` seconds, whether or
+/// not the earlier ones have been answered.
+async fn paced_updates_at(
+    pods: &Api<Pod>,
+    m: usize,
+    rate: u32,
+    id: impl Fn(usize) -> String,
+) -> anyhow::Result<Vec<(String, i64)>> {
+    let mut ticks = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut in_flight = tokio::task::JoinSet::new();
+    for i in 0..m {
+        ticks.tick().await;
+        in_flight.spawn(update_label(pods.clone(), i, id(i)));
+    }
+    let mut responses = Vec::with_capacity(m);
+    while let Some(response) = in_flight.join_next().await {
+        responses.push(response??);
+    }
+    Ok(responses)
+}
+
+/// Sets Pod `nginx-<i>`'s update label to `id`; returns `id` and when the response came.
+async fn update_label(pods: Api<Pod>, i: usize, id: String) -> anyhow::Result<(String, i64)> {
+    let patch = serde_json::json!({"metadata": {"labels": {UPDATE_LABEL: id}}});
+    pods.patch(
+        &format!("nginx-{i:05}"),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await
+    .with_context(|| format!("updating Pod nginx-{i:05}"))?;
+    Ok((id, unix_nanos()))
+}
+
+/// Sorted latencies, ms, from each update's response to the subject's handler seeing it
+/// (an update never seen counts as infinitely late).
+fn latencies(responses: &[(String, i64)], received: &HashMap<String, i64>) -> Vec<f64> {
+    let mut latencies: Vec<f64> = responses
+        .iter()
+        .map(|(id, responded)| {
+            received
+                .get(id)
+                .map_or(f64::INFINITY, |seen| (seen - responded) as f64 / 1e6)
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    latencies
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -558,8 +648,11 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
          first of M label updates (merge patches, {} in flight) to the last one reaching the \
          handler; **driver** = from the first update request to the last response (the pace \
          the API server took them at); **p50/p99** = per-update latency from the PATCH response to the handler \
-         (can be negative: the watch event may arrive before the response).\n",
-        args.settle_ms, args.concurrency
+         (can be negative: the watch event may arrive before the response); **paced p50/p99** = \
+         the same for {} updates started at {} per second once the CPUs are idle again, a \
+         pace the API server keeps up with, so the latency is the watch pipeline's (server \
+         and subject) rather than the server's backlog.\n",
+        args.settle_ms, args.concurrency, args.paced_updates, args.paced_rate
     );
     let _ = writeln!(
         out,
@@ -587,7 +680,7 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
         (!values.is_empty()).then(|| median(values))
     };
     type Metric = (&'static str, fn(&RunResult) -> Option<f64>, f64);
-    let metrics: [Metric; 9] = [
+    let metrics: [Metric; 11] = [
         ("sync ms", |r| Some(r.synced_ms), 1.0),
         ("spawn ms", |r| Some(r.spawn_to_synced_ms), 1.0),
         ("RSS synced MiB", |r| Some(r.rss_synced_kb as f64), 1024.0),
@@ -601,13 +694,18 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
         ("driver ms", |r| r.update.as_ref().map(|u| u.driver_ms), 1.0),
         ("p50 ms", |r| r.update.as_ref().map(|u| u.p50_ms), 1.0),
         ("p99 ms", |r| r.update.as_ref().map(|u| u.p99_ms), 1.0),
+        ("paced p50 ms", |r| r.paced.as_ref().map(|p| p.p50_ms), 1.0),
+        ("paced p99 ms", |r| r.paced.as_ref().map(|p| p.p99_ms), 1.0),
     ];
     let mut last_n = None;
     for ((n, _), runs) in &by_key {
         if last_n != Some(*n) {
             last_n = Some(*n);
             let m = runs[0].update.as_ref().map_or(0, |u| u.updates);
-            let _ = writeln!(out, "\n## N = {n} Pods, M = {m} updates\n");
+            let paced = runs[0].paced.as_ref().map_or_else(String::new, |p| {
+                format!(", then {} paced at {}/s", p.updates, p.rate)
+            });
+            let _ = writeln!(out, "\n## N = {n} Pods, M = {m} updates{paced}\n");
             let _ = write!(out, "| subject | runs |");
             for (name, _, _) in &metrics {
                 let _ = write!(out, " {name} |");
