@@ -648,7 +648,7 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
          first of M label updates (merge patches, {} in flight) to the last one reaching the \
          handler; **driver** = from the first update request to the last response (the pace \
          the API server took them at); **p50/p99** = per-update latency from the PATCH response to the handler \
-         (can be negative: the watch event may arrive before the response); **paced p50/p99** = \
+         (can be negative: the watch event may arrive before the response); **paced p50/p99** (µs) = \
          the same for {} updates started at {} per second once the CPUs are idle again, a \
          pace the API server keeps up with, so the latency is the watch pipeline's (server \
          and subject) rather than the server's backlog.\n",
@@ -694,8 +694,8 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
         ("driver ms", |r| r.update.as_ref().map(|u| u.driver_ms), 1.0),
         ("p50 ms", |r| r.update.as_ref().map(|u| u.p50_ms), 1.0),
         ("p99 ms", |r| r.update.as_ref().map(|u| u.p99_ms), 1.0),
-        ("paced p50 ms", |r| r.paced.as_ref().map(|p| p.p50_ms), 1.0),
-        ("paced p99 ms", |r| r.paced.as_ref().map(|p| p.p99_ms), 1.0),
+        ("paced p50 µs", |r| r.paced.as_ref().map(|p| p.p50_ms), 1e-3),
+        ("paced p99 µs", |r| r.paced.as_ref().map(|p| p.p99_ms), 1e-3),
     ];
     let mut last_n = None;
     for ((n, _), runs) in &by_key {
