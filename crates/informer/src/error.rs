@@ -1,18 +1,5 @@
 //! Errors of the informer machinery.
-//!
-//! One enum, [`Error`], covers everything a list, a watch, the store or a cache-sync wait can
-//! report. The reflector sorts list/watch failures into a few kinds because each kind calls for
-//! a different recovery:
-//!
-//! | kind | recovery |
-//! |---|---|
-//! | [`Error::Gone`] (HTTP 410, "too old resource version") | relist from resourceVersion `""` |
-//! | [`Error::Decode`], [`Error::MalformedEvent`] | relist (an event was lost) |
-//! | [`Error::Forbidden`], [`Error::Api`], [`Error::Transport`] | back off, then retry |
-//! | [`Error::IdleTimeout`] | reconnect the watch at once |
-//! | [`Error::StreamingListUnsupported`] | switch from streaming lists to paged lists |
-//!
-//! Every such error is also handed to the watch-error hook, if one is registered.
+//! The full documentation is on [`Error`].
 
 use std::{fmt, time::Duration};
 
@@ -47,6 +34,22 @@ impl fmt::Display for Verb {
 }
 
 /// Everything that can go wrong in this crate's informer machinery.
+///
+/// Errors of the informer machinery.
+///
+/// One enum, [`Error`], covers everything a list, a watch, the store or a cache-sync wait can
+/// report. The reflector sorts list/watch failures into a few kinds because each kind calls for
+/// a different recovery:
+///
+/// | kind | recovery |
+/// |---|---|
+/// | [`Error::Gone`] (HTTP 410, "too old resource version") | relist from resourceVersion `""` |
+/// | [`Error::Decode`], [`Error::MalformedEvent`] | relist (an event was lost) |
+/// | [`Error::Forbidden`], [`Error::Api`], [`Error::Transport`] | back off, then retry |
+/// | [`Error::IdleTimeout`] | reconnect the watch at once |
+/// | [`Error::StreamingListUnsupported`] | switch from streaming lists to paged lists |
+///
+/// Every such error is also handed to the watch-error hook, if one is registered.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -158,6 +161,10 @@ pub enum Error {
     /// [`wait_for_cache_sync`](crate::wait_for_cache_sync) gave up.
     #[error("caches did not sync within {0:?}")]
     SyncTimeout(Duration),
+
+    /// A handler was added to an informer that has stopped: it would never run.
+    #[error("the informer has stopped; a handler added now would never run")]
+    InformerStopped,
 }
 
 impl Error {

@@ -1,14 +1,11 @@
 //! Object keys: `namespace/name`, or `name` for cluster-scoped objects.
-//!
-//! [`ObjectKey`] is how the store, the indexes and a controller's workqueue name an object.
-//! It is one reference-counted string, so cloning it (into an index, a workqueue, a
-//! notification) copies a pointer, never the text.
+//! The full documentation is on [`ObjectKey`].
 
 use std::{borrow::Borrow, fmt, str::FromStr, sync::Arc};
 
 use kube_core::Resource;
 
-use crate::Error;
+use crate::error::Error;
 
 /// The key of an object: `namespace/name`, or just `name` when it has no namespace.
 ///
@@ -25,6 +22,12 @@ use crate::Error;
 /// let node: ObjectKey = "node-1".parse().unwrap();
 /// assert_eq!(node.namespace(), None);
 /// ```
+///
+/// Object keys: `namespace/name`, or `name` for cluster-scoped objects.
+///
+/// [`ObjectKey`] is how the store, the indexes and a controller's workqueue name an object.
+/// It is one reference-counted string, so cloning it (into an index, a workqueue, a
+/// notification) copies a pointer, never the text.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectKey(Arc<str>);
 
@@ -76,12 +79,7 @@ impl ObjectKey {
 /// Names and namespaces never contain `/`, so the first `/` is the separator
 /// (client-go's `SplitMetaNamespaceKey`, which rejects more than one; here any further `/`
 /// stays in the name).
-///
-/// ```
-/// assert_eq!(kube_informer::key::split_key("ns/a"), (Some("ns"), "a"));
-/// assert_eq!(kube_informer::key::split_key("a"), (None, "a"));
-/// ```
-pub fn split_key(key: &str) -> (Option<&str>, &str) {
+fn split_key(key: &str) -> (Option<&str>, &str) {
     match key.split_once('/') {
         Some((ns, name)) => (Some(ns), name),
         None => (None, key),

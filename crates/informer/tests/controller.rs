@@ -8,9 +8,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    Error, ObjectKey, SharedInformer, Verb,
-    controller::{Controller, ControllerConfig},
-    testing::FakeListWatch,
+    Controller, ControllerConfig, Error, ObjectKey, SharedInformer, Verb, testing::FakeListWatch,
 };
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    Lister, ObjectKey, Selector, SharedInformer, index::label_index, key_handler,
-    testing::FakeListWatch, wait_for_cache_sync,
+    Lister, ObjectKey, Selector, SharedInformer, key_handler, label_index, testing::FakeListWatch,
+    wait_for_cache_sync,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -34,8 +34,7 @@ async fn keys_to_queue_and_back_from_the_store() {
         let _ = queue.send(key);
     }));
 
-    let stop = CancellationToken::new();
-    let run = tokio::spawn(informer.run(stop.clone()));
+    let informer = informer.spawn(CancellationToken::new());
     wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(10))
         .await
         .expect("synced");
@@ -66,6 +65,5 @@ async fn keys_to_queue_and_back_from_the_store() {
     );
     assert_eq!(store.index_keys("app", "web").expect("index").len(), 1);
 
-    stop.cancel();
-    run.await.expect("informer task");
+    informer.stop().await;
 }

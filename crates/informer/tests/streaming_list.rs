@@ -11,8 +11,7 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    DeletedObject, Error, SharedInformer, Verb, handler_fn,
-    index::label_index,
+    DeletedObject, Error, RunningInformer, SharedInformer, Verb, handler_fn, label_index,
     testing::{FakeListWatch, gone, status},
     wait_for_cache_sync,
 };
@@ -61,11 +60,9 @@ fn labelled(name: &str, app: &str) -> ConfigMap {
 }
 
 struct Running {
-    informer: SharedInformer<ConfigMap>,
+    informer: RunningInformer<ConfigMap>,
     seen: mpsc::UnboundedReceiver<Seen>,
     errors: Arc<Mutex<Vec<String>>>,
-    stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl Running {
@@ -112,8 +109,7 @@ impl Running {
                     });
                 }),
         );
-        let stop = CancellationToken::new();
-        let task = tokio::spawn(informer.run(stop.clone()));
+        let informer = informer.spawn(CancellationToken::new());
         wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(600))
             .await
             .expect("synced");
@@ -121,8 +117,6 @@ impl Running {
             informer,
             seen,
             errors,
-            stop,
-            task,
         }
     }
 
@@ -145,8 +139,7 @@ impl Running {
     }
 
     async fn stop(self) {
-        self.stop.cancel();
-        self.task.await.expect("informer task");
+        self.informer.stop().await;
     }
 }
 

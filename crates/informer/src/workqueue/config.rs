@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::MetricsProvider;
+use super::metrics::MetricsProvider;
 
 /// How to build a queue: its name and its optional metrics provider.
 ///

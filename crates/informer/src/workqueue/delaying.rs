@@ -19,7 +19,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{DoneGuard, Queue, QueueConfig};
+use super::{
+    config::QueueConfig,
+    queue::{DoneGuard, Queue},
+};
 
 /// A [`Queue`] with [`add_after`](Self::add_after): client-go's delaying queue.
 ///

@@ -42,12 +42,8 @@
 //! # }
 //! ```
 
-mod bucket;
 mod config;
 mod delaying;
-mod item_exponential_failure;
-mod item_fast_slow;
-mod max_of;
 mod metrics;
 #[cfg(feature = "prometheus")]
 mod prometheus;
@@ -55,15 +51,15 @@ mod queue;
 mod rate_limited;
 mod rate_limiter;
 
-pub use bucket::Bucket;
 pub use config::QueueConfig;
 pub use delaying::DelayingQueue;
-pub use item_exponential_failure::ItemExponentialFailure;
-pub use item_fast_slow::ItemFastSlow;
-pub use max_of::MaxOf;
 pub use metrics::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics};
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::PrometheusMetrics;
 pub use queue::{DoneGuard, Queue};
 pub use rate_limited::RateLimitingQueue;
-pub use rate_limiter::{RateLimiter, default_controller_rate_limiter};
+pub use rate_limiter::{
+    RateLimiter, bucket::Bucket, default_controller_rate_limiter,
+    item_exponential_failure::ItemExponentialFailure, item_fast_slow::ItemFastSlow, max_of::MaxOf,
+};

@@ -29,7 +29,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics};
+use super::metrics::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics};
 
 /// A [`MetricsProvider`] that records client-go's `workqueue_*` metrics in a
 /// `prometheus-client` [`Registry`].
@@ -238,8 +238,8 @@ impl EncodeMetric for InFlightGauge {
 mod tests {
     use prometheus_client::encoding::text::encode;
 
-    use super::super::{DelayingQueue, QueueConfig};
     use super::*;
+    use crate::workqueue::{config::QueueConfig, delaying::DelayingQueue};
 
     const MS: Duration = Duration::from_millis(1);
 

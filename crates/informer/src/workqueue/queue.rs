@@ -24,7 +24,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::QueueConfig;
+use super::config::QueueConfig;
 use super::metrics::{InFlightProbe, InFlightSnapshot, InFlightSource, QueueMetrics};
 
 /// foldhash rather than SipHash: hashing was a fifth of a queue cycle on object keys. Its
@@ -197,6 +197,15 @@ struct Finished<T> {
     released: Option<T>,
 }
 
+/// What a worker that finds the queue empty does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum IfEmpty {
+    /// It returns at once (it only looked).
+    Return,
+    /// It waits for an item: count it among the sleepers to wake.
+    Sleep,
+}
+
 /// What a non-blocking attempt to take an item found.
 enum Next<T> {
     Item(T),
@@ -299,14 +308,14 @@ impl<T: Clone + Eq + Hash> State<T> {
     }
 
     /// Hands out the oldest waiting item, with when it was added. When there is none and
-    /// `sleep` is set, counts the caller among the sleepers: it is about to wait, registered
-    /// with `item_queued`.
-    fn next(&mut self, now: Option<Instant>, sleep: bool) -> Next<(T, Option<Instant>)> {
+    /// the caller will [`Sleep`](IfEmpty::Sleep), counts it among the sleepers: it is about
+    /// to wait, registered with `item_queued`.
+    fn next(&mut self, now: Option<Instant>, if_empty: IfEmpty) -> Next<(T, Option<Instant>)> {
         let Some((item, index)) = self.queue.pop_front() else {
             if self.shutting_down {
                 return Next::ShutDown;
             }
-            self.sleepers += usize::from(sleep);
+            self.sleepers += usize::from(if_empty == IfEmpty::Sleep);
             return Next::Empty;
         };
         let index = index as usize;
@@ -425,7 +434,7 @@ where
     pub async fn get(&self) -> Option<T> {
         loop {
             // Registering with `Notify` costs a lock, so try without it first.
-            match self.try_next(false) {
+            match self.try_next(IfEmpty::Return) {
                 Next::Item(item) => return Some(item),
                 Next::ShutDown => return None,
                 Next::Empty => {}
@@ -435,7 +444,7 @@ where
             // `add` and `done` notify.
             let mut queued = pin!(self.inner.item_queued.notified());
             queued.as_mut().enable();
-            match self.try_next(true) {
+            match self.try_next(IfEmpty::Sleep) {
                 Next::Item(item) => return Some(item),
                 Next::ShutDown => return None,
                 Next::Empty => queued.await,
@@ -560,10 +569,10 @@ where
         Arc::strong_count(&self.inner)
     }
 
-    /// Takes the next item if one is waiting; `sleep` as in [`State::next`].
-    fn try_next(&self, sleep: bool) -> Next<T> {
+    /// Takes the next item if one is waiting; `if_empty` as in [`State::next`].
+    fn try_next(&self, if_empty: IfEmpty) -> Next<T> {
         let now = self.now();
-        let next = self.inner.lock().next(now, sleep);
+        let next = self.inner.lock().next(now, if_empty);
         match next {
             Next::Item((item, added)) => {
                 if let (Some(metrics), Some(added), Some(now)) = (&self.inner.metrics, added, now) {
@@ -702,7 +711,7 @@ mod tests {
 
     /// Takes an item that must already be waiting, without blocking.
     fn take<T: Clone + Eq + Hash + Send + Sync + 'static>(queue: &Queue<T>) -> Option<T> {
-        match queue.try_next(false) {
+        match queue.try_next(IfEmpty::Return) {
             Next::Item(item) => Some(item),
             Next::Empty | Next::ShutDown => None,
         }

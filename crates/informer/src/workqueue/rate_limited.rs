@@ -5,7 +5,9 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DelayingQueue, DoneGuard, QueueConfig, RateLimiter};
+use super::{
+    config::QueueConfig, delaying::DelayingQueue, queue::DoneGuard, rate_limiter::RateLimiter,
+};
 
 /// A [`DelayingQueue`] plus a [`RateLimiter`]: client-go's `TypedRateLimitingInterface`,
 /// the queue controllers use.
@@ -166,8 +168,8 @@ impl<T> fmt::Debug for RateLimitingQueue<T> {
 mod tests {
     use tokio::time::Instant;
 
-    use super::super::ItemExponentialFailure;
     use super::*;
+    use crate::workqueue::rate_limiter::item_exponential_failure::ItemExponentialFailure;
 
     const MS: Duration = Duration::from_millis(1);
 

@@ -1,0 +1,124 @@
+//! The workers: take a key, call the sync function, apply the error rule.
+
+use std::{
+    any::Any,
+    fmt,
+    future::Future,
+    panic::AssertUnwindSafe,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use futures::FutureExt;
+use tracing::{debug, error, warn};
+
+use super::config::ControllerConfig;
+use crate::{key::ObjectKey, workqueue::RateLimitingQueue};
+
+/// Counts of what a controller's workers did, readable while it runs.
+#[derive(Debug, Default)]
+pub struct ControllerStats {
+    synced: AtomicU64,
+    failed: AtomicU64,
+    panicked: AtomicU64,
+    dropped: AtomicU64,
+}
+
+impl ControllerStats {
+    /// Syncs that succeeded.
+    pub fn synced(&self) -> u64 {
+        self.synced.load(Ordering::Relaxed)
+    }
+
+    /// Syncs that failed, panics included.
+    pub fn failed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Syncs that panicked.
+    pub fn panicked(&self) -> u64 {
+        self.panicked.load(Ordering::Relaxed)
+    }
+
+    /// Keys dropped after their last retry.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+pub(super) async fn run_worker<F, Fut, E>(
+    worker: usize,
+    queue: RateLimitingQueue<ObjectKey>,
+    sync: Arc<F>,
+    config: ControllerConfig,
+    stats: Arc<ControllerStats>,
+) where
+    F: Fn(ObjectKey) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    while let Some(key) = queue.get().await {
+        // The sync function may panic while building its future or while it runs.
+        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| sync(key.clone()))) {
+            Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
+            Err(panic) => Err(panic),
+        };
+        match outcome {
+            Ok(Ok(())) => {
+                stats.synced.fetch_add(1, Ordering::Relaxed);
+                queue.forget(&key);
+            }
+            Ok(Err(err)) => handle_failure(&queue, &config, &stats, &key, err.to_string()),
+            Err(panic) => {
+                stats.panicked.fetch_add(1, Ordering::Relaxed);
+                let message = format!("sync panicked: {}", panic_message(&*panic));
+                handle_failure(&queue, &config, &stats, &key, message);
+            }
+        }
+        queue.done(&key);
+    }
+    debug!(controller = %config.name, worker, "worker stopped");
+}
+
+/// The error rule: requeue with the rate limit while retries remain, else
+/// forget the key and report the drop.
+fn handle_failure(
+    queue: &RateLimitingQueue<ObjectKey>,
+    config: &ControllerConfig,
+    stats: &ControllerStats,
+    key: &ObjectKey,
+    error: String,
+) {
+    stats.failed.fetch_add(1, Ordering::Relaxed);
+    let requeues = queue.num_requeues(key);
+    match config.max_requeues {
+        Some(max) if requeues >= max => {
+            queue.forget(key);
+            stats.dropped.fetch_add(1, Ordering::Relaxed);
+            error!(
+                controller = %config.name,
+                %key,
+                %error,
+                retries = requeues,
+                "dropping key out of the queue after {max} retries"
+            );
+            if let Some(hook) = &config.on_dropped {
+                hook(key, &error);
+            }
+        }
+        _ => {
+            warn!(controller = %config.name, %key, %error, retry = requeues + 1, "sync failed; requeued with backoff");
+            queue.add_rate_limited(key.clone());
+        }
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string panic payload")
+}

@@ -1,0 +1,204 @@
+//! [`InformerBuilder`]: an informer's options, and the wiring of reflector, processor and
+//! store that [`build`](InformerBuilder::build) does.
+
+use std::{sync::Arc, time::Duration};
+
+use futures::FutureExt;
+use kube_core::Resource;
+use serde::{Serialize, de::DeserializeOwned};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::{
+    InformerHandle, SharedInformer,
+    processor::{Processor, Sink},
+};
+use crate::{
+    error::Error,
+    list_watch::ListWatch,
+    reflector::{BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, SyncedVersion},
+    store::{Codec, IndexFn, JsonCodec, TransformFn, Writer},
+};
+
+/// Options of a [`SharedInformer`]; from [`SharedInformer::builder`].
+pub struct InformerBuilder<K, L> {
+    list_watch: L,
+    config: ReflectorConfig,
+    resync: Option<Duration>,
+    transform: Option<TransformFn<K>>,
+    indexers: Vec<(String, IndexFn<K>)>,
+    error_hook: Option<ErrorHook>,
+    codec: Option<Arc<dyn Codec<K>>>,
+}
+
+impl<K, L> InformerBuilder<K, L>
+where
+    K: Resource + Send + Sync + 'static,
+    L: ListWatch<K>,
+{
+    /// Default options over `list_watch`.
+    pub(super) fn new(list_watch: L) -> Self {
+        Self {
+            list_watch,
+            config: ReflectorConfig::default(),
+            resync: None,
+            transform: None,
+            indexers: Vec::new(),
+            error_hook: None,
+            codec: None,
+        }
+    }
+
+    /// Re-deliver every cached object as `on_update(obj, obj)` this often (off by default).
+    #[must_use]
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.resync = Some(period).filter(|p| !p.is_zero());
+        self
+    }
+
+    /// Transforms every object before it is stored, e.g. [`strip_managed_fields`](crate::strip_managed_fields).
+    #[must_use]
+    pub fn transform(mut self, f: impl Fn(K) -> K + Send + Sync + 'static) -> Self {
+        self.transform = Some(Arc::new(f));
+        self
+    }
+
+    /// Adds an index. A name already in use (including `namespace`) is ignored with a warning.
+    #[must_use]
+    pub fn indexer(
+        mut self,
+        name: &str,
+        f: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.indexers.push((name.to_owned(), Arc::new(f)));
+        self
+    }
+
+    /// Adds an index from a ready [`IndexFn`] (e.g. [`label_index`](crate::label_index)).
+    #[must_use]
+    pub fn index_fn(mut self, name: &str, f: IndexFn<K>) -> Self {
+        self.indexers.push((name.to_owned(), f));
+        self
+    }
+
+    /// Objects per list page (500).
+    #[must_use]
+    pub fn page_size(mut self, size: u32) -> Self {
+        self.config.page_size = size;
+        self
+    }
+
+    /// Lower bound of the random server-side watch timeout (5 min; the upper bound is twice it).
+    #[must_use]
+    pub fn min_watch_timeout(mut self, timeout: Duration) -> Self {
+        self.config.min_watch_timeout = timeout;
+        self
+    }
+
+    /// Reconnect a watch silent for this long (5 min).
+    #[must_use]
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.config.idle_timeout = timeout;
+        self
+    }
+
+    /// Backoff between failed list/watch attempts.
+    #[must_use]
+    pub fn backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.config.backoff = backoff;
+        self
+    }
+
+    /// Fetch the full state by streaming lists (`sendInitialEvents`) instead of paged lists;
+    /// see [`ListMode::Streaming`].
+    #[must_use]
+    pub fn streaming_list(mut self) -> Self {
+        self.config.list_mode = ListMode::Streaming;
+        self
+    }
+
+    /// Keep the cache in `codec`'s encoding (a compact [`Store`](crate::Store)): objects are decoded on
+    /// each read and to deliver update and delete events, in exchange for much less memory.
+    #[must_use]
+    pub fn codec(mut self, codec: Arc<dyn Codec<K>>) -> Self {
+        self.codec = Some(codec);
+        self
+    }
+
+    /// All reflector settings at once.
+    #[must_use]
+    pub fn reflector_config(mut self, config: ReflectorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Calls `hook` with every list/watch error (client-go's `SetWatchErrorHandler`).
+    #[must_use]
+    pub fn on_watch_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.error_hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Builds the informer; it does nothing until [`spawn`](SharedInformer::spawn) or
+    /// [`run`](SharedInformer::run).
+    pub fn build(self) -> SharedInformer<K> {
+        let store = match self.codec {
+            Some(codec) => Writer::with_codec(codec),
+            None => Writer::new(),
+        };
+        for (name, f) in self.indexers {
+            if let Err(e) = store.add_indexer(&name, f) {
+                warn!(error = %e, "indexer ignored");
+            }
+        }
+        let (synced_tx, synced_rx) = watch::channel(false);
+        let processor = Arc::new(Processor::new(store, synced_tx));
+        let version = SyncedVersion::default();
+        let mut reflector = Reflector::new(self.list_watch, Sink(processor.clone()), self.config)
+            .with_synced_version(version.clone());
+        if let Some(t) = self.transform {
+            reflector = reflector.with_transform(t);
+        }
+        let (permanent_tx, permanent_rx) = watch::channel(None);
+        let user_hook = self.error_hook;
+        reflector = reflector.with_error_hook(Arc::new(move |error: &Error| {
+            if let Some(permanent) = error.permanent_copy() {
+                permanent_tx.send_replace(Some(Arc::new(permanent)));
+            }
+            if let Some(hook) = &user_hook {
+                hook(error);
+            }
+        }));
+        let handle = InformerHandle::new(processor, synced_rx, permanent_rx, version, self.resync);
+        SharedInformer::new_unstarted(handle, Box::new(move |token| reflector.run(token).boxed()))
+    }
+}
+
+impl<K, L> InformerBuilder<K, L>
+where
+    K: Resource + Serialize + DeserializeOwned + Send + Sync + 'static,
+    L: ListWatch<K>,
+{
+    /// Keep the cache as compact JSON ([`JsonCodec`]); see [`codec`](Self::codec).
+    ///
+    /// Objects take much less memory this way than decoded (see
+    /// [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)).
+    /// Each read (`get`, `list`, listers) decodes, a few microseconds per Pod, and hands out
+    /// a fresh `Arc`; event handlers still get the objects as decoded from the watch, and
+    /// the old object of an update is decoded once for all handlers.
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{SharedInformer, testing::FakeListWatch};
+    ///
+    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+    ///     .streaming_list()
+    ///     .compact()
+    ///     .build();
+    /// assert!(informer.store().is_compact());
+    /// ```
+    #[must_use]
+    pub fn compact(self) -> Self {
+        self.codec(Arc::new(JsonCodec))
+    }
+}

@@ -1,0 +1,373 @@
+//! Event handlers: what a [`SharedInformer`](crate::SharedInformer) tells its users.
+//! The full documentation is on [`EventHandler`].
+
+use std::{
+    fmt,
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::Arc,
+};
+
+use kube_core::Resource;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+
+use super::sync::HasSynced;
+use crate::key::ObjectKey;
+
+/// The last state of a deleted object, as a handler receives it.
+pub enum DeletedObject<K> {
+    /// The watch delivered the deletion; this is the object's final state.
+    Final(Arc<K>),
+    /// A relist found the object gone: the deletion itself was missed, so its final state is
+    /// unknown and this is the last state the cache knew (client-go's
+    /// `DeletedFinalStateUnknown`).
+    FinalStateUnknown(DeletedFinalStateUnknown<K>),
+}
+
+/// Tombstone of an object whose deletion was missed; see [`DeletedObject::FinalStateUnknown`].
+pub struct DeletedFinalStateUnknown<K> {
+    /// The object's key.
+    pub key: ObjectKey,
+    /// The last state the cache knew.
+    pub last_known: Arc<K>,
+}
+
+impl<K> DeletedObject<K> {
+    /// The object: its final state, or the last known one for a tombstone.
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            DeletedObject::Final(o) => o,
+            DeletedObject::FinalStateUnknown(t) => &t.last_known,
+        }
+    }
+
+    /// True for a tombstone (the deletion was noticed by a relist).
+    pub fn is_final_state_unknown(&self) -> bool {
+        matches!(self, DeletedObject::FinalStateUnknown(_))
+    }
+}
+
+impl<K: Resource> DeletedObject<K> {
+    /// The deleted object's key.
+    pub fn key(&self) -> ObjectKey {
+        match self {
+            DeletedObject::Final(o) => ObjectKey::from_object(&**o)
+                .unwrap_or_else(|_| ObjectKey::from(o.meta().name.as_deref().unwrap_or(""))),
+            DeletedObject::FinalStateUnknown(t) => t.key.clone(),
+        }
+    }
+}
+
+impl<K> Clone for DeletedObject<K> {
+    fn clone(&self) -> Self {
+        match self {
+            DeletedObject::Final(o) => DeletedObject::Final(o.clone()),
+            DeletedObject::FinalStateUnknown(t) => {
+                DeletedObject::FinalStateUnknown(DeletedFinalStateUnknown {
+                    key: t.key.clone(),
+                    last_known: t.last_known.clone(),
+                })
+            }
+        }
+    }
+}
+
+impl<K> fmt::Debug for DeletedObject<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeletedObject::Final(_) => f.write_str("DeletedObject::Final(..)"),
+            DeletedObject::FinalStateUnknown(t) => {
+                write!(f, "DeletedObject::FinalStateUnknown({})", t.key)
+            }
+        }
+    }
+}
+
+/// Receives an informer's events (client-go's `ResourceEventHandler`). All methods default to
+/// doing nothing.
+///
+/// ```
+/// use std::sync::Arc;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{DeletedObject, EventHandler};
+///
+/// struct Log;
+/// impl EventHandler<ConfigMap> for Log {
+///     fn on_add(&self, cm: &Arc<ConfigMap>, is_initial_list: bool) {
+///         println!("add {:?} (initial: {is_initial_list})", cm.metadata.name);
+///     }
+///     fn on_delete(&self, cm: &DeletedObject<ConfigMap>) {
+///         println!("delete {:?}", cm.object().metadata.name);
+///     }
+/// }
+/// ```
+///
+/// Event handlers: what a [`SharedInformer`](crate::SharedInformer) tells its users.
+///
+/// Implement [`EventHandler`] or build one from closures with [`handler_fn`]. For the usual
+/// controller wiring (every event puts the object's key on a workqueue) use [`key_handler`].
+///
+/// Each registered handler gets its own unbounded FIFO buffer and its own tokio task: the
+/// informer only appends to the buffers, so a slow handler delays neither the reflector nor
+/// the other handlers (it only grows its own buffer). Objects are shared `Arc`s, never copied
+/// per handler. Handler methods are synchronous and run on the tokio runtime: keep them quick
+/// (enqueue a key and return) and never block in them; do slow work in workqueue workers. A
+/// panic in a handler is caught and logged, and the handler goes on with the next event.
+pub trait EventHandler<K>: Send + Sync + 'static {
+    /// An object appeared. `is_initial_list` is true for the objects of the initial list (or,
+    /// for a handler added late, the objects already cached when it was added).
+    fn on_add(&self, obj: &Arc<K>, is_initial_list: bool) {
+        let _ = (obj, is_initial_list);
+    }
+
+    /// An object changed from `old` to `new`. On a periodic resync, `old` and `new` are the
+    /// same object.
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
+        let _ = (old, new);
+    }
+
+    /// An object was deleted.
+    fn on_delete(&self, obj: &DeletedObject<K>) {
+        let _ = obj;
+    }
+}
+
+type AddFn<K> = Box<dyn Fn(&Arc<K>, bool) + Send + Sync>;
+type UpdateFn<K> = Box<dyn Fn(&Arc<K>, &Arc<K>) + Send + Sync>;
+type DeleteFn<K> = Box<dyn Fn(&DeletedObject<K>) + Send + Sync>;
+
+/// An [`EventHandler`] made of closures; see [`handler_fn`].
+pub struct HandlerFn<K> {
+    add: Option<AddFn<K>>,
+    update: Option<UpdateFn<K>>,
+    delete: Option<DeleteFn<K>>,
+}
+
+/// Starts a closure-based handler.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{handler_fn, HandlerFn};
+///
+/// let handler: HandlerFn<ConfigMap> = handler_fn::<ConfigMap>()
+///     .on_add(|cm, _initial| println!("add {:?}", cm.metadata.name))
+///     .on_update(|old, new| println!("{:?} -> {:?}", old.metadata.resource_version, new.metadata.resource_version))
+///     .on_delete(|gone| println!("delete {:?}", gone.object().metadata.name));
+/// ```
+pub fn handler_fn<K>() -> HandlerFn<K> {
+    HandlerFn {
+        add: None,
+        update: None,
+        delete: None,
+    }
+}
+
+impl<K> HandlerFn<K> {
+    /// Sets the add callback: `f(object, is_initial_list)`.
+    #[must_use]
+    pub fn on_add(mut self, f: impl Fn(&Arc<K>, bool) + Send + Sync + 'static) -> Self {
+        self.add = Some(Box::new(f));
+        self
+    }
+
+    /// Sets the update callback: `f(old, new)`.
+    #[must_use]
+    pub fn on_update(mut self, f: impl Fn(&Arc<K>, &Arc<K>) + Send + Sync + 'static) -> Self {
+        self.update = Some(Box::new(f));
+        self
+    }
+
+    /// Sets the delete callback.
+    #[must_use]
+    pub fn on_delete(mut self, f: impl Fn(&DeletedObject<K>) + Send + Sync + 'static) -> Self {
+        self.delete = Some(Box::new(f));
+        self
+    }
+}
+
+impl<K: Send + Sync + 'static> EventHandler<K> for HandlerFn<K> {
+    fn on_add(&self, obj: &Arc<K>, is_initial_list: bool) {
+        if let Some(f) = &self.add {
+            f(obj, is_initial_list);
+        }
+    }
+
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
+        if let Some(f) = &self.update {
+            f(old, new);
+        }
+    }
+
+    fn on_delete(&self, obj: &DeletedObject<K>) {
+        if let Some(f) = &self.delete {
+            f(obj);
+        }
+    }
+}
+
+/// A handler that calls `f` with the object's key on every add, update (resyncs included) and
+/// delete: the usual way to feed a controller's workqueue, whose workers then read the
+/// object back with [`Store::get_by_key`](crate::Store::get_by_key) (absent = deleted).
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{ObjectKey, key_handler};
+///
+/// let queue: Arc<Mutex<Vec<ObjectKey>>> = Arc::default();
+/// let q = queue.clone();
+/// let handler = key_handler::<ConfigMap, _>(move |key| q.lock().unwrap().push(key));
+/// ```
+pub fn key_handler<K, F>(f: F) -> KeyHandler<K, F>
+where
+    K: Resource + Send + Sync + 'static,
+    F: Fn(ObjectKey) + Send + Sync + 'static,
+{
+    KeyHandler {
+        f,
+        _kind: std::marker::PhantomData,
+    }
+}
+
+/// See [`key_handler`].
+pub struct KeyHandler<K, F> {
+    f: F,
+    _kind: std::marker::PhantomData<fn(&K)>,
+}
+
+impl<K, F> EventHandler<K> for KeyHandler<K, F>
+where
+    K: Resource + Send + Sync + 'static,
+    F: Fn(ObjectKey) + Send + Sync + 'static,
+{
+    fn on_add(&self, obj: &Arc<K>, _is_initial_list: bool) {
+        if let Ok(key) = ObjectKey::from_object(&**obj) {
+            (self.f)(key);
+        }
+    }
+
+    fn on_update(&self, _old: &Arc<K>, new: &Arc<K>) {
+        if let Ok(key) = ObjectKey::from_object(&**new) {
+            (self.f)(key);
+        }
+    }
+
+    fn on_delete(&self, obj: &DeletedObject<K>) {
+        (self.f)(obj.key());
+    }
+}
+
+/// What travels through a handler's buffer.
+pub(super) enum Notification<K> {
+    Add {
+        obj: Arc<K>,
+        initial: bool,
+    },
+    Update {
+        old: Arc<K>,
+        new: Arc<K>,
+    },
+    Delete(DeletedObject<K>),
+    /// Every initial add before this has been delivered: the handler has synced.
+    Synced,
+}
+
+impl<K> Clone for Notification<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Notification::Add { obj, initial } => Notification::Add {
+                obj: obj.clone(),
+                initial: *initial,
+            },
+            Notification::Update { old, new } => Notification::Update {
+                old: old.clone(),
+                new: new.clone(),
+            },
+            Notification::Delete(d) => Notification::Delete(d.clone()),
+            Notification::Synced => Notification::Synced,
+        }
+    }
+}
+
+/// The task of one handler: drains its buffer in order until removed or stopped.
+pub(super) async fn run_listener<K: 'static>(
+    handler: Box<dyn EventHandler<K>>,
+    mut rx: mpsc::UnboundedReceiver<Notification<K>>,
+    synced: watch::Sender<bool>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let note = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            n = rx.recv() => match n {
+                Some(n) => n,
+                None => break,
+            },
+        };
+        let result = catch_unwind(AssertUnwindSafe(|| match &note {
+            Notification::Add { obj, initial } => handler.on_add(obj, *initial),
+            Notification::Update { old, new } => handler.on_update(old, new),
+            Notification::Delete(d) => handler.on_delete(d),
+            Notification::Synced => {
+                synced.send_replace(true);
+            }
+        }));
+        if result.is_err() {
+            error!("event handler panicked; continuing with the next event");
+        }
+    }
+}
+
+/// Handle on a registered handler (client-go's `ResourceEventHandlerRegistration`).
+///
+/// Dropping it keeps the handler registered; call [`remove`](Self::remove) to unregister.
+pub struct HandlerRegistration {
+    synced: watch::Receiver<bool>,
+    remover: Box<dyn Fn() + Send + Sync>,
+}
+
+impl HandlerRegistration {
+    pub(super) fn new(synced: watch::Receiver<bool>, remover: Box<dyn Fn() + Send + Sync>) -> Self {
+        Self { synced, remover }
+    }
+
+    /// True once the handler has processed the initial adds (the initial list, or for a
+    /// handler added late, the objects cached when it was added).
+    pub fn has_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced) (forever if the informer never syncs or
+    /// the handler was removed first).
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.clone();
+        if rx.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Unregisters the handler: it receives nothing more and its task ends.
+    pub fn remove(self) {
+        (self.remover)();
+    }
+}
+
+impl HasSynced for HandlerRegistration {
+    fn has_synced(&self) -> bool {
+        HandlerRegistration::has_synced(self)
+    }
+
+    fn synced_receiver(&self) -> watch::Receiver<bool> {
+        self.synced.clone()
+    }
+}
+
+impl fmt::Debug for HandlerRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerRegistration")
+            .field("has_synced", &self.has_synced())
+            .finish()
+    }
+}

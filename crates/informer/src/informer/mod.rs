@@ -1,0 +1,774 @@
+//! The shared informer: one reflector, one indexed store, many event handlers (client-go's
+//! `SharedIndexInformer`).
+//! The full documentation is on [`SharedInformer`].
+
+mod builder;
+mod handler;
+mod processor;
+mod sync;
+
+use std::{
+    fmt,
+    future::Future,
+    ops::Deref,
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
+
+use futures::{FutureExt, future::BoxFuture};
+use kube_core::Resource;
+use tokio::{
+    runtime::Handle,
+    sync::{mpsc, watch},
+    task::JoinHandle,
+};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tracing::debug;
+
+use crate::{
+    error::Error,
+    list_watch::ListWatch,
+    reflector::SyncedVersion,
+    store::{Lister, Store},
+};
+use processor::{Processor, lock};
+
+pub use builder::InformerBuilder;
+use handler::run_listener;
+pub use handler::{
+    DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
+    KeyHandler, handler_fn, key_handler,
+};
+pub use sync::{HasSynced, wait_for_cache_sync};
+
+/// An informer that has not run yet: a reflector, an indexed store and any number of event
+/// handlers for one resource.
+///
+/// Start it with [`spawn`](Self::spawn) or [`run`](Self::run); share it before or after
+/// with [`handle`](Self::handle). Dereferences to its [`InformerHandle`].
+///
+/// The shared informer: one reflector, one indexed store, many event handlers (client-go's
+/// `SharedIndexInformer`).
+///
+/// The reflector writes through the informer's event processor, which, under one mutex,
+/// updates the [`Store`] and appends notifications to every handler's buffer. So each
+/// handler sees events in store order, and a handler reading the store from a callback sees
+/// at least the state of the event it was given.
+///
+/// * A full list is compared with the cache object by object as it arrives: new objects are
+///   adds (`is_initial_list` on the first list), objects with a different resourceVersion
+///   are updates, unchanged ones (same resourceVersion) emit nothing; once the list is
+///   complete ([`finish_list`](crate::ReflectorStore::finish_list)), vanished objects are
+///   deletes carrying a tombstone ([`DeletedObject::FinalStateUnknown`](crate::DeletedObject)).
+/// * Each handler has its own unbounded buffer and task (see [`EventHandler`]); a handler
+///   added after the first list first receives the cached objects as initial adds.
+/// * An optional resync period re-delivers every cached object as `on_update(obj, obj)`.
+///
+/// # Lifecycle, in types
+///
+/// [`SharedInformer`] is the informer before it runs: the one value that can start it, with
+/// [`spawn`](SharedInformer::spawn) (which gives a [`RunningInformer`], stopped by
+/// [`stop`](RunningInformer::stop)) or [`run`](SharedInformer::run). Both consume it, so an
+/// informer runs once. Everything else goes through an [`InformerHandle`], a cheap clone
+/// that any number of controllers share: the store, the sync state, adding handlers (an
+/// error once the informer has stopped). Both `SharedInformer` and `RunningInformer`
+/// dereference to their handle.
+///
+/// ```
+/// use std::time::Duration;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{SharedInformer, handler_fn, testing::FakeListWatch, wait_for_cache_sync};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fake = FakeListWatch::<ConfigMap>::new("configmaps");
+/// fake.add(FakeListWatch::<ConfigMap>::object(Some("default"), "a"));
+///
+/// let informer = SharedInformer::builder(fake.clone())
+///     .indexer("by-name", |cm: &ConfigMap| cm.metadata.name.iter().cloned().collect())
+///     .build();
+/// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+/// let registration = informer.add_handler(handler_fn().on_add(move |cm: &std::sync::Arc<ConfigMap>, _| {
+///     let _ = tx.send(cm.metadata.name.clone());
+/// }));
+///
+/// let informer = informer.spawn(CancellationToken::new());
+/// wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(10)).await.unwrap();
+/// assert_eq!(rx.recv().await.unwrap().as_deref(), Some("a"));
+/// assert_eq!(informer.store().by_index("by-name", "a").unwrap().len(), 1);
+/// informer.stop().await;
+/// # }
+/// ```
+pub struct SharedInformer<K> {
+    handle: InformerHandle<K>,
+    starter: Starter,
+}
+
+/// A shared handle on an informer: its cache, its sync state, its handlers. Cheap to clone.
+///
+/// Valid in every state of the informer: before it runs (handlers wait for it), while it
+/// runs, and after it stopped (its store keeps the last state; new handlers are refused).
+pub struct InformerHandle<K> {
+    inner: Arc<Inner<K>>,
+}
+
+/// A running informer, from [`SharedInformer::spawn`]. Dereferences to its
+/// [`InformerHandle`].
+///
+/// [`stop`](Self::stop) stops it and waits for every task it started. Dropping it stops it
+/// too, without waiting.
+#[must_use = "dropping a RunningInformer stops the informer"]
+pub struct RunningInformer<K> {
+    handle: InformerHandle<K>,
+    token: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl<K> Clone for InformerHandle<K> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+struct Inner<K> {
+    processor: Arc<Processor<K>>,
+    synced: watch::Receiver<bool>,
+    /// The latest list/watch error that retrying cannot fix (see [`Error::permanent_copy`]).
+    permanent_error: watch::Receiver<Option<Arc<Error>>>,
+    version: SyncedVersion,
+    lifecycle: Mutex<Lifecycle>,
+    resync: Option<Duration>,
+}
+
+type Starter = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Where the informer's tasks run; what `add_handler` does with a new handler's task.
+enum Lifecycle {
+    /// Not started: handler tasks wait to be spawned by the run.
+    NotStarted {
+        pending: Vec<BoxFuture<'static, ()>>,
+    },
+    /// Running: handler tasks are spawned at once.
+    Running {
+        handle: Handle,
+        tracker: TaskTracker,
+        token: CancellationToken,
+    },
+    /// Stopped: no task runs any more.
+    Stopped,
+}
+
+impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
+    /// An informer with default options over `list_watch` (an `Api<K>`, an
+    /// [`ApiListWatch`](crate::ApiListWatch), a `testing::FakeListWatch`, ...).
+    pub fn new<L: ListWatch<K>>(list_watch: L) -> Self {
+        Self::builder(list_watch).build()
+    }
+
+    /// Starts configuring an informer over `list_watch`.
+    pub fn builder<L: ListWatch<K>>(list_watch: L) -> InformerBuilder<K, L> {
+        InformerBuilder::new(list_watch)
+    }
+
+    fn new_unstarted(handle: InformerHandle<K>, starter: Starter) -> Self {
+        Self { handle, starter }
+    }
+
+    /// A shared handle on this informer, valid after it starts and stops.
+    pub fn handle(&self) -> InformerHandle<K> {
+        self.handle.clone()
+    }
+
+    /// Registers a handler; it runs once the informer runs. Unlike
+    /// [`InformerHandle::add_handler`], this cannot fail: the informer has not stopped.
+    pub fn add_handler(&self, handler: impl EventHandler<K>) -> HandlerRegistration {
+        self.handle
+            .register(handler)
+            .expect("an informer that has not started has not stopped")
+    }
+
+    /// Starts the informer on the current tokio runtime; it runs until `cancel` fires or the
+    /// returned [`RunningInformer`] is stopped or dropped.
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime.
+    pub fn spawn(self, cancel: CancellationToken) -> RunningInformer<K> {
+        let token = cancel.child_token();
+        let handle = self.handle.clone();
+        let task = tokio::spawn(self.run(token.clone()));
+        RunningInformer {
+            handle,
+            token,
+            task: Some(task),
+        }
+    }
+
+    /// The informer's run future: lists, watches and dispatches until `cancel` fires, then
+    /// stops every task it started (reflector, handler tasks, resync timer) and returns.
+    /// The future is `'static`; dropping it also stops everything. Prefer
+    /// [`spawn`](Self::spawn), which keeps a handle to stop and await it.
+    pub fn run(self, cancel: CancellationToken) -> impl Future<Output = ()> + Send + 'static {
+        let Self { handle, starter } = self;
+        let inner = handle.inner;
+        async move {
+            let token = cancel.child_token();
+            let _stop_on_drop = token.clone().drop_guard();
+            let tracker = TaskTracker::new();
+            {
+                let mut lifecycle = lock(&inner.lifecycle);
+                let previous = std::mem::replace(
+                    &mut *lifecycle,
+                    Lifecycle::Running {
+                        handle: Handle::current(),
+                        tracker: tracker.clone(),
+                        token: token.clone(),
+                    },
+                );
+                if let Lifecycle::NotStarted { pending } = previous {
+                    for task in pending {
+                        tracker.spawn(until_cancelled(task, token.clone()));
+                    }
+                }
+            }
+            if let Some(period) = inner.resync {
+                let processor = inner.processor.clone();
+                let token = token.clone();
+                tracker.spawn(async move {
+                    let mut ticks =
+                        tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = token.cancelled() => break,
+                            _ = ticks.tick() => processor.resync(),
+                        }
+                    }
+                });
+            }
+            tracker.spawn(starter(token.clone()));
+            token.cancelled().await;
+            *lock(&inner.lifecycle) = Lifecycle::Stopped;
+            tracker.close();
+            tracker.wait().await;
+            debug!("informer stopped");
+        }
+    }
+}
+
+impl<K> Deref for SharedInformer<K> {
+    type Target = InformerHandle<K>;
+
+    fn deref(&self) -> &InformerHandle<K> {
+        &self.handle
+    }
+}
+
+impl<K> RunningInformer<K> {
+    /// A shared handle on this informer.
+    pub fn handle(&self) -> InformerHandle<K> {
+        self.handle.clone()
+    }
+
+    /// Stops the informer and waits until every task it started has ended.
+    ///
+    /// # Panics
+    ///
+    /// Re-raises a panic of the informer's run task.
+    pub async fn stop(mut self) {
+        self.token.cancel();
+        if let Some(task) = self.task.take()
+            && let Err(error) = task.await
+            && error.is_panic()
+        {
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
+}
+
+impl<K> Drop for RunningInformer<K> {
+    fn drop(&mut self) {
+        self.token.cancel();
+    }
+}
+
+impl<K> Deref for RunningInformer<K> {
+    type Target = InformerHandle<K>;
+
+    fn deref(&self) -> &InformerHandle<K> {
+        &self.handle
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
+    fn new(
+        processor: Arc<Processor<K>>,
+        synced: watch::Receiver<bool>,
+        permanent_error: watch::Receiver<Option<Arc<Error>>>,
+        version: SyncedVersion,
+        resync: Option<Duration>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                processor,
+                synced,
+                permanent_error,
+                version,
+                lifecycle: Mutex::new(Lifecycle::NotStarted {
+                    pending: Vec::new(),
+                }),
+                resync,
+            }),
+        }
+    }
+
+    /// The informer's cache, read-only.
+    pub fn store(&self) -> Store<K> {
+        self.inner.processor.store.store()
+    }
+
+    /// A typed lister over the cache.
+    pub fn lister(&self) -> Lister<K> {
+        Lister::new(self.store())
+    }
+
+    /// Adds an index to the informer's store, indexing the cached objects; safe while it
+    /// runs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexExists`] when the name is taken.
+    pub fn add_indexer(
+        &self,
+        name: &str,
+        f: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
+    ) -> Result<(), Error> {
+        self.inner.processor.add_indexer(name, Arc::new(f))
+    }
+
+    /// True once the first full list is in the store.
+    pub fn has_synced(&self) -> bool {
+        *self.inner.synced.borrow()
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced).
+    pub async fn wait_synced(&self) {
+        let mut rx = self.inner.synced.clone();
+        // The sender lives in `self`, so this cannot fail.
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced), or fails as soon as a list or watch
+    /// error arrives that retrying cannot fix (see [`Error::permanent_copy`]), whichever comes
+    /// first. Meant for start-up, where waiting forever on missing RBAC permissions or a
+    /// missing CRD would look like a hang.
+    ///
+    /// # Errors
+    ///
+    /// The permanent error, e.g. [`Error::Forbidden`] naming the resource, verb and namespace.
+    pub async fn wait_synced_or_fatal(&self) -> Result<(), Error> {
+        let mut errors = self.inner.permanent_error.clone();
+        // An error from before this call counts too.
+        errors.mark_changed();
+        tokio::select! {
+            () = self.wait_synced() => Ok(()),
+            Ok(error) = errors.wait_for(Option::is_some) => {
+                let error = error.as_ref().and_then(|e| e.permanent_copy());
+                Err(error.expect("wait_for returned a permanent error"))
+            }
+        }
+    }
+
+    /// The resourceVersion the cache last synced to (list, event or bookmark).
+    pub fn last_sync_resource_version(&self) -> Option<String> {
+        self.inner.version.get()
+    }
+
+    /// Registers a handler. It gets its own buffer and task. If the informer has already
+    /// synced, it first receives every cached object as an initial add; its registration's
+    /// [`has_synced`](HandlerRegistration::has_synced) turns true once those are processed.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InformerStopped`] once the informer has stopped: the handler would never run.
+    pub fn add_handler(&self, handler: impl EventHandler<K>) -> Result<HandlerRegistration, Error> {
+        self.register(handler)
+    }
+
+    fn register(&self, handler: impl EventHandler<K>) -> Result<HandlerRegistration, Error> {
+        let mut lifecycle = lock(&self.inner.lifecycle);
+        if matches!(*lifecycle, Lifecycle::Stopped) {
+            return Err(Error::InformerStopped);
+        }
+        let processor = &self.inner.processor;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (synced_tx, synced_rx) = watch::channel(false);
+        let own_token = CancellationToken::new();
+        let id = processor.add_listener(tx);
+        let task = run_listener(Box::new(handler), rx, synced_tx, own_token.clone()).boxed();
+        match &mut *lifecycle {
+            Lifecycle::NotStarted { pending } => pending.push(task),
+            Lifecycle::Running {
+                handle,
+                tracker,
+                token,
+            } => {
+                tracker.spawn_on(until_cancelled(task, token.clone()), handle);
+            }
+            Lifecycle::Stopped => unreachable!("checked above, under the same lock"),
+        }
+        drop(lifecycle);
+        let weak: Weak<Processor<K>> = Arc::downgrade(processor);
+        Ok(HandlerRegistration::new(
+            synced_rx,
+            Box::new(move || {
+                own_token.cancel();
+                if let Some(p) = weak.upgrade() {
+                    p.remove_listener(id);
+                }
+            }),
+        ))
+    }
+}
+
+async fn until_cancelled(task: BoxFuture<'static, ()>, token: CancellationToken) {
+    tokio::select! {
+        biased;
+        () = token.cancelled() => {}
+        () = task => {}
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> HasSynced for InformerHandle<K> {
+    fn has_synced(&self) -> bool {
+        InformerHandle::has_synced(self)
+    }
+
+    fn synced_receiver(&self) -> watch::Receiver<bool> {
+        self.inner.synced.clone()
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> HasSynced for SharedInformer<K> {
+    fn has_synced(&self) -> bool {
+        self.handle.has_synced()
+    }
+
+    fn synced_receiver(&self) -> watch::Receiver<bool> {
+        self.handle.synced_receiver()
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> HasSynced for RunningInformer<K> {
+    fn has_synced(&self) -> bool {
+        self.handle.has_synced()
+    }
+
+    fn synced_receiver(&self) -> watch::Receiver<bool> {
+        self.handle.synced_receiver()
+    }
+}
+
+impl<K> fmt::Debug for InformerHandle<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InformerHandle")
+            .field("store", &*self.inner.processor.store)
+            .field("synced", &*self.inner.synced.borrow())
+            .finish()
+    }
+}
+
+impl<K> fmt::Debug for SharedInformer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SharedInformer").field(&self.handle).finish()
+    }
+}
+
+impl<K> fmt::Debug for RunningInformer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RunningInformer")
+            .field(&self.handle)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use crate::{
+        error::Verb,
+        store::{label_index, strip_managed_fields},
+        testing::{FakeListWatch, gone},
+    };
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    type Fake = FakeListWatch<ConfigMap>;
+
+    #[derive(Debug, PartialEq)]
+    enum Ev {
+        Add(String, bool),
+        Update(String, String, String),
+        Delete(String, bool),
+    }
+
+    fn cm(name: &str) -> ConfigMap {
+        Fake::object(Some("ns"), name)
+    }
+
+    fn name(o: &ConfigMap) -> String {
+        o.metadata.name.clone().unwrap_or_default()
+    }
+
+    fn rv(o: &ConfigMap) -> String {
+        o.metadata.resource_version.clone().unwrap_or_default()
+    }
+
+    fn recorder(
+        informer: &InformerHandle<ConfigMap>,
+    ) -> (HandlerRegistration, UnboundedReceiver<Ev>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let (t1, t2, t3) = (tx.clone(), tx.clone(), tx);
+        let reg = informer.add_handler(
+            handler_fn()
+                .on_add(move |o, initial| {
+                    let _ = t1.send(Ev::Add(name(o), initial));
+                })
+                .on_update(move |old, new| {
+                    let _ = t2.send(Ev::Update(name(new), rv(old), rv(new)));
+                })
+                .on_delete(move |d| {
+                    let _ = t3.send(Ev::Delete(name(d.object()), d.is_final_state_unknown()));
+                }),
+        );
+        (reg.expect("the informer has not stopped"), rx)
+    }
+
+    async fn take(rx: &mut UnboundedReceiver<Ev>, n: usize) -> Vec<Ev> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(rx.recv().await.expect("handler channel open"));
+        }
+        out
+    }
+
+    fn sorted(mut v: Vec<Ev>) -> Vec<Ev> {
+        v.sort_by_key(|e| format!("{e:?}"));
+        v
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn initial_list_then_watch_events() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        fake.add(cm("b"));
+        let informer = SharedInformer::new(fake.clone());
+        let (reg, mut rx) = recorder(&informer);
+        assert!(!informer.has_synced() && !reg.has_synced());
+        let informer = informer.spawn(CancellationToken::new());
+        wait_for_cache_sync(&[&informer, &reg], Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            sorted(take(&mut rx, 2).await),
+            [Ev::Add("a".into(), true), Ev::Add("b".into(), true)]
+        );
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        let old_rv = rv(&fake.get("ns/a").unwrap());
+        let new_rv = fake.update(cm("a"));
+        fake.delete(Some("ns"), "b");
+        fake.add(cm("c"));
+        assert_eq!(
+            take(&mut rx, 3).await,
+            [
+                Ev::Update("a".into(), old_rv, new_rv.clone()),
+                Ev::Delete("b".into(), false),
+                Ev::Add("c".into(), false),
+            ]
+        );
+        assert_eq!(informer.store().len(), 2);
+        assert_eq!(
+            informer.last_sync_resource_version(),
+            Some(fake.resource_version())
+        );
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn relist_emits_tombstones_and_nothing_for_unchanged() {
+        let fake = Fake::new("configmaps");
+        for n in ["keep", "change", "vanish"] {
+            fake.add(cm(n));
+        }
+        let informer = SharedInformer::new(fake.clone());
+        let (_reg, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        assert_eq!(take(&mut rx, 3).await.len(), 3);
+        fake.wait_for_calls(|c| c.watches == 1).await;
+
+        // events lost, history compacted: the resumed watch gets 410 and the informer relists
+        fake.set_broadcast(false);
+        let old_rv = rv(&fake.get("ns/change").unwrap());
+        let new_rv = fake.update(cm("change"));
+        fake.delete(Some("ns"), "vanish");
+        fake.add(cm("new"));
+        fake.compact();
+        fake.set_broadcast(true);
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.lists == 2).await;
+        let events = sorted(take(&mut rx, 3).await);
+        assert_eq!(
+            events,
+            [
+                Ev::Add("new".into(), false),
+                Ev::Delete("vanish".into(), true),
+                Ev::Update("change".into(), old_rv, new_rv),
+            ]
+        );
+        // nothing for "keep": the next event is a fresh one
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        fake.add(cm("later"));
+        assert_eq!(take(&mut rx, 1).await, [Ev::Add("later".into(), false)]);
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn late_handler_gets_current_objects_and_own_sync() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        fake.add(cm("b"));
+        let informer = SharedInformer::new(fake.clone());
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        fake.wait_for_calls(|c| c.watches == 1).await;
+
+        let (reg, mut rx) = recorder(&informer);
+        reg.wait_synced().await;
+        assert_eq!(
+            sorted(take(&mut rx, 2).await),
+            [Ev::Add("a".into(), true), Ev::Add("b".into(), true)]
+        );
+        fake.add(cm("c"));
+        assert_eq!(take(&mut rx, 1).await, [Ev::Add("c".into(), false)]);
+
+        reg.remove();
+        fake.add(cm("d"));
+        assert!(rx.recv().await.is_none(), "removed handler's task ended");
+        informer.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slow_handler_does_not_delay_another() {
+        let fake = Fake::new("configmaps");
+        for i in 0..100 {
+            fake.add(cm(&format!("o{i}")));
+        }
+        let informer = SharedInformer::new(fake.clone());
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let release_rx = Mutex::new(release_rx);
+        let slow_seen = Arc::new(AtomicU64::new(0));
+        let seen = slow_seen.clone();
+        let slow = informer.add_handler(handler_fn().on_add(move |_, _| {
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                // blocks until the fast handler has seen everything
+                let _ = release_rx
+                    .lock()
+                    .unwrap()
+                    .recv_timeout(Duration::from_secs(30));
+            }
+        }));
+        let (fast, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        fast.wait_synced().await;
+        assert_eq!(take(&mut rx, 100).await.len(), 100);
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        fake.add(cm("live"));
+        assert_eq!(take(&mut rx, 1).await, [Ev::Add("live".into(), false)]);
+        assert!(!slow.has_synced());
+        assert_eq!(slow_seen.load(Ordering::SeqCst), 1);
+        release_tx.send(()).unwrap();
+        slow.wait_synced().await;
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn resync_redelivers_updates() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let informer = SharedInformer::builder(fake.clone())
+            .resync_period(Duration::from_secs(30))
+            .build();
+        let (_reg, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        assert_eq!(take(&mut rx, 1).await, [Ev::Add("a".into(), true)]);
+        let t0 = tokio::time::Instant::now();
+        let rv = rv(&fake.get("ns/a").unwrap());
+        assert_eq!(
+            take(&mut rx, 1).await,
+            [Ev::Update("a".into(), rv.clone(), rv)]
+        );
+        assert!(t0.elapsed() <= Duration::from_secs(30));
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transform_indexers_and_error_hook() {
+        let fake = Fake::new("configmaps");
+        let mut a = cm("a");
+        a.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+        a.metadata.managed_fields = Some(vec![Default::default()]);
+        fake.add(a);
+        fake.fail_next_list(gone("configmaps", Verb::List));
+        let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+        let errs = errors.clone();
+        let informer = SharedInformer::builder(fake.clone())
+            .transform(strip_managed_fields)
+            .index_fn("app", label_index("app"))
+            .indexer("namespace", |_: &ConfigMap| vec![])
+            .on_watch_error(move |e| errs.lock().unwrap().push(e.to_string()))
+            .build();
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        let stored = informer.store().by_index("app", "web").unwrap();
+        assert_eq!(stored.len(), 1);
+        assert!(stored[0].metadata.managed_fields.is_none());
+        assert_eq!(
+            informer.store().by_index("namespace", "ns").unwrap().len(),
+            1
+        );
+        assert_eq!(errors.lock().unwrap().len(), 1);
+        informer
+            .add_indexer("name", |o: &ConfigMap| {
+                o.metadata.name.iter().cloned().collect()
+            })
+            .unwrap();
+        assert_eq!(informer.store().index_keys("name", "a").unwrap().len(), 1);
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_for_cache_sync_times_out_and_run_stops_cleanly() {
+        let fake = Fake::new("configmaps");
+        for _ in 0..5 {
+            fake.fail_next_list(gone("configmaps", Verb::List));
+        }
+        let informer = SharedInformer::new(fake.clone());
+        let (reg, _rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        let err = wait_for_cache_sync(&[&informer, &reg], Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::SyncTimeout(_)));
+        let handle = informer.handle();
+        informer.stop().await;
+        assert!(!handle.has_synced());
+        // A stopped informer refuses handlers that would never run.
+        let late = handle.add_handler(handler_fn::<ConfigMap>());
+        assert!(matches!(late, Err(Error::InformerStopped)), "{late:?}");
+    }
+}

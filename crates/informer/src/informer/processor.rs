@@ -1,0 +1,195 @@
+//! The informer's event processor: applies the reflector's writes to the store and fans
+//! the resulting notifications out to every handler's buffer, under one lock.
+
+use std::{
+    collections::HashSet,
+    sync::{
+        Arc, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use kube_core::Resource;
+use tokio::sync::{mpsc, watch};
+use tracing::debug;
+
+use super::handler::{DeletedFinalStateUnknown, DeletedObject, Notification};
+use crate::{
+    error::Error,
+    key::ObjectKey,
+    reflector::ReflectorStore,
+    store::{IndexFn, Writer},
+};
+
+/// Applies the reflector's writes to the store and fans notifications out to handlers.
+pub(super) struct Processor<K> {
+    pub(super) store: Writer<K>,
+    dist: Mutex<Distributor<K>>,
+    synced: watch::Sender<bool>,
+    next_id: AtomicU64,
+}
+
+struct Distributor<K> {
+    listeners: Vec<Listener<K>>,
+    synced: bool,
+}
+
+struct Listener<K> {
+    id: u64,
+    tx: mpsc::UnboundedSender<Notification<K>>,
+    initial_done: bool,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl<K> Processor<K> {
+    fn broadcast(dist: &mut Distributor<K>, notes: &[Notification<K>]) {
+        if notes.is_empty() {
+            return;
+        }
+        for listener in &dist.listeners {
+            for note in notes {
+                // A closed channel means the handler task ended (stopped or removed).
+                let _ = listener.tx.send(note.clone());
+            }
+        }
+    }
+
+    pub(super) fn remove_listener(&self, id: u64) {
+        lock(&self.dist).listeners.retain(|l| l.id != id);
+    }
+}
+
+fn same_version<K: Resource>(a: &K, b: &K) -> bool {
+    match (&a.meta().resource_version, &b.meta().resource_version) {
+        (Some(x), Some(y)) => x == y,
+        _ => false,
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> Processor<K> {
+    pub(super) fn resync(&self) {
+        let mut dist = lock(&self.dist);
+        if !dist.synced {
+            return;
+        }
+        let notes: Vec<_> = self
+            .store
+            .list()
+            .into_iter()
+            .map(|o| Notification::Update {
+                old: o.clone(),
+                new: o,
+            })
+            .collect();
+        debug!(objects = notes.len(), "resync");
+        Self::broadcast(&mut dist, &notes);
+    }
+}
+
+/// The processor as the reflector's store.
+pub(super) struct Sink<K>(pub(super) Arc<Processor<K>>);
+
+impl<K: Resource + Send + Sync + 'static> Sink<K> {
+    /// A full list is in: handlers that have had their initial objects are synced.
+    fn mark_synced(p: &Processor<K>, dist: &mut Distributor<K>) {
+        for listener in dist.listeners.iter_mut().filter(|l| !l.initial_done) {
+            let _ = listener.tx.send(Notification::Synced);
+            listener.initial_done = true;
+        }
+        dist.synced = true;
+        p.synced.send_replace(true);
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
+    fn upsert(&self, key: ObjectKey, object: Arc<K>) {
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        let note = match p.store.insert_keyed(key, object.clone()) {
+            None => Notification::Add {
+                obj: object,
+                // Objects of the first list arrive here before the first sync.
+                initial: !dist.synced,
+            },
+            // A relisted object that did not change.
+            Some(old) if same_version(&*old, &*object) => return,
+            Some(old) => Notification::Update { old, new: object },
+        };
+        Processor::broadcast(&mut dist, &[note]);
+    }
+
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        let notes: Vec<_> =
+            p.store
+                .retain_keys(listed)
+                .into_iter()
+                .map(|(key, last_known)| {
+                    Notification::Delete(DeletedObject::FinalStateUnknown(
+                        DeletedFinalStateUnknown { key, last_known },
+                    ))
+                })
+                .collect();
+        Processor::broadcast(&mut dist, &notes);
+        Self::mark_synced(p, &mut dist);
+    }
+
+    fn delete(&self, key: ObjectKey, object: Arc<K>) {
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        if p.store.remove(&key).is_some() {
+            Processor::broadcast(
+                &mut dist,
+                &[Notification::Delete(DeletedObject::Final(object))],
+            );
+        } else {
+            debug!(%key, "delete of an object not in the cache");
+        }
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> Processor<K> {
+    /// A processor writing to `store`; `synced` turns true at the first complete list.
+    pub(super) fn new(store: Writer<K>, synced: watch::Sender<bool>) -> Self {
+        Self {
+            store,
+            dist: Mutex::new(Distributor {
+                listeners: Vec::new(),
+                synced: false,
+            }),
+            synced,
+            next_id: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a listener. Once the informer has synced, the listener first receives every
+    /// cached object as an initial add, then the sync mark; under the distributor's lock, so
+    /// no event slips between the replay and the live events.
+    pub(super) fn add_listener(&self, tx: mpsc::UnboundedSender<Notification<K>>) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut dist = lock(&self.dist);
+        let initial_done = dist.synced;
+        if initial_done {
+            for obj in self.store.list() {
+                let _ = tx.send(Notification::Add { obj, initial: true });
+            }
+            let _ = tx.send(Notification::Synced);
+        }
+        dist.listeners.push(Listener {
+            id,
+            tx,
+            initial_done,
+        });
+        id
+    }
+
+    /// Adds an index, with no write in between (it holds the distributor's lock).
+    pub(super) fn add_indexer(&self, name: &str, func: IndexFn<K>) -> Result<(), Error> {
+        let _dist = lock(&self.dist);
+        self.store.add_indexer(name, func)
+    }
+}

@@ -1,0 +1,495 @@
+//! [`ListWatch`] over the API server: [`ApiListWatch`] and the impl for [`Api`], the requests
+//! they send and the encoding they ask for.
+
+use std::fmt::Debug;
+
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use kube_client::{
+    Api,
+    api::{ListParams, VersionMatch, WatchParams},
+};
+use kube_core::{ObjectList, Resource, Status};
+use serde::de::DeserializeOwned;
+
+use super::{
+    ListItem, ListOptions, ListPage, ListStream, ListWatch, WatchEvent, WatchOptions, WatchStream,
+    json_list::ListDecoder,
+    list_body::{BodySplitter, decode_list_body},
+    protobuf::{
+        deserializer::from_message,
+        envelope::{ACCEPT, Envelope},
+        list_decoder::ProtobufListDecoder,
+        schema::Resource as ProtobufResource,
+        schema_table::STATUS,
+    },
+    watch_body::decode_watch_body,
+    wire_format::{Encoding, WireFormat},
+};
+use crate::error::{Error, Verb};
+
+/// An [`Api`] plus label and field selectors (client-go's `NewFilteredListWatchFromClient`).
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::Pod;
+/// use kube_client::{Api, Client};
+/// use kube_informer::{ApiListWatch, SharedInformer};
+///
+/// # async fn f(client: Client) {
+/// let lw = ApiListWatch::new(Api::<Pod>::namespaced(client, "apps"))
+///     .labels("app=web")
+///     .fields("status.phase=Running");
+/// let informer = SharedInformer::new(lw);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ApiListWatch<K> {
+    api: Api<K>,
+    label_selector: Option<String>,
+    field_selector: Option<String>,
+    wire_format: WireFormat,
+}
+
+impl<K> ApiListWatch<K> {
+    /// Lists and watches everything `api` can see.
+    pub fn new(api: Api<K>) -> Self {
+        Self {
+            api,
+            label_selector: None,
+            field_selector: None,
+            wire_format: WireFormat::default(),
+        }
+    }
+
+    /// The encoding to ask for: [`WireFormat::Protobuf`] (the default) reads built-in kinds
+    /// in protobuf, as client-go does.
+    #[must_use]
+    pub fn wire_format(mut self, wire_format: WireFormat) -> Self {
+        self.wire_format = wire_format;
+        self
+    }
+
+    /// Restricts to objects matching this label selector (`app=web,tier!=db`).
+    #[must_use]
+    pub fn labels(mut self, selector: &str) -> Self {
+        self.label_selector = Some(selector.to_owned());
+        self
+    }
+
+    /// Restricts to objects matching this field selector (`metadata.name=x`).
+    #[must_use]
+    pub fn fields(mut self, selector: &str) -> Self {
+        self.field_selector = Some(selector.to_owned());
+        self
+    }
+}
+
+impl<K> ListWatch<K> for ApiListWatch<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn resource(&self) -> String {
+        describe_url(self.api.resource_url())
+    }
+
+    fn namespace(&self) -> Option<String> {
+        self.api.namespace().map(str::to_owned)
+    }
+
+    async fn list(&self, options: &ListOptions) -> Result<ListPage<K>, Error> {
+        api_list(
+            &self.api,
+            self.label_selector.as_deref(),
+            self.field_selector.as_deref(),
+            self.wire_format,
+            options,
+        )
+        .await
+    }
+
+    async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<K>, Error> {
+        api_list_stream(
+            &self.api,
+            self.label_selector.as_deref(),
+            self.field_selector.as_deref(),
+            self.wire_format,
+            options,
+        )
+        .await
+    }
+
+    async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
+        api_watch(
+            &self.api,
+            self.label_selector.as_deref(),
+            self.field_selector.as_deref(),
+            self.wire_format,
+            options,
+        )
+        .await
+    }
+}
+
+/// Lists and watches everything the `Api` can see. Works for typed resources,
+/// `Api<DynamicObject>` (built with `Api::all_with(client, &api_resource)`) and
+/// `Api<PartialObjectMeta<K>>` (metadata only; kube-client sends the metadata `Accept` header).
+/// Built-in kinds are read in protobuf, everything else in JSON ([`WireFormat::Protobuf`]);
+/// wrap the `Api` in an [`ApiListWatch`] to choose.
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_client::{Api, Client, core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta}};
+/// use kube_informer::SharedInformer;
+///
+/// # async fn f(client: Client) {
+/// let typed = SharedInformer::new(Api::<ConfigMap>::namespaced(client.clone(), "default"));
+///
+/// let gvk = GroupVersionKind::gvk("example.com", "v1", "Widget");
+/// let ar = ApiResource::from_gvk(&gvk);
+/// let dynamic = SharedInformer::new(Api::<DynamicObject>::all_with(client.clone(), &ar));
+///
+/// let metadata_only = SharedInformer::new(Api::<PartialObjectMeta<ConfigMap>>::all(client));
+/// # }
+/// ```
+impl<K> ListWatch<K> for Api<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    fn resource(&self) -> String {
+        describe_url(self.resource_url())
+    }
+
+    fn namespace(&self) -> Option<String> {
+        Api::namespace(self).map(str::to_owned)
+    }
+
+    async fn list(&self, options: &ListOptions) -> Result<ListPage<K>, Error> {
+        api_list(self, None, None, WireFormat::default(), options).await
+    }
+
+    async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<K>, Error> {
+        api_list_stream(self, None, None, WireFormat::default(), options).await
+    }
+
+    async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
+        api_watch(self, None, None, WireFormat::default(), options).await
+    }
+}
+
+async fn api_list<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    wire: WireFormat,
+    options: &ListOptions,
+) -> Result<ListPage<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    if protobuf_resource(api, wire).is_some() {
+        return collect_page(api_list_stream(api, labels, fields, wire, options).await?).await;
+    }
+    let resource = describe_url(api.resource_url());
+    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
+    let req = list_request(api, labels, fields, options)?;
+    let client: kube_client::Client = api.clone().into();
+    let list = client.request::<ObjectList<K>>(req).await.map_err(fail)?;
+    Ok(ListPage {
+        items: list.items,
+        resource_version: list.metadata.resource_version.unwrap_or_default(),
+        continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
+    })
+}
+
+/// One page from its stream.
+async fn collect_page<K>(mut stream: ListStream<K>) -> Result<ListPage<K>, Error> {
+    let mut items = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item? {
+            ListItem::Object(obj) => items.push(obj),
+            ListItem::End {
+                resource_version,
+                continue_token,
+            } => {
+                return Ok(ListPage {
+                    items,
+                    resource_version,
+                    continue_token,
+                });
+            }
+        }
+    }
+    Ok(ListPage {
+        items,
+        resource_version: String::new(),
+        continue_token: None,
+    })
+}
+
+/// The built-in resource `api` lists, when `wire` asks for protobuf and the table has it.
+fn protobuf_resource<K: Resource>(
+    api: &Api<K>,
+    wire: WireFormat,
+) -> Option<&'static ProtobufResource> {
+    if wire != WireFormat::Protobuf || K::metadata_api() {
+        return None;
+    }
+    ProtobufResource::for_url(api.resource_url())
+}
+
+/// Sends `req`, asking for `accept`; an error status becomes an [`Error`]. Returns the
+/// response body and the encoding the server chose for it.
+async fn send<K: Resource + Clone>(
+    api: &Api<K>,
+    mut req: http::Request<Vec<u8>>,
+    accept: Encoding,
+    verb: Verb,
+) -> Result<(kube_client::client::Body, Encoding), Error> {
+    let resource = describe_url(api.resource_url());
+    let fail = |e: kube_client::Error| Error::from_kube(e, verb, &resource, api.namespace());
+    if accept == Encoding::Protobuf {
+        req.headers_mut()
+            .insert(http::header::ACCEPT, http::HeaderValue::from_static(ACCEPT));
+    }
+    let client: kube_client::Client = api.clone().into();
+    let response = client
+        .send(req.map(kube_client::client::Body::from))
+        .await
+        .map_err(fail)?;
+    let status = response.status();
+    let encoding = Encoding::of_response(response.headers().get(http::header::CONTENT_TYPE));
+    let body = response.into_body();
+    if !status.is_success() {
+        let bytes = body.collect_bytes().await.map_err(fail)?;
+        let decoded = if encoding == Encoding::Protobuf {
+            Envelope::open(&bytes)
+                .and_then(|e| from_message::<Status>(e.raw, STATUS, None))
+                .ok()
+        } else {
+            serde_json::from_slice::<Status>(&bytes).ok()
+        };
+        let status = decoded
+            .filter(|s| s.code != 0 || !s.reason.is_empty())
+            .unwrap_or_else(|| {
+                Status::failure(String::from_utf8_lossy(&bytes).trim(), "")
+                    .with_code(status.as_u16())
+            });
+        return Err(Error::from_status(
+            Box::new(status),
+            verb,
+            &resource,
+            api.namespace(),
+        ));
+    }
+    Ok((body, encoding))
+}
+
+/// Lists one page, decoding its objects as the body arrives ([`ListDecoder`], or
+/// [`ProtobufListDecoder`] when the server answered in protobuf), in parallel batches
+/// ([`decode_list_body`]).
+async fn api_list_stream<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    wire: WireFormat,
+    options: &ListOptions,
+) -> Result<ListStream<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Send + 'static,
+{
+    let resource = describe_url(api.resource_url());
+    let table = protobuf_resource(api, wire);
+    let req = list_request(api, labels, fields, options)?;
+    let accept = match table {
+        Some(_) => Encoding::Protobuf,
+        None => Encoding::Json,
+    };
+    let (body, encoding) = send(api, req, accept, Verb::List).await?;
+    let splitter = match (table, encoding) {
+        (Some(table), Encoding::Protobuf) => {
+            BodySplitter::Protobuf(ProtobufListDecoder::new(table))
+        }
+        (None, Encoding::Protobuf) => {
+            return Err(Error::Decode {
+                resource,
+                verb: Verb::List,
+                source: "the server answered in protobuf, which was not asked for".into(),
+            });
+        }
+        (_, Encoding::Json) => BodySplitter::Json(ListDecoder::default()),
+    };
+    Ok(decode_list_body(
+        body.into_data_stream(),
+        splitter,
+        resource,
+    ))
+}
+
+/// The request for one list page.
+fn list_request<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    options: &ListOptions,
+) -> Result<http::Request<Vec<u8>>, Error>
+where
+    K: Resource,
+{
+    let mut lp = ListParams {
+        label_selector: labels.map(str::to_owned),
+        field_selector: fields.map(str::to_owned),
+        limit: options.limit,
+        continue_token: options.continue_token.clone(),
+        ..ListParams::default()
+    };
+    let rv = options
+        .resource_version
+        .as_deref()
+        .filter(|rv| !rv.is_empty());
+    if let Some(rv) = rv {
+        lp.resource_version = Some(rv.to_owned());
+        lp.version_match = options.version_match.clone();
+    }
+    let resource = describe_url(api.resource_url());
+    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
+    let request = kube_core::Request::new(api.resource_url());
+    let mut req = if K::metadata_api() {
+        request.list_metadata(&lp)
+    } else {
+        request.list(&lp)
+    }
+    .map_err(|e| fail(kube_client::Error::BuildRequest(e)))?;
+    // kube-core leaves out `resourceVersion=0` when a limit is set (it prefers a paged
+    // consistent read); the reflector wants client-go's first list, `resourceVersion=0` with
+    // `limit`, which the server may serve whole from its cache.
+    if rv == Some("0") && options.limit.is_some() && options.continue_token.is_none() {
+        let mut uri = format!("{}&resourceVersion=0", req.uri());
+        if options.version_match == Some(VersionMatch::NotOlderThan) {
+            uri.push_str("&resourceVersionMatch=NotOlderThan");
+        }
+        *req.uri_mut() = uri.parse().map_err(|e| Error::Transport {
+            resource: resource.clone(),
+            verb: Verb::List,
+            source: Box::new(e),
+        })?;
+    }
+    req.extensions_mut().insert("list");
+    Ok(req)
+}
+
+async fn api_watch<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    wire: WireFormat,
+    options: &WatchOptions,
+) -> Result<WatchStream<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let wp = WatchParams {
+        label_selector: labels.map(str::to_owned),
+        field_selector: fields.map(str::to_owned),
+        timeout: options
+            .timeout
+            .map(|t| u32::try_from(t.as_secs()).unwrap_or(u32::MAX)),
+        bookmarks: options.allow_bookmarks,
+        send_initial_events: options.send_initial_events,
+    };
+    let resource = describe_url(api.resource_url());
+    let namespace = api.namespace().map(str::to_owned);
+    if let Some(table) = protobuf_resource(api, wire) {
+        return protobuf_watch(api, table, &wp, &options.resource_version).await;
+    }
+    let stream = api
+        .watch(&wp, &options.resource_version)
+        .await
+        .map_err(|e| Error::from_kube(e, Verb::Watch, &resource, namespace.as_deref()))?;
+    Ok(stream
+        .map(move |item| match item {
+            Ok(event) => Ok(WatchEvent::from(event)),
+            Err(e) => Err(Error::from_kube(
+                e,
+                Verb::Watch,
+                &resource,
+                namespace.as_deref(),
+            )),
+        })
+        .boxed())
+}
+
+/// A watch read in protobuf frames ([`decode_watch_body`]). Should the server answer in
+/// JSON after all, its lines are read instead.
+async fn protobuf_watch<K>(
+    api: &Api<K>,
+    table: &'static ProtobufResource,
+    wp: &WatchParams,
+    resource_version: &str,
+) -> Result<WatchStream<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Send + 'static,
+{
+    let resource = describe_url(api.resource_url());
+    let mut req = kube_core::Request::new(api.resource_url())
+        .watch(wp, resource_version)
+        .map_err(|e| {
+            Error::from_kube(
+                kube_client::Error::BuildRequest(e),
+                Verb::Watch,
+                &resource,
+                api.namespace(),
+            )
+        })?;
+    req.extensions_mut().insert("watch");
+    let (body, encoding) = send(api, req, Encoding::Protobuf, Verb::Watch).await?;
+    Ok(decode_watch_body(
+        body.into_data_stream(),
+        encoding,
+        table,
+        resource,
+    ))
+}
+
+/// `plural[.group]` from a resource URL such as `/apis/apps/v1/namespaces/x/deployments`.
+fn describe_url(url: &str) -> String {
+    let segments: Vec<&str> = url.split('/').filter(|s| !s.is_empty()).collect();
+    let plural = segments.last().copied().unwrap_or(url);
+    match segments.first() {
+        Some(&"apis") if segments.len() >= 4 => format!("{plural}.{}", segments[1]),
+        _ => plural.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_names_from_urls() {
+        assert_eq!(
+            describe_url("/api/v1/namespaces/ns/configmaps"),
+            "configmaps"
+        );
+        assert_eq!(describe_url("/api/v1/nodes"), "nodes");
+        assert_eq!(
+            describe_url("/apis/apps/v1/deployments"),
+            "deployments.apps"
+        );
+        assert_eq!(
+            describe_url("/apis/example.com/v1/namespaces/a/widgets"),
+            "widgets.example.com"
+        );
+    }
+
+    fn assert_list_watch<K, L: ListWatch<K>>() {}
+
+    #[test]
+    fn api_kinds_are_list_watch() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube_core::{DynamicObject, PartialObjectMeta};
+        assert_list_watch::<ConfigMap, Api<ConfigMap>>();
+        assert_list_watch::<DynamicObject, Api<DynamicObject>>();
+        assert_list_watch::<PartialObjectMeta<ConfigMap>, Api<PartialObjectMeta<ConfigMap>>>();
+        assert_list_watch::<ConfigMap, ApiListWatch<ConfigMap>>();
+    }
+}

@@ -1,0 +1,359 @@
+//! A list response body turned into a [`ListStream`], its items decoded in parallel.
+//!
+//! Decoding, not the network, bounds how fast a large protobuf list syncs: once the server
+//! starts sending, building the Rust objects on one core takes longer than the bytes take
+//! to arrive. The splitters ([`ListDecoder`] for JSON,
+//! [`ProtobufListDecoder`] for protobuf) only find where each item's bytes are; the items
+//! are gathered into batches, and each batch is decoded on tokio's blocking pool while the
+//! body keeps arriving and earlier batches are being stored. Items still come out in the
+//! server's order, and only a few batches are ever in flight, so memory stays bounded as
+//! with decoding one by one.
+//!
+//! JSON lists, small lists, and runtimes without a blocking pool decode inline.
+
+use std::{collections::VecDeque, pin::Pin};
+
+use futures::{
+    Stream, StreamExt,
+    stream::{FuturesOrdered, try_unfold},
+};
+use serde::de::DeserializeOwned;
+
+use super::{
+    ListEnd, ListItem, ListStream,
+    json_list::{ListDecodeError, ListDecoder},
+    protobuf::{
+        deserializer::from_message, error::ProtobufError, list_decoder::ProtobufListDecoder,
+        schema::Message,
+    },
+};
+use crate::error::{BoxError, Error, Verb};
+
+/// Items per batch: enough to amortise a hand-off to the blocking pool over many objects'
+/// decoding, few enough that the objects in flight stay small (larger batches raised the
+/// decoding threads' peak heap in the benchmarks).
+const BATCH_ITEMS: usize = 32;
+
+/// A list body's splitter, by encoding.
+pub(crate) enum BodySplitter {
+    /// `application/json`.
+    Json(ListDecoder),
+    /// Kubernetes protobuf.
+    Protobuf(ProtobufListDecoder),
+}
+
+impl BodySplitter {
+    /// Appends the items `chunk` completes to `batch`.
+    fn feed(&mut self, chunk: &[u8], batch: &mut Batch) -> Result<(), BoxError> {
+        match self {
+            BodySplitter::Json(splitter) => splitter
+                .feed(chunk, |bytes| -> Result<(), ListDecodeError> {
+                    batch.push(bytes);
+                    Ok(())
+                })
+                .map_err(Into::into),
+            BodySplitter::Protobuf(splitter) => splitter
+                .feed(chunk, |bytes| -> Result<(), ProtobufError> {
+                    batch.push(bytes);
+                    Ok(())
+                })
+                .map_err(Into::into),
+        }
+    }
+
+    fn finish(self) -> Result<ListEnd, BoxError> {
+        match self {
+            BodySplitter::Json(splitter) => splitter.finish().map_err(Into::into),
+            BodySplitter::Protobuf(splitter) => splitter.finish().map_err(Into::into),
+        }
+    }
+
+    fn item_decoder(&self) -> ItemDecoder {
+        match self {
+            BodySplitter::Json(_) => ItemDecoder::Json,
+            BodySplitter::Protobuf(splitter) => ItemDecoder::Protobuf(splitter.item_message()),
+        }
+    }
+}
+
+/// How one item's bytes become an object.
+#[derive(Clone, Copy)]
+enum ItemDecoder {
+    Json,
+    Protobuf(&'static Message),
+}
+
+impl ItemDecoder {
+    fn decode<K: DeserializeOwned>(self, batch: &Batch) -> Result<Vec<K>, BoxError> {
+        let mut items = Vec::with_capacity(batch.len());
+        for bytes in batch.items() {
+            items.push(match self {
+                ItemDecoder::Json => serde_json::from_slice(bytes)?,
+                ItemDecoder::Protobuf(message) => from_message(bytes, message, None)?,
+            });
+        }
+        Ok(items)
+    }
+}
+
+/// The bytes of consecutive items, back to back.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Batch {
+    fn push(&mut self, item: &[u8]) {
+        self.bytes.extend_from_slice(item);
+        self.ends.push(self.bytes.len());
+    }
+
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    fn items(&self) -> impl Iterator<Item = &[u8]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts
+            .zip(&self.ends)
+            .map(|(start, &end)| &self.bytes[start..end])
+    }
+}
+
+type Decoded<K> = Pin<Box<dyn Future<Output = Result<Vec<K>, BoxError>> + Send>>;
+
+struct State<B, K> {
+    body: Pin<Box<B>>,
+    splitter: Option<BodySplitter>,
+    decoder: ItemDecoder,
+    batch: Batch,
+    in_flight: FuturesOrdered<Decoded<K>>,
+    /// Batches decoded at once: the cores there are, when there is a blocking pool.
+    parallelism: usize,
+    ready: VecDeque<K>,
+    end: Option<ListEnd>,
+    resource: String,
+}
+
+impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
+    fn decode_error(&self, source: impl Into<BoxError>) -> Error {
+        Error::Decode {
+            resource: self.resource.clone(),
+            verb: Verb::List,
+            source: source.into(),
+        }
+    }
+
+    /// Hands the batch over: to the blocking pool when decoding in parallel, else inline.
+    fn dispatch(&mut self) {
+        let batch = std::mem::take(&mut self.batch);
+        let decoder = self.decoder;
+        if self.parallelism > 1 && batch.len() >= BATCH_ITEMS / 4 {
+            let task = tokio::task::spawn_blocking(move || decoder.decode::<K>(&batch));
+            self.in_flight.push_back(Box::pin(async move {
+                task.await
+                    .map_err(|e| -> BoxError { e.to_string().into() })?
+            }));
+        } else {
+            let decoded = decoder.decode::<K>(&batch);
+            self.in_flight
+                .push_back(Box::pin(std::future::ready(decoded)));
+        }
+    }
+}
+
+/// The items of a list body as they arrive, then its metadata; see the module docs.
+pub(crate) fn decode_list_body<K, B, D, E>(
+    body: B,
+    splitter: BodySplitter,
+    resource: String,
+) -> ListStream<K>
+where
+    K: DeserializeOwned + Send + 'static,
+    B: Stream<Item = Result<D, E>> + Send + 'static,
+    D: AsRef<[u8]>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    // A JSON list streams out while the server encodes it, so decoding item by item
+    // already keeps pace on a core of its own, and more cores would be taken from a server
+    // on the same machine; a protobuf list arrives whole once encoded, and then decoding is
+    // all that is left to do.
+    let parallel = matches!(splitter, BodySplitter::Protobuf(_))
+        && tokio::runtime::Handle::try_current().is_ok();
+    let parallelism = if parallel {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    } else {
+        1
+    };
+    let state = State {
+        body: Box::pin(body),
+        decoder: splitter.item_decoder(),
+        splitter: Some(splitter),
+        batch: Batch::default(),
+        in_flight: FuturesOrdered::new(),
+        parallelism,
+        ready: VecDeque::new(),
+        end: None,
+        resource,
+    };
+    try_unfold(state, |mut st| async move {
+        loop {
+            if let Some(obj) = st.ready.pop_front() {
+                return Ok(Some((ListItem::Object(obj), st)));
+            }
+            let body_open = st.splitter.is_some();
+            let room = st.in_flight.len() < st.parallelism;
+            if st.in_flight.is_empty() && !body_open {
+                return Ok(st.end.take().map(|end| {
+                    let item = ListItem::End {
+                        resource_version: end.resource_version,
+                        continue_token: end.continue_token,
+                    };
+                    (item, st)
+                }));
+            }
+            tokio::select! {
+                biased;
+                decoded = st.in_flight.next(), if !st.in_flight.is_empty() => {
+                    match decoded {
+                        Some(Ok(items)) => st.ready.extend(items),
+                        Some(Err(e)) => return Err(st.decode_error(e)),
+                        None => {}
+                    }
+                }
+                chunk = st.body.next(), if body_open && room => match chunk {
+                    Some(Ok(chunk)) => {
+                        let Some(splitter) = st.splitter.as_mut() else { continue };
+                        if let Err(e) = splitter.feed(chunk.as_ref(), &mut st.batch) {
+                            return Err(st.decode_error(e));
+                        }
+                        if st.batch.len() >= BATCH_ITEMS {
+                            st.dispatch();
+                        }
+                    }
+                    Some(Err(e)) => {
+                        return Err(Error::Transport {
+                            resource: st.resource.clone(),
+                            verb: Verb::List,
+                            source: Box::new(e),
+                        });
+                    }
+                    None => {
+                        let Some(splitter) = st.splitter.take() else { continue };
+                        match splitter.finish() {
+                            Ok(end) => st.end = Some(end),
+                            Err(e) => return Err(st.decode_error(e)),
+                        }
+                        if st.batch.len() > 0 {
+                            st.dispatch();
+                        }
+                    }
+                },
+            }
+        }
+    })
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::TryStreamExt;
+    use serde_json::Value;
+
+    use super::*;
+    use crate::list_watch::protobuf::test_encoder::{Msg, chunked, envelope, pods};
+
+    /// A protobuf list of `n` Pods named `p0`, `p1`, ...; `bad` gets a name that is not UTF-8.
+    fn protobuf_body(n: usize, bad: Option<usize>) -> Vec<u8> {
+        let mut list = Msg::new().msg(1, &Msg::new().str(2, "77"));
+        for i in 0..n {
+            let name = format!("p{i}");
+            let meta = if Some(i) == bad {
+                Msg::new().bytes(1, &[0xff])
+            } else {
+                Msg::new().str(1, &name)
+            };
+            list = list.msg(2, &Msg::new().msg(1, &meta));
+        }
+        envelope("v1", "PodList", &list)
+    }
+
+    async fn names(stream: ListStream<Value>) -> Result<(Vec<String>, String), Error> {
+        let items: Vec<ListItem<Value>> = stream.try_collect().await?;
+        let mut names = Vec::new();
+        let mut rv = None;
+        for item in items {
+            match item {
+                ListItem::Object(o) => {
+                    names.push(o["metadata"]["name"].as_str().unwrap().to_owned())
+                }
+                ListItem::End {
+                    resource_version, ..
+                } => rv = Some(resource_version),
+            }
+        }
+        Ok((names, rv.expect("the stream ends with the list's metadata")))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn parallel_batches_keep_the_servers_order() {
+        let n = BATCH_ITEMS * 7 + 5;
+        for size in [97, 4096, usize::MAX] {
+            let splitter = BodySplitter::Protobuf(ProtobufListDecoder::new(pods()));
+            let stream = decode_list_body(
+                chunked(protobuf_body(n, None), size),
+                splitter,
+                "pods".into(),
+            );
+            let (names, rv) = names(stream).await.unwrap();
+            let expected: Vec<String> = (0..n).map(|i| format!("p{i}")).collect();
+            assert_eq!(names, expected, "chunks of {size}");
+            assert_eq!(rv, "77");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_item_that_does_not_decode_fails_the_list() {
+        let splitter = BodySplitter::Protobuf(ProtobufListDecoder::new(pods()));
+        let body = protobuf_body(BATCH_ITEMS * 3, Some(BATCH_ITEMS * 2 + 1));
+        let err = names(decode_list_body(
+            chunked(body, 1000),
+            splitter,
+            "pods".into(),
+        ))
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(&err, Error::Decode { resource, verb: Verb::List, .. } if resource == "pods"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("UTF-8"), "{err}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn json_lists_decode_inline_in_order() {
+        let items: Vec<Value> = (0..300)
+            .map(|i| serde_json::json!({ "metadata": { "name": format!("c{i}") } }))
+            .collect();
+        let body = serde_json::to_vec(&serde_json::json!({
+            "kind": "ConfigMapList",
+            "metadata": { "resourceVersion": "9" },
+            "items": items,
+        }))
+        .unwrap();
+        let splitter = BodySplitter::Json(ListDecoder::default());
+        let (names, rv) = names(decode_list_body(
+            chunked(body, 333),
+            splitter,
+            "configmaps".into(),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(names.len(), 300);
+        assert_eq!(
+            (names[0].as_str(), names[299].as_str(), rv.as_str()),
+            ("c0", "c299", "9")
+        );
+    }
+}

@@ -1,0 +1,246 @@
+//! The source of objects: a paged list plus a watch, as the API server serves them.
+//! The full documentation is on [`ListWatch`].
+
+mod api;
+mod json_list;
+mod list_body;
+mod protobuf;
+mod watch_body;
+mod wire_format;
+
+use std::{future::Future, time::Duration};
+
+use futures::{StreamExt, stream::BoxStream};
+use kube_client::api::VersionMatch;
+use kube_core::Status;
+
+use crate::error::Error;
+
+pub use api::ApiListWatch;
+pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
+pub use wire_format::WireFormat;
+
+/// Options of one list call (one page).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ListOptions {
+    /// Page size (`limit`); `None` asks for everything at once. With resourceVersion `"0"` the
+    /// API server serves from its watch cache and may ignore the limit.
+    pub limit: Option<u32>,
+    /// The `continue` token of the previous page. When set, `resource_version` and
+    /// `version_match` must be `None`: the token carries the list's snapshot.
+    pub continue_token: Option<String>,
+    /// `resourceVersion`: `None`/`""` for a consistent (quorum) read, `"0"` for any cached
+    /// state, or a version seen before.
+    pub resource_version: Option<String>,
+    /// `resourceVersionMatch`: how `resource_version` is interpreted (`NotOlderThan`, `Exact`).
+    pub version_match: Option<VersionMatch>,
+}
+
+/// One page of a list.
+#[derive(Clone, Debug)]
+pub struct ListPage<K> {
+    /// The objects of this page.
+    pub items: Vec<K>,
+    /// The list's resourceVersion (the same on every page of one paged list).
+    pub resource_version: String,
+    /// Token for the next page; `None` on the last page.
+    pub continue_token: Option<String>,
+}
+
+/// One item of a list page read as a stream ([`ListWatch::list_stream`]).
+#[derive(Clone, Debug)]
+pub enum ListItem<K> {
+    /// The next object of the page.
+    Object(K),
+    /// The page is complete; always the last item.
+    End {
+        /// The list's resourceVersion (the same on every page of one paged list).
+        resource_version: String,
+        /// Token for the next page; `None` on the last page.
+        continue_token: Option<String>,
+    },
+}
+
+/// A list page as a stream: objects as they are decoded, then [`ListItem::End`]. An error
+/// ends it.
+pub type ListStream<K> = BoxStream<'static, Result<ListItem<K>, Error>>;
+
+/// What the envelope of a list says about the list.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ListEnd {
+    /// `metadata.resourceVersion`.
+    pub(crate) resource_version: String,
+    /// `metadata.continue`, if not empty.
+    pub(crate) continue_token: Option<String>,
+}
+
+/// Options of a watch call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WatchOptions {
+    /// Start after this resourceVersion.
+    pub resource_version: String,
+    /// Server-side timeout (`timeoutSeconds`): the server ends the watch normally after it.
+    pub timeout: Option<Duration>,
+    /// `allowWatchBookmarks`: ask for `BOOKMARK` events carrying a fresh resourceVersion.
+    pub allow_bookmarks: bool,
+    /// `sendInitialEvents` (a *streaming list*, Kubernetes 1.27+): the watch first sends the
+    /// current state as `ADDED` events, then a bookmark marked
+    /// [`initial_events_end`](WatchEvent::Bookmark::initial_events_end), then changes.
+    /// `resource_version` is then read as "not older than" (`""`: a consistent read), and
+    /// `allow_bookmarks` must be set.
+    pub send_initial_events: bool,
+}
+
+/// One event of a watch stream.
+#[derive(Clone, Debug)]
+pub enum WatchEvent<K> {
+    /// An object was created (or first seen by this watch).
+    Added(K),
+    /// An object changed.
+    Modified(K),
+    /// An object was deleted; this is its last state.
+    Deleted(K),
+    /// Nothing changed, but the collection reached this resourceVersion.
+    Bookmark {
+        /// The collection's resourceVersion.
+        resource_version: String,
+        /// True on the bookmark that ends the initial events of a streaming list
+        /// (annotation `k8s.io/initial-events-end: "true"`).
+        initial_events_end: bool,
+    },
+    /// An `ERROR` event: the server ends the watch with this status (410 when the start
+    /// resourceVersion was compacted away).
+    Error(Box<Status>),
+}
+
+/// A watch stream: events, or errors (transport, undecodable event) after which the stream
+/// should be dropped.
+pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, Error>>;
+
+/// A source that can list and watch one kind of object (client-go's `ListerWatcher`).
+///
+///.
+///
+/// # Example
+///
+/// ```
+/// use kube_informer::{ListOptions, ListWatch, testing::FakeListWatch};
+/// use k8s_openapi::api::core::v1::ConfigMap;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fake = FakeListWatch::<ConfigMap>::new("configmaps");
+/// fake.add(FakeListWatch::<ConfigMap>::object(Some("ns"), "a"));
+/// let page = fake.list(&ListOptions::default()).await.unwrap();
+/// assert_eq!(page.items.len(), 1);
+/// assert!(page.continue_token.is_none());
+/// # }
+/// ```
+///
+/// The source of objects: a paged list plus a watch, as the API server serves them.
+///
+/// [`ListWatch`] is what a [`Reflector`](crate::Reflector) consumes. It is implemented for
+/// [`kube_client::Api<K>`] (typed k8s-openapi resources, [`DynamicObject`] with an
+/// [`ApiResource`] for CRDs without Rust types, and metadata-only
+/// [`PartialObjectMeta<K>`], which `kube-client` lists and watches through the metadata API),
+/// for [`ApiListWatch`] (an `Api` plus label/field selectors), and for the in-memory
+/// `FakeListWatch` of the `testing` module (feature `testing`) used in tests.
+///
+/// Built-in kinds are listed and watched in protobuf, as client-go does, and read into the
+/// same serde types as JSON (a serde `Deserializer` over the protobuf bytes, steered by a
+/// table read from the Go types); large protobuf lists are decoded on all cores.
+///
+/// # Why `impl Future + Send` and not boxed futures
+///
+/// The trait uses native async-in-trait (`fn list(..) -> impl Future<..> + Send`): one list
+/// page or watch call costs no allocation and implementors write plain `async fn`s. The trait
+/// is therefore not object safe, and need not be: the reflector is generic over it, and
+/// [`SharedInformer`](crate::SharedInformer) erases it once, at construction, into a single
+/// boxed run future, so `SharedInformer<K>` carries no `ListWatch` type parameter. Only the
+/// watch *stream* is boxed ([`WatchStream`]): `kube-client`'s stream type cannot be named,
+/// and one allocation per watch connection is nothing.
+///
+/// [`DynamicObject`]: kube_core::DynamicObject
+/// [`ApiResource`]: kube_core::ApiResource
+/// [`PartialObjectMeta<K>`]: kube_core::PartialObjectMeta
+pub trait ListWatch<K>: Send + Sync + 'static {
+    /// The watched resource for logs and errors, as RBAC names it: `plural[.group]`.
+    fn resource(&self) -> String;
+
+    /// The namespace this source is restricted to, `None` for all namespaces or a
+    /// cluster-scoped kind.
+    fn namespace(&self) -> Option<String> {
+        None
+    }
+
+    /// Lists one page.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Gone`] when the resourceVersion or continue token expired, [`Error::Forbidden`],
+    /// [`Error::Decode`] when the page does not decode, [`Error::Api`], [`Error::Transport`].
+    fn list(
+        &self,
+        options: &ListOptions,
+    ) -> impl Future<Output = Result<ListPage<K>, Error>> + Send;
+
+    /// Lists one page as a stream of objects, so that they can be stored while the rest of
+    /// the page is still arriving; the reflector lists through this. The default calls
+    /// [`list`](Self::list) and streams its items.
+    ///
+    /// # Errors
+    ///
+    /// As for [`list`](Self::list), for the response; errors while reading the page (a
+    /// torn connection, an object that does not decode) arrive as items of the stream.
+    fn list_stream(
+        &self,
+        options: &ListOptions,
+    ) -> impl Future<Output = Result<ListStream<K>, Error>> + Send
+    where
+        K: Send + 'static,
+    {
+        let page = self.list(options);
+        async move {
+            let page = page.await?;
+            let end = ListItem::End {
+                resource_version: page.resource_version,
+                continue_token: page.continue_token,
+            };
+            let items = page.items.into_iter().map(ListItem::Object);
+            Ok(futures::stream::iter(items.chain([end]).map(Ok)).boxed())
+        }
+    }
+
+    /// Starts a watch.
+    ///
+    /// # Errors
+    ///
+    /// As for [`list`](Self::list), for the initial response; errors while streaming arrive
+    /// as items of the stream.
+    fn watch(
+        &self,
+        options: &WatchOptions,
+    ) -> impl Future<Output = Result<WatchStream<K>, Error>> + Send;
+}
+
+/// The annotation on the bookmark that ends a streaming list's initial events.
+pub const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+impl<K> From<kube_core::WatchEvent<K>> for WatchEvent<K> {
+    /// kube-core's watch event as ours.
+    fn from(event: kube_core::WatchEvent<K>) -> Self {
+        match event {
+            kube_core::WatchEvent::Added(o) => WatchEvent::Added(o),
+            kube_core::WatchEvent::Modified(o) => WatchEvent::Modified(o),
+            kube_core::WatchEvent::Deleted(o) => WatchEvent::Deleted(o),
+            kube_core::WatchEvent::Bookmark(b) => WatchEvent::Bookmark {
+                initial_events_end: b
+                    .metadata
+                    .annotations
+                    .get(INITIAL_EVENTS_END)
+                    .is_some_and(|v| v == "true"),
+                resource_version: b.metadata.resource_version,
+            },
+            kube_core::WatchEvent::Error(status) => WatchEvent::Error(status),
+        }
+    }
+}

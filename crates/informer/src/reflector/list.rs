@@ -1,0 +1,96 @@
+//! The paged list step: every page of a full list, streamed into the store.
+
+use std::collections::HashSet;
+
+use futures::StreamExt;
+use kube_core::Resource;
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::{Reflector, ReflectorStore, state::ListFrom};
+use crate::{
+    error::{Error, Verb},
+    list_watch::{ListItem, ListOptions, ListWatch},
+};
+use kube_client::api::VersionMatch;
+
+impl<K, L, S> Reflector<K, L, S>
+where
+    K: Resource + Send + Sync + 'static,
+    L: ListWatch<K>,
+    S: ReflectorStore<K>,
+{
+    /// Lists every page into the store; returns the list's resourceVersion.
+    pub(super) async fn list_all(&self, from: ListFrom, last_rv: &str) -> Result<String, Error> {
+        let started = Instant::now();
+        let (resource_version, version_match) = match from {
+            ListFrom::Any => (Some("0".to_owned()), None),
+            ListFrom::LastSeen if !last_rv.is_empty() => {
+                (Some(last_rv.to_owned()), Some(VersionMatch::NotOlderThan))
+            }
+            ListFrom::LastSeen => (Some("0".to_owned()), None),
+            ListFrom::Latest => (None, None),
+        };
+        debug!(rv = ?resource_version, "listing");
+        let limit = Some(self.config.page_size).filter(|l| *l > 0);
+        let mut options = ListOptions {
+            limit,
+            continue_token: None,
+            resource_version,
+            version_match,
+        };
+        let mut listed = HashSet::new();
+        let mut pages = 0usize;
+        let list_rv = loop {
+            let mut page = self.lw.list_stream(&options).await?;
+            pages += 1;
+            let mut end = None;
+            while let Some(item) = page.next().await {
+                match item? {
+                    ListItem::Object(obj) => match self.prepare(obj) {
+                        Ok((key, obj)) => {
+                            listed.insert(key.clone());
+                            self.store.upsert(key, obj);
+                        }
+                        Err(_) => self.report(&Error::MalformedEvent {
+                            resource: self.resource.clone(),
+                            detail: "listed object has no metadata.name; skipped".to_owned(),
+                        }),
+                    },
+                    ListItem::End {
+                        resource_version,
+                        continue_token,
+                    } => end = Some((resource_version, continue_token)),
+                }
+            }
+            let Some((page_rv, continue_token)) = end else {
+                return Err(Error::Decode {
+                    resource: self.resource.clone(),
+                    verb: Verb::List,
+                    source: "the list page ended without its metadata".into(),
+                });
+            };
+            match continue_token {
+                Some(token) => {
+                    options = ListOptions {
+                        limit,
+                        continue_token: Some(token),
+                        resource_version: None,
+                        version_match: None,
+                    };
+                }
+                None => break page_rv,
+            }
+        };
+        self.store.finish_list(&listed, &list_rv);
+        self.synced.set(&list_rv);
+        info!(
+            rv = %list_rv,
+            objects = listed.len(),
+            pages,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "listed"
+        );
+        Ok(list_rv)
+    }
+}

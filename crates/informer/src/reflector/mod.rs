@@ -1,0 +1,621 @@
+//! The list-then-watch loop (client-go's `Reflector`).
+//! The full documentation is on [`Reflector`].
+
+mod backoff;
+mod list;
+mod state;
+mod watch;
+
+use std::{
+    collections::HashSet,
+    sync::{Arc, PoisonError, RwLock},
+    time::Duration,
+};
+
+use kube_core::Resource;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::{
+    error::Error,
+    key::ObjectKey,
+    list_watch::ListWatch,
+    store::{TransformFn, Writer},
+};
+
+pub use backoff::{Backoff, BackoffConfig};
+use state::{Next, Phase, State};
+use watch::StreamingList;
+
+/// Where a [`Reflector`] writes (client-go's reflector store: `Add`/`Update`, `Delete`,
+/// `Replace`). Implemented by a store's writer and by the shared informer's event processor.
+///
+/// A full list arrives as one [`upsert`](Self::upsert) per listed object, as the objects
+/// are decoded, followed by [`finish_list`](Self::finish_list) with the keys listed: objects
+/// whose resourceVersion did not change should produce no event.
+pub trait ReflectorStore<K>: Send + Sync + 'static {
+    /// An object was added or modified, or listed.
+    fn upsert(&self, key: ObjectKey, object: Arc<K>);
+    /// An object was deleted; `object` is its last state.
+    fn delete(&self, key: ObjectKey, object: Arc<K>);
+    /// A full list at `resource_version` is complete: its objects went to
+    /// [`upsert`](Self::upsert); every object whose key is not in `listed` is gone.
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str);
+}
+
+impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
+    fn upsert(&self, key: ObjectKey, object: Arc<K>) {
+        self.insert_keyed(key, object);
+    }
+
+    fn delete(&self, key: ObjectKey, _object: Arc<K>) {
+        self.remove(key);
+    }
+
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
+        self.retain_keys(listed);
+    }
+}
+
+/// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
+pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
+
+/// How a [`Reflector`] fetches the full state of its resource.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ListMode {
+    /// Paged `LIST` calls, each page streamed into the store.
+    #[default]
+    Paged,
+    /// A streaming list: a watch with `sendInitialEvents=true` whose events are applied as
+    /// they arrive (see [`Reflector`]). Needs Kubernetes 1.27+ with the `WatchList`
+    /// feature (on by default since 1.32); other servers get paged lists.
+    Streaming,
+}
+
+/// Tuning of a [`Reflector`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReflectorConfig {
+    /// How the full state is fetched: [`ListMode::Paged`] (the default) or
+    /// [`ListMode::Streaming`].
+    pub list_mode: ListMode,
+    /// Objects per list page (`limit`), 500.
+    pub page_size: u32,
+    /// Lower bound of the random server-side watch timeout; the upper bound is twice this
+    /// (5 min, so 5–10 min).
+    pub min_watch_timeout: Duration,
+    /// A watch that delivers nothing, not even a bookmark, for this long is reconnected
+    /// (5 min). Servers send bookmarks about once a minute; keep this well above that.
+    pub idle_timeout: Duration,
+    /// Backoff between failed attempts.
+    pub backoff: BackoffConfig,
+}
+
+impl Default for ReflectorConfig {
+    fn default() -> Self {
+        Self {
+            list_mode: ListMode::default(),
+            page_size: 500,
+            min_watch_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(300),
+            backoff: BackoffConfig::default(),
+        }
+    }
+}
+
+/// The resourceVersion a reflector last synced to (from a list, an event or a bookmark).
+#[derive(Clone, Debug, Default)]
+pub struct SyncedVersion(Arc<RwLock<Option<String>>>);
+
+impl SyncedVersion {
+    /// The last synced resourceVersion; `None` before the first list completed.
+    pub fn get(&self) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, rv: &str) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(rv.to_owned());
+    }
+}
+
+/// Lists and watches `L` into `S`.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{Reflector, ReflectorConfig, testing::{FakeListWatch, StoreWriter}};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let fake = FakeListWatch::<ConfigMap>::new("configmaps");
+/// fake.add(FakeListWatch::<ConfigMap>::object(Some("ns"), "a"));
+/// let writer = StoreWriter::new();
+/// let store = writer.store();
+/// let reflector = Reflector::new(fake.clone(), writer, ReflectorConfig::default());
+/// let version = reflector.synced_version();
+/// let stop = CancellationToken::new();
+/// let task = tokio::spawn(reflector.run(stop.clone()));
+/// fake.wait_for_calls(|c| c.watches == 1).await;
+/// assert_eq!(store.len(), 1);
+/// assert_eq!(version.get().as_deref(), Some("2"));
+/// stop.cancel();
+/// task.await.unwrap();
+/// # }
+/// ```
+///
+/// The list-then-watch loop (client-go's `Reflector`).
+///
+/// A [`Reflector`] keeps a [`ReflectorStore`] equal to the API server's state of one
+/// resource:
+///
+/// 1. **List** in pages of [`page_size`](ReflectorConfig::page_size) (500) following
+///    `continue` tokens. The first list asks for resourceVersion `"0"` (any cached state: cheap
+///    for the server, which may then ignore the page size); later relists ask for data not
+///    older than the last resourceVersion seen (`resourceVersionMatch=NotOlderThan`), so the
+///    cache never goes back in time; after a 410 Gone the list is restarted from page one at
+///    resourceVersion `""` (a consistent read). Each page is read as a stream
+///    ([`ListWatch::list_stream`]): objects go to the store as they are decoded, while the
+///    server is still sending, and nothing holds a whole page; when the last page is in,
+///    objects that were not listed are removed ([`finish_list`](ReflectorStore::finish_list)).
+///    As with client-go's `DeltaFIFO`, readers may see a relist half applied.
+///
+///    With [`ListMode::Streaming`] the list is a *streaming list* instead (client-go's
+///    watch-list): one watch with `sendInitialEvents=true` delivers the current objects as
+///    events, which go to the store as they arrive, then a bookmark marked
+///    `k8s.io/initial-events-end`, after which the same watch carries on with changes.
+///    Objects not seen by the end bookmark are removed. A server that rejects
+///    `sendInitialEvents` or ignores it makes the reflector fall back to paged lists.
+/// 2. **Watch** from the list's resourceVersion with `allowWatchBookmarks` and a random
+///    server-side timeout in `[min_watch_timeout, 2 × min_watch_timeout)` (5–10 min), applying
+///    each event to the store. Bookmarks only advance the resourceVersion.
+/// 3. A watch that **ends normally** is resumed from the last resourceVersion, without a
+///    relist. A **410 Gone** (error or `ERROR` event, "too old resource version") relists. An
+///    **undecodable or malformed event** is reported and relists (an event was lost, so only
+///    a list can tell the truth). A watch silent (no event, no bookmark) for
+///    [`idle_timeout`](ReflectorConfig::idle_timeout) is presumed dead and reconnected.
+///    Other errors back off (800 ms doubling to 30 s, jittered, reset after 2 min of health;
+///    see [`Backoff`]) and retry.
+///
+/// Every list/watch error goes to the [error hook](Reflector::with_error_hook), if any, and
+/// to `tracing`.
+pub struct Reflector<K, L, S> {
+    lw: L,
+    store: S,
+    config: ReflectorConfig,
+    transform: Option<TransformFn<K>>,
+    error_hook: Option<ErrorHook>,
+    synced: SyncedVersion,
+    resource: String,
+    namespace: Option<String>,
+}
+
+impl<K, L, S> Reflector<K, L, S>
+where
+    K: Resource + Send + Sync + 'static,
+    L: ListWatch<K>,
+    S: ReflectorStore<K>,
+{
+    /// A reflector from `list_watch` into `store`.
+    pub fn new(list_watch: L, store: S, config: ReflectorConfig) -> Self {
+        let resource = list_watch.resource();
+        let namespace = list_watch.namespace();
+        Self {
+            lw: list_watch,
+            store,
+            config,
+            transform: None,
+            error_hook: None,
+            synced: SyncedVersion::default(),
+            resource,
+            namespace,
+        }
+    }
+
+    /// Applies `transform` to every object before it is stored.
+    #[must_use]
+    pub fn with_transform(mut self, transform: TransformFn<K>) -> Self {
+        self.transform = Some(transform);
+        self
+    }
+
+    /// Calls `hook` with every list/watch error.
+    #[must_use]
+    pub fn with_error_hook(mut self, hook: ErrorHook) -> Self {
+        self.error_hook = Some(hook);
+        self
+    }
+
+    /// Shares the last-synced resourceVersion with `version` (the informer passes its own).
+    #[must_use]
+    pub fn with_synced_version(mut self, version: SyncedVersion) -> Self {
+        self.synced = version;
+        self
+    }
+
+    /// A handle on the last-synced resourceVersion.
+    pub fn synced_version(&self) -> SyncedVersion {
+        self.synced.clone()
+    }
+
+    /// Runs until `cancel` fires; never returns earlier.
+    pub async fn run(self, cancel: CancellationToken) {
+        let span = info_span!("reflector", resource = %self.resource, namespace = self.namespace.as_deref().unwrap_or(""));
+        self.run_loop(cancel).instrument(span).await;
+    }
+
+    async fn run_loop(self, cancel: CancellationToken) {
+        let mut backoff = Backoff::new(self.config.backoff.clone());
+        let mut state = State::new(self.config.list_mode);
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let next = match (state.phase(), state.mode()) {
+                (Phase::Sync(from), ListMode::Streaming) => {
+                    let start = state.streaming_start(from).to_owned();
+                    debug!(rv = %start, "streaming list");
+                    let report = self.watch(&cancel, &start, StreamingList::Yes).await;
+                    self.report_watch_end(&report.end);
+                    state.watched(&report)
+                }
+                (Phase::Sync(from), ListMode::Paged) => {
+                    let listed = tokio::select! {
+                        biased;
+                        () = cancel.cancelled() => break,
+                        r = self.list_all(from, state.last_rv()) => r,
+                    };
+                    match listed {
+                        Ok(rv) => state.listed(rv),
+                        Err(error) => {
+                            self.report(&error);
+                            if error.is_gone() {
+                                debug!("list expired; listing again from resourceVersion \"\"");
+                            }
+                            state.list_failed(&error)
+                        }
+                    }
+                }
+                (Phase::Watch, _) => {
+                    let start = state.last_rv().to_owned();
+                    let report = self.watch(&cancel, &start, StreamingList::No).await;
+                    self.report_watch_end(&report.end);
+                    state.watched(&report)
+                }
+            };
+            match next {
+                Next::Go => {}
+                Next::Backoff => {
+                    if !self.sleep(&cancel, &mut backoff).await {
+                        break;
+                    }
+                }
+                Next::Stop => break,
+            }
+        }
+        debug!("reflector stopped");
+    }
+
+    /// Logs and reports how a watch ended, when that is news.
+    fn report_watch_end(&self, end: &watch::WatchEnd) {
+        match end {
+            watch::WatchEnd::Failed {
+                error: error @ Error::StreamingListUnsupported { .. },
+                ..
+            } => {
+                self.report(error);
+                warn!("falling back to paged lists");
+            }
+            watch::WatchEnd::Failed { error, .. } => self.report(error),
+            watch::WatchEnd::Closed { events: 0, elapsed } if *elapsed < Duration::from_secs(1) => {
+                warn!("watch closed at once without events");
+            }
+            watch::WatchEnd::Cancelled | watch::WatchEnd::Closed { .. } | watch::WatchEnd::Idle => {
+            }
+        }
+    }
+
+    fn report(&self, error: &Error) {
+        warn!(%error, "list/watch error");
+        if let Some(hook) = &self.error_hook {
+            hook(error);
+        }
+    }
+
+    /// Sleeps the next backoff delay; false if cancelled meanwhile.
+    async fn sleep(&self, cancel: &CancellationToken, backoff: &mut Backoff) -> bool {
+        let delay = backoff.next_delay();
+        debug!(delay_ms = delay.as_millis() as u64, "backing off");
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    fn unsupported(&self, detail: String) -> Error {
+        Error::StreamingListUnsupported {
+            resource: self.resource.clone(),
+            detail,
+        }
+    }
+
+    fn prepare(&self, obj: K) -> Result<(ObjectKey, Arc<K>), K> {
+        let obj = match &self.transform {
+            Some(t) => t(obj),
+            None => obj,
+        };
+        match ObjectKey::from_object(&obj) {
+            Ok(key) => Ok((key, Arc::new(obj))),
+            Err(_) => Err(obj),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        error::Verb,
+        list_watch::WatchEvent,
+        store::Store,
+        testing::{FakeListWatch, decode_error, gone, status, transport_error},
+    };
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_client::api::VersionMatch;
+    use std::sync::Mutex;
+    use tokio::time::Instant;
+
+    type Fake = FakeListWatch<ConfigMap>;
+
+    fn cm(name: &str) -> ConfigMap {
+        Fake::object(Some("ns"), name)
+    }
+
+    struct Harness {
+        store: Store<ConfigMap>,
+        errors: Arc<Mutex<Vec<String>>>,
+        stop: CancellationToken,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(fake: &Fake, config: ReflectorConfig) -> Harness {
+        let writer = Writer::new();
+        let store = writer.store();
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let hook_errors = errors.clone();
+        let reflector = Reflector::new(fake.clone(), writer, config).with_error_hook(Arc::new(
+            move |e: &Error| hook_errors.lock().unwrap().push(e.to_string()),
+        ));
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(reflector.run(stop.clone()));
+        Harness {
+            store,
+            errors,
+            stop,
+            task,
+        }
+    }
+
+    impl Harness {
+        async fn stop(self) {
+            self.stop.cancel();
+            self.task.await.unwrap();
+        }
+        fn errors(&self) -> Vec<String> {
+            self.errors.lock().unwrap().clone()
+        }
+    }
+
+    fn list_rvs(fake: &Fake) -> Vec<(Option<String>, Option<VersionMatch>, bool)> {
+        fake.list_requests()
+            .into_iter()
+            .map(|o| {
+                (
+                    o.resource_version,
+                    o.version_match,
+                    o.continue_token.is_some(),
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pages_of_500_then_watch_from_list_rv() {
+        let fake = Fake::new("configmaps");
+        for i in 0..1201 {
+            fake.add(cm(&format!("o{i:04}")));
+        }
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        assert_eq!(h.store.len(), 1201);
+        let lists = fake.list_requests();
+        assert_eq!(lists.len(), 3);
+        assert!(lists.iter().all(|o| o.limit == Some(500)));
+        assert_eq!(lists[0].resource_version.as_deref(), Some("0"));
+        assert!(lists[1].continue_token.is_some() && lists[1].resource_version.is_none());
+        let watch = &fake.watch_requests()[0];
+        assert_eq!(watch.resource_version, fake.resource_version());
+        assert!(watch.allow_bookmarks);
+        let t = watch.timeout.unwrap();
+        assert!(
+            t >= Duration::from_secs(300) && t < Duration::from_secs(600),
+            "{t:?}"
+        );
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gone_in_the_middle_of_a_paged_list_restarts_from_latest() {
+        let fake = Fake::new("configmaps");
+        for i in 0..1200 {
+            fake.add(cm(&format!("o{i:04}")));
+        }
+        fake.fail_next_continue(gone("configmaps", Verb::List));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        assert_eq!(
+            list_rvs(&fake),
+            [
+                (Some("0".into()), None, false),
+                (None, None, true),  // 410 here
+                (None, None, false), // restart at RV "" from page 1
+                (None, None, true),
+                (None, None, true),
+            ]
+        );
+        assert_eq!(h.store.len(), 1200);
+        assert_eq!(h.errors().len(), 1);
+        assert!(h.errors()[0].contains("410"));
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watch_end_resumes_from_last_rv_without_relist() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        fake.add(cm("b"));
+        let rv = fake.update(cm("a"));
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 1, "no relist");
+        assert_eq!(fake.watch_requests()[1].resource_version, rv);
+        assert_eq!(h.store.len(), 2);
+        // a bookmark moves the resume point too
+        fake.bookmark();
+        let bookmark_rv = fake.resource_version();
+        fake.add(cm("c"));
+        let after = fake.resource_version();
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        assert_eq!(fake.watch_requests()[2].resource_version, after);
+        assert_ne!(bookmark_rv, "");
+        assert!(h.errors().is_empty());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gone_on_watch_relists_from_latest() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        fake.add(cm("b"));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        // changes the watch never sees, then history is compacted
+        fake.set_broadcast(false);
+        fake.delete(Some("ns"), "a");
+        fake.add(cm("c"));
+        fake.compact();
+        fake.set_broadcast(true);
+        fake.end_watches(); // resume from an expired RV -> ERROR 410 event
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        assert_eq!(fake.calls().lists, 2);
+        assert_eq!(list_rvs(&fake)[1], (None, None, false));
+        let mut keys: Vec<_> = h
+            .store
+            .list_keys()
+            .into_iter()
+            .map(|k| k.to_string())
+            .collect();
+        keys.sort();
+        assert_eq!(keys, ["ns/b", "ns/c"]);
+        assert!(h.errors()[0].contains("410"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_back_off_and_later_relists_use_last_rv() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        for _ in 0..3 {
+            fake.fail_next_list(transport_error("configmaps", Verb::List));
+        }
+        let t0 = Instant::now();
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        // 3 failures: delays of at most 0.8 + 1.6 + 3.2 s, at least 75% of that
+        let waited = t0.elapsed();
+        assert!(waited <= Duration::from_millis(5600), "{waited:?}");
+        assert!(waited >= Duration::from_millis(4200), "{waited:?}");
+        assert_eq!(h.errors().len(), 3);
+        // a decode error on the watch relists at the last seen RV, NotOlderThan
+        let rv = fake.resource_version();
+        fake.inject(Err(decode_error("configmaps", Verb::Watch)));
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        let last = fake.list_requests().pop().unwrap();
+        assert_eq!(last.resource_version.as_deref(), Some(rv.as_str()));
+        assert_eq!(last.version_match, Some(VersionMatch::NotOlderThan));
+        assert!(h.errors()[3].contains("decode"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_watch_is_reconnected() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let config = ReflectorConfig {
+            idle_timeout: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let h = start(&fake, config);
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        let t0 = Instant::now();
+        // bookmarks keep it alive
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_secs(50)).await;
+            fake.bookmark();
+        }
+        assert_eq!(fake.calls().watches, 1);
+        // then silence
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        let elapsed = t0.elapsed();
+        assert!(
+            elapsed >= Duration::from_secs(210) && elapsed < Duration::from_secs(212),
+            "{elapsed:?}"
+        );
+        assert_eq!(fake.calls().lists, 1, "an idle reconnect does not relist");
+        assert!(h.errors()[0].contains("no event"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn malformed_event_is_reported_and_relisted() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        fake.inject(Ok(WatchEvent::Added(ConfigMap::default()))); // no name
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 2);
+        assert!(h.errors()[0].contains("malformed"), "{:?}", h.errors());
+        // and an ERROR event that is not a 410 backs off and re-watches
+        fake.inject(Ok(WatchEvent::Error(status(
+            500,
+            "InternalError",
+            "etcd unavailable",
+        ))));
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        assert_eq!(fake.calls().lists, 2);
+        assert!(h.errors()[1].contains("etcd unavailable"));
+        assert_eq!(h.store.len(), 1);
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn forbidden_is_reported_and_retried() {
+        let fake = Fake::new("configmaps");
+        fake.fail_next_watch(Error::from_status(
+            status(403, "Forbidden", "denied"),
+            Verb::Watch,
+            "configmaps",
+            Some("ns"),
+        ));
+        let h = start(&fake, ReflectorConfig::default());
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 1);
+        assert!(h.errors()[0].contains("cannot watch configmaps in namespace \"ns\""));
+        h.stop().await;
+    }
+}

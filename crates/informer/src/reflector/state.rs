@@ -1,0 +1,268 @@
+//! The reflector's state: what it does next, and how each outcome moves it on.
+//!
+//! The run loop only performs steps (a list, a watch, a backoff sleep); every decision about
+//! what comes next is made here, by pure transitions that tests can drive one by one.
+
+use std::time::Duration;
+
+use super::{ListMode, watch::WatchEnd};
+use crate::error::Error;
+
+/// Which resourceVersion the next full list asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ListFrom {
+    /// `"0"`: any state the server has cached (the first list).
+    Any,
+    /// The last seen resourceVersion, `NotOlderThan`: the cache never goes back in time.
+    LastSeen,
+    /// `""`: a consistent read (after a 410).
+    Latest,
+}
+
+/// What the reflector does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Fetch the full state (paged or streaming list, as the [mode](State::mode) says).
+    Sync(ListFrom),
+    /// Follow changes with a watch from the last synced resourceVersion.
+    Watch,
+}
+
+/// How a streaming list's initial events ended, as the watch step reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum InitialEvents {
+    /// The watch was an ordinary watch.
+    NotRequested,
+    /// The watch ended before the initial events did: the state is still unknown.
+    Incomplete,
+    /// The end bookmark arrived; the watch went on following changes.
+    Complete,
+}
+
+/// What a watch step did.
+#[derive(Debug)]
+pub(super) struct WatchReport {
+    /// How the watch ended.
+    pub(super) end: WatchEnd,
+    /// The last resourceVersion seen (from an event or bookmark), or the one it started at.
+    pub(super) last_rv: String,
+    /// Whether a streaming list's initial events completed.
+    pub(super) initial_events: InitialEvents,
+}
+
+/// What to do after a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Next {
+    /// The next step at once.
+    Go,
+    /// The next step after a backoff delay.
+    Backoff,
+    /// Cancelled: stop.
+    Stop,
+}
+
+/// A watch that ends this quickly without an event is not a healthy watch that timed out.
+const QUICK_CLOSE: Duration = Duration::from_secs(1);
+
+/// The reflector's whole state between steps.
+#[derive(Debug)]
+pub(super) struct State {
+    phase: Phase,
+    mode: ListMode,
+    /// The resourceVersion the store is synced to; empty before the first full sync.
+    last_rv: String,
+    /// 410s in a row with no event in between: a second one backs off.
+    gone_in_a_row: u32,
+}
+
+impl State {
+    /// Before the first list.
+    pub(super) fn new(mode: ListMode) -> Self {
+        Self {
+            phase: Phase::Sync(ListFrom::Any),
+            mode,
+            last_rv: String::new(),
+            gone_in_a_row: 0,
+        }
+    }
+
+    pub(super) fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// How full syncs are done now (a streaming list falls back to paged for good).
+    pub(super) fn mode(&self) -> ListMode {
+        self.mode
+    }
+
+    pub(super) fn last_rv(&self) -> &str {
+        &self.last_rv
+    }
+
+    /// Where a streaming list starts: the last synced version (not older than), or `""`
+    /// for a consistent read.
+    pub(super) fn streaming_start(&self, from: ListFrom) -> &str {
+        match from {
+            ListFrom::Latest => "",
+            ListFrom::Any | ListFrom::LastSeen => &self.last_rv,
+        }
+    }
+
+    /// A paged list completed at `resource_version`.
+    pub(super) fn listed(&mut self, resource_version: String) -> Next {
+        self.last_rv = resource_version;
+        self.phase = Phase::Watch;
+        Next::Go
+    }
+
+    /// A paged list failed with `error`.
+    pub(super) fn list_failed(&mut self, error: &Error) -> Next {
+        match self.phase {
+            // An expired snapshot or continue token: start over from a consistent read.
+            Phase::Sync(from) if error.is_gone() && from != ListFrom::Latest => {
+                self.phase = Phase::Sync(ListFrom::Latest);
+                Next::Go
+            }
+            _ => Next::Backoff,
+        }
+    }
+
+    /// A watch (or streaming list) ended as `report` says.
+    pub(super) fn watched(&mut self, report: &WatchReport) -> Next {
+        self.last_rv.clone_from(&report.last_rv);
+        if report.initial_events == InitialEvents::Complete {
+            self.phase = Phase::Watch;
+        }
+        match &report.end {
+            WatchEnd::Cancelled => Next::Stop,
+            WatchEnd::Failed {
+                error: Error::StreamingListUnsupported { .. },
+                ..
+            } => {
+                self.mode = ListMode::Paged;
+                let from = match self.phase {
+                    Phase::Sync(from) => from,
+                    Phase::Watch => ListFrom::LastSeen,
+                };
+                self.phase = Phase::Sync(from);
+                Next::Go
+            }
+            WatchEnd::Closed { events, elapsed } => {
+                if *events > 0 {
+                    self.gone_in_a_row = 0;
+                }
+                if *events == 0 && *elapsed < QUICK_CLOSE {
+                    Next::Backoff
+                } else {
+                    Next::Go
+                }
+            }
+            WatchEnd::Idle => Next::Go,
+            WatchEnd::Failed { error, events } => {
+                if *events > 0 {
+                    self.gone_in_a_row = 0;
+                }
+                if error.is_gone() {
+                    self.phase = Phase::Sync(ListFrom::Latest);
+                    self.gone_in_a_row += 1;
+                    if self.gone_in_a_row > 1 {
+                        Next::Backoff
+                    } else {
+                        Next::Go
+                    }
+                } else {
+                    if error.needs_relist() {
+                        self.phase = Phase::Sync(ListFrom::LastSeen);
+                    }
+                    Next::Backoff
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{error::Verb, testing::gone};
+
+    fn report(end: WatchEnd, initial_events: InitialEvents) -> WatchReport {
+        WatchReport {
+            end,
+            last_rv: "7".to_owned(),
+            initial_events,
+        }
+    }
+
+    #[test]
+    fn a_first_list_then_watches_resume_without_relisting() {
+        let mut state = State::new(ListMode::Paged);
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::Any));
+        assert_eq!(state.listed("5".to_owned()), Next::Go);
+        assert_eq!((state.phase(), state.last_rv()), (Phase::Watch, "5"));
+        let closed = WatchEnd::Closed {
+            events: 3,
+            elapsed: Duration::from_secs(300),
+        };
+        assert_eq!(
+            state.watched(&report(closed, InitialEvents::NotRequested)),
+            Next::Go
+        );
+        assert_eq!((state.phase(), state.last_rv()), (Phase::Watch, "7"));
+    }
+
+    #[test]
+    fn gone_relists_from_latest_and_backs_off_the_second_time_in_a_row() {
+        let mut state = State::new(ListMode::Paged);
+        state.listed("5".to_owned());
+        let failed = || WatchEnd::Failed {
+            error: gone("configmaps", Verb::Watch),
+            events: 0,
+        };
+        assert_eq!(
+            state.watched(&report(failed(), InitialEvents::NotRequested)),
+            Next::Go
+        );
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::Latest));
+        state.listed("9".to_owned());
+        assert_eq!(
+            state.watched(&report(failed(), InitialEvents::NotRequested)),
+            Next::Backoff
+        );
+        // A 410 mid-list restarts from a consistent read once, then backs off.
+        let mut state = State::new(ListMode::Paged);
+        let error = gone("configmaps", Verb::List);
+        assert_eq!(state.list_failed(&error), Next::Go);
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::Latest));
+        assert_eq!(state.list_failed(&error), Next::Backoff);
+    }
+
+    #[test]
+    fn a_streaming_list_falls_back_to_pages_for_good() {
+        let mut state = State::new(ListMode::Streaming);
+        let unsupported = WatchEnd::Failed {
+            error: Error::StreamingListUnsupported {
+                resource: "configmaps".to_owned(),
+                detail: "422".to_owned(),
+            },
+            events: 0,
+        };
+        let next = state.watched(&report(unsupported, InitialEvents::Incomplete));
+        assert_eq!(next, Next::Go);
+        assert_eq!(state.mode(), ListMode::Paged);
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::Any));
+    }
+
+    #[test]
+    fn a_completed_streaming_list_goes_on_as_a_watch() {
+        let mut state = State::new(ListMode::Streaming);
+        let idle = report(WatchEnd::Idle, InitialEvents::Complete);
+        assert_eq!(state.watched(&idle), Next::Go);
+        assert_eq!((state.phase(), state.last_rv()), (Phase::Watch, "7"));
+        let mut state = State::new(ListMode::Streaming);
+        let torn = report(WatchEnd::Idle, InitialEvents::Incomplete);
+        state.watched(&torn);
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::Any));
+        assert_eq!(state.streaming_start(ListFrom::Latest), "");
+    }
+}

@@ -1,0 +1,244 @@
+//! The watch step: one watch call, its events applied to the store, and how it ended. A
+//! streaming list is a watch too: its first events are the current state.
+
+use std::{collections::HashSet, time::Duration};
+
+use futures::StreamExt;
+use kube_core::Resource;
+use rand::Rng;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use super::{
+    Reflector, ReflectorStore,
+    state::{InitialEvents, WatchReport},
+};
+use crate::{
+    error::{Error, Verb},
+    key::ObjectKey,
+    list_watch::{ListWatch, WatchEvent, WatchOptions},
+};
+
+/// Whether a watch is a streaming list (`sendInitialEvents`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum StreamingList {
+    /// Send the current state first, then changes.
+    Yes,
+    /// Changes after the start resourceVersion only.
+    No,
+}
+
+/// The initial phase of a streaming list: the keys seen so far.
+struct InitialPhase {
+    listed: HashSet<ObjectKey>,
+    started: Instant,
+}
+
+/// How a watch ended.
+#[derive(Debug)]
+pub(super) enum WatchEnd {
+    /// The reflector was cancelled.
+    Cancelled,
+    /// The server ended the watch normally (its timeout).
+    Closed {
+        /// Events received.
+        events: usize,
+        /// How long the watch lasted.
+        elapsed: Duration,
+    },
+    /// Nothing arrived for the idle timeout; presumed dead.
+    Idle,
+    /// The watch failed.
+    Failed {
+        /// Why.
+        error: Error,
+        /// Events received before.
+        events: usize,
+    },
+}
+
+impl<K, L, S> Reflector<K, L, S>
+where
+    K: Resource + Send + Sync + 'static,
+    L: ListWatch<K>,
+    S: ReflectorStore<K>,
+{
+    /// Watches from `resource_version` until the watch ends, applying its events. As a
+    /// streaming list (`streaming`), its first events are the current state, up to the
+    /// bookmark that ends them.
+    pub(super) async fn watch(
+        &self,
+        cancel: &CancellationToken,
+        resource_version: &str,
+        streaming: StreamingList,
+    ) -> WatchReport {
+        let mut last_rv = resource_version.to_owned();
+        let mut initial = match streaming {
+            StreamingList::Yes => Some(InitialPhase {
+                listed: HashSet::new(),
+                started: Instant::now(),
+            }),
+            StreamingList::No => None,
+        };
+        let end = self.follow(cancel, &mut last_rv, &mut initial).await;
+        let initial_events = match (streaming, initial) {
+            (StreamingList::No, _) => InitialEvents::NotRequested,
+            (StreamingList::Yes, Some(_)) => InitialEvents::Incomplete,
+            (StreamingList::Yes, None) => InitialEvents::Complete,
+        };
+        WatchReport {
+            end,
+            last_rv,
+            initial_events,
+        }
+    }
+
+    /// The watch itself; `initial` is taken once a streaming list's end bookmark arrived.
+    async fn follow(
+        &self,
+        cancel: &CancellationToken,
+        last_rv: &mut String,
+        initial: &mut Option<InitialPhase>,
+    ) -> WatchEnd {
+        let min = self.config.min_watch_timeout;
+        let timeout = min.mul_f64(1.0 + rand::rng().random::<f64>());
+        let options = WatchOptions {
+            resource_version: last_rv.clone(),
+            timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
+            allow_bookmarks: true,
+            send_initial_events: initial.is_some(),
+        };
+        debug!(rv = %last_rv, timeout_s = options.timeout.map(|t| t.as_secs()), "watching");
+        let started = Instant::now();
+        let mut stream = tokio::select! {
+            biased;
+            () = cancel.cancelled() => return WatchEnd::Cancelled,
+            r = self.lw.watch(&options) => match r {
+                Ok(stream) => stream,
+                Err(Error::Api { status, .. })
+                    if initial.is_some() && matches!(status.code, 400 | 422) =>
+                {
+                    let error = self.unsupported(format!("{} ({})", status.message, status.code));
+                    return WatchEnd::Failed { error, events: 0 };
+                }
+                Err(error) => return WatchEnd::Failed { error, events: 0 },
+            },
+        };
+        let mut events = 0usize;
+        loop {
+            let next = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return WatchEnd::Cancelled,
+                n = tokio::time::timeout(self.config.idle_timeout, stream.next()) => n,
+            };
+            let event = match next {
+                Err(_) if initial.is_some() && events == 0 => {
+                    let error = self.unsupported(format!(
+                        "no initial event within {:?}",
+                        self.config.idle_timeout
+                    ));
+                    return WatchEnd::Failed { error, events };
+                }
+                Err(_) => {
+                    self.report(&Error::IdleTimeout {
+                        resource: self.resource.clone(),
+                        idle: self.config.idle_timeout,
+                    });
+                    return WatchEnd::Idle;
+                }
+                Ok(None) => {
+                    let elapsed = started.elapsed();
+                    debug!(rv = %last_rv, events, elapsed_ms = elapsed.as_millis() as u64, "watch closed");
+                    return WatchEnd::Closed { events, elapsed };
+                }
+                Ok(Some(Err(error))) => return WatchEnd::Failed { error, events },
+                Ok(Some(Ok(event))) => event,
+            };
+            events += 1;
+            if initial.is_some()
+                && events == 1
+                && !matches!(
+                    event,
+                    WatchEvent::Added(_)
+                        | WatchEvent::Error(_)
+                        | WatchEvent::Bookmark {
+                            initial_events_end: true,
+                            ..
+                        }
+                )
+            {
+                // A streaming list starts with the initial `ADDED`s or, for an empty
+                // collection, the end bookmark; anything else is an ordinary watch.
+                let error = self.unsupported(
+                    "the watch did not start with initial events (sendInitialEvents ignored)"
+                        .to_owned(),
+                );
+                return WatchEnd::Failed { error, events };
+            }
+            let (obj, deleted) = match event {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
+                WatchEvent::Deleted(o) => (o, true),
+                WatchEvent::Bookmark {
+                    resource_version,
+                    initial_events_end,
+                } => {
+                    if initial_events_end && let Some(phase) = initial.take() {
+                        self.store.finish_list(&phase.listed, &resource_version);
+                        info!(
+                            rv = %resource_version,
+                            objects = phase.listed.len(),
+                            elapsed_ms = phase.started.elapsed().as_millis() as u64,
+                            "streamed list"
+                        );
+                    }
+                    if !resource_version.is_empty() && initial.is_none() {
+                        *last_rv = resource_version;
+                        self.synced.set(last_rv);
+                    }
+                    continue;
+                }
+                WatchEvent::Error(status) => {
+                    let error = Error::from_status(
+                        status,
+                        Verb::Watch,
+                        &self.resource,
+                        self.namespace.as_deref(),
+                    );
+                    return WatchEnd::Failed { error, events };
+                }
+            };
+            let rv = obj.meta().resource_version.clone();
+            let (key, obj) = match self.prepare(obj) {
+                Ok(pair) => pair,
+                Err(_) => {
+                    let error = Error::MalformedEvent {
+                        resource: self.resource.clone(),
+                        detail: "object without metadata.name".to_owned(),
+                    };
+                    return WatchEnd::Failed { error, events };
+                }
+            };
+            if let Some(phase) = initial.as_mut() {
+                if deleted {
+                    phase.listed.remove(&key);
+                } else {
+                    phase.listed.insert(key.clone());
+                }
+            }
+            if deleted {
+                self.store.delete(key, obj);
+            } else {
+                self.store.upsert(key, obj);
+            }
+            // During a streaming list the objects' versions are not in order; only the
+            // end bookmark says which version the whole state has.
+            if let Some(rv) = rv.filter(|rv| !rv.is_empty())
+                && initial.is_none()
+            {
+                *last_rv = rv;
+                self.synced.set(last_rv);
+            }
+        }
+    }
+}

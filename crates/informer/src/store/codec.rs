@@ -1,0 +1,65 @@
+//! How a compact [`Store`](crate::Store) keeps objects: serialized, decoded on read.
+//! The full documentation is on [`Codec`].
+
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::error::BoxError;
+
+/// Encodes objects for a compact [`Store`](crate::Store) and decodes them back.
+///
+/// `decode(encode(x))` must equal `x`; a store cannot return an object whose bytes do not
+/// decode (it logs an error naming the key instead).
+///
+/// How a compact [`Store`](crate::Store) keeps objects: serialized, decoded on read.
+///
+/// By default a store holds each object as the `Arc<K>` it was decoded into. For most
+/// Kubernetes types that in-memory form is much larger than the object's JSON:
+/// `k8s-openapi` structs carry every optional field inline, and `managedFields` decode into
+/// trees of `BTreeMap`s. A store built with a [`Codec`] keeps the encoded bytes instead and
+/// decodes on every read, trading a few microseconds per read for a fraction of the memory
+/// (measured in [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)).
+///
+/// [`JsonCodec`] (compact JSON) is the codec [`InformerBuilder::compact`] uses; implement
+/// [`Codec`] for another format or to compress.
+///
+/// [`InformerBuilder::compact`]: crate::InformerBuilder::compact
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{Codec, JsonCodec, testing::FakeListWatch};
+///
+/// let cm = FakeListWatch::<ConfigMap>::object(Some("ns"), "a");
+/// let bytes = JsonCodec.encode(&cm).unwrap();
+/// let back: ConfigMap = JsonCodec.decode(&bytes).unwrap();
+/// assert_eq!(back, cm);
+/// ```
+pub trait Codec<K>: Send + Sync {
+    /// The bytes to keep for `obj`.
+    ///
+    /// # Errors
+    ///
+    /// When `obj` cannot be encoded; the store then keeps the object itself.
+    fn encode(&self, obj: &K) -> Result<Vec<u8>, BoxError>;
+
+    /// The object back from bytes made by [`encode`](Self::encode).
+    ///
+    /// # Errors
+    ///
+    /// When the bytes do not decode.
+    fn decode(&self, bytes: &[u8]) -> Result<K, BoxError>;
+}
+
+/// Compact JSON through `serde_json`: lossless for every Kubernetes object type (they are
+/// JSON types), and decoding it is as fast as decoding the API server's responses.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct JsonCodec;
+
+impl<K: Serialize + DeserializeOwned> Codec<K> for JsonCodec {
+    fn encode(&self, obj: &K) -> Result<Vec<u8>, BoxError> {
+        Ok(serde_json::to_vec(obj)?)
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<K, BoxError> {
+        Ok(serde_json::from_slice(bytes)?)
+    }
+}

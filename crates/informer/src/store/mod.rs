@@ -1,0 +1,854 @@
+//! The thread-safe, indexed object cache (client-go's `Indexer` / `threadSafeMap`).
+//! The full documentation is on [`Store`].
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    ops::Deref,
+    sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard},
+};
+
+use kube_core::Resource;
+#[cfg(any(test, feature = "testing"))]
+use serde::{Serialize, de::DeserializeOwned};
+use tracing::{error, warn};
+
+mod codec;
+mod index;
+mod lister;
+mod selector;
+
+use crate::{error::Error, key::ObjectKey};
+
+pub use codec::{Codec, JsonCodec};
+use index::{Index, IndexValues, apply_change, compute_values};
+pub use index::{IndexFn, NAMESPACE_INDEX, label_index, namespace_index, owner_uid_index};
+pub use lister::Lister;
+pub use selector::{Operator, Requirement, Selector, SelectorError};
+
+/// A transform applied to every object before it is stored (and before handlers see it).
+///
+/// Typical use: drop fields the program never reads to save memory, as
+/// [`strip_managed_fields`] does.
+pub type TransformFn<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
+
+/// Transform that drops `metadata.managedFields`, usually the largest part of an object that
+/// a controller never reads.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{SharedInformer, strip_managed_fields, testing::FakeListWatch};
+///
+/// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+///     .transform(strip_managed_fields)
+///     .build();
+/// ```
+pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
+    obj.meta_mut().managed_fields = None;
+    obj
+}
+
+/// Thread-safe indexed cache of `K` by [`ObjectKey`], read-only. Cheap to clone (shared).
+///
+/// Read it from an informer ([`InformerHandle::store`](crate::InformerHandle::store)); the
+/// consistency guarantee is below.
+///
+/// ```
+/// use std::sync::Arc;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{label_index, testing::{FakeListWatch, StoreWriter}};
+///
+/// let writer = StoreWriter::<ConfigMap>::new();
+/// writer.add_indexer("app", label_index("app")).unwrap();
+/// let mut cm = FakeListWatch::<ConfigMap>::object(Some("ns"), "a");
+/// cm.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+/// writer.insert(Arc::new(cm)).unwrap();
+///
+/// let store = writer.store();
+/// assert!(store.get_by_key("ns/a").is_some());
+/// assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+/// assert_eq!(store.by_index("namespace", "ns").unwrap().len(), 1);
+/// assert_eq!(store.list_index_values("app").unwrap(), vec!["web".to_owned()]);
+/// ```
+///
+/// The thread-safe, indexed object cache (client-go's `Indexer` / `threadSafeMap`).
+///
+/// [`Store<K>`] maps [`ObjectKey`]s to objects. By default it holds each object as the
+/// `Arc<K>` it was decoded into: every reader, index and event handler shares it, and
+/// nothing is deep-copied after decoding. A *compact* store holds each object encoded by a
+/// [`Codec`] instead and decodes it on every read: much less memory for a few microseconds
+/// per object read.
+///
+/// A [`Store`] is a read-only handle. Its one [`Writer`] belongs to whoever fills the cache
+/// (a [`SharedInformer`](crate::SharedInformer)'s processor), so a program can read an
+/// informer's cache but has no way to write to it behind the informer's back. Tests build a
+/// writer of their own through the `testing` feature (`testing::StoreWriter`).
+///
+/// # Consistency guarantee
+///
+/// Objects and all index entries live behind **one** `RwLock`, and every write (insert,
+/// remove, replace, add an index) becomes visible to readers in a single step. Hence:
+///
+/// * a reader never sees an index entry whose key is missing from the objects, nor an object
+///   missing from an index it belongs to;
+/// * an object and all its index entries change together: `by_index(i, v)` returns objects
+///   whose *current* index values include `v`;
+/// * `list()` and friends are snapshots of one instant.
+///
+/// Writers are serialized by a separate mutex, and the (user-supplied) index functions and
+/// the codec run under that mutex only, *before* the `RwLock` is taken for writing: readers
+/// are locked out just for the hash-map updates, and a panicking index function leaves the
+/// store unchanged. Readers of a compact store decode after releasing the lock.
+///
+/// A `RwLock` (and not a sharded map such as `dashmap`) is a deliberate choice: the
+/// guarantee above needs objects and indexes to change atomically together, which per-shard
+/// locks cannot give without a second lock on top. An informer's store has one writer (its
+/// reflector), and read critical sections are short, so one lock does not limit throughput.
+pub struct Store<K> {
+    shared: Arc<Shared<K>>,
+}
+
+struct Shared<K> {
+    state: RwLock<State<K>>,
+    /// Serializes writers; holds the index functions (changed only by `add_indexer`).
+    writer: Mutex<Vec<IndexFn<K>>>,
+    /// Set for a compact store.
+    codec: Option<Arc<dyn Codec<K>>>,
+}
+
+struct State<K> {
+    objects: HashMap<ObjectKey, Slot<K>>,
+    indexes: Vec<Index>,
+}
+
+/// One stored object: shared as decoded, or encoded by the store's codec.
+enum Slot<K> {
+    Object(Arc<K>),
+    Packed(Arc<[u8]>),
+}
+
+impl<K> Clone for Slot<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Slot::Object(o) => Slot::Object(o.clone()),
+            Slot::Packed(b) => Slot::Packed(b.clone()),
+        }
+    }
+}
+
+impl<K> Clone for Store<K> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<K> fmt::Debug for Store<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let st = self.read();
+        f.debug_struct("Store")
+            .field("objects", &st.objects.len())
+            .field(
+                "indexes",
+                &st.indexes.iter().map(|i| &*i.name).collect::<Vec<_>>(),
+            )
+            .field("compact", &self.shared.codec.is_some())
+            .finish()
+    }
+}
+
+impl<K> Store<K> {
+    fn read(&self) -> RwLockReadGuard<'_, State<K>> {
+        self.shared
+            .state
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, State<K>> {
+        self.shared
+            .state
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Vec<IndexFn<K>>> {
+        self.shared
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The slot to keep for `obj`: encoded in a compact store, unless encoding fails.
+    fn pack(&self, key: &ObjectKey, obj: Arc<K>) -> Slot<K> {
+        let Some(codec) = &self.shared.codec else {
+            return Slot::Object(obj);
+        };
+        match codec.encode(&obj) {
+            Ok(bytes) => Slot::Packed(bytes.into()),
+            Err(err) => {
+                warn!(%key, %err, "object does not encode; keeping it decoded");
+                Slot::Object(obj)
+            }
+        }
+    }
+
+    /// The object in `slot`; `None` (with an error log) when its bytes do not decode.
+    fn unpack(&self, key: &ObjectKey, slot: Slot<K>) -> Option<Arc<K>> {
+        match (slot, &self.shared.codec) {
+            (Slot::Object(obj), _) => Some(obj),
+            (Slot::Packed(bytes), Some(codec)) => match codec.decode(&bytes) {
+                Ok(obj) => Some(Arc::new(obj)),
+                Err(err) => {
+                    error!(%key, %err, "stored object does not decode; the codec does not round-trip");
+                    None
+                }
+            },
+            (Slot::Packed(_), None) => None,
+        }
+    }
+
+    fn unpack_all(&self, slots: Vec<(ObjectKey, Slot<K>)>) -> Vec<Arc<K>> {
+        slots
+            .into_iter()
+            .filter_map(|(key, slot)| self.unpack(&key, slot))
+            .collect()
+    }
+
+    /// The object under `key` (`namespace/name`, or `name` for cluster-scoped objects).
+    pub fn get_by_key(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
+        let (key, slot) = {
+            let st = self.read();
+            let (k, v) = st.objects.get_key_value(key.as_ref())?;
+            (k.clone(), v.clone())
+        };
+        self.unpack(&key, slot)
+    }
+
+    /// Whether an object is stored under `key`.
+    pub fn contains_key(&self, key: impl AsRef<str>) -> bool {
+        self.read().objects.contains_key(key.as_ref())
+    }
+
+    /// All objects, in no particular order.
+    pub fn list(&self) -> Vec<Arc<K>> {
+        let slots = self.snapshot();
+        self.unpack_all(slots)
+    }
+
+    fn snapshot(&self) -> Vec<(ObjectKey, Slot<K>)> {
+        self.read()
+            .objects
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    /// The objects for which `filter` is true. In a store of shared objects `filter` runs
+    /// under the read lock (keep it quick); a compact store decodes and filters after
+    /// releasing it.
+    pub fn list_filtered(&self, mut filter: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
+        if self.shared.codec.is_none() {
+            return self
+                .read()
+                .objects
+                .values()
+                .filter_map(|slot| match slot {
+                    Slot::Object(o) if filter(o) => Some(o.clone()),
+                    _ => None,
+                })
+                .collect();
+        }
+        let mut objects = self.list();
+        objects.retain(|o| filter(o));
+        objects
+    }
+
+    /// All keys, in no particular order.
+    pub fn list_keys(&self) -> Vec<ObjectKey> {
+        self.read().objects.keys().cloned().collect()
+    }
+
+    /// Number of objects.
+    pub fn len(&self) -> usize {
+        self.read().objects.len()
+    }
+
+    /// True when the store holds no object.
+    pub fn is_empty(&self) -> bool {
+        self.read().objects.is_empty()
+    }
+
+    /// True for a store that keeps objects encoded (an informer built with
+    /// [`compact`](crate::InformerBuilder::compact) or [`codec`](crate::InformerBuilder::codec)).
+    pub fn is_compact(&self) -> bool {
+        self.shared.codec.is_some()
+    }
+
+    /// The objects whose index `index` contains `value`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`.
+    pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, Error> {
+        let slots: Vec<(ObjectKey, Slot<K>)> = {
+            let st = self.read();
+            let idx = find(&st.indexes, index)?;
+            let Some(keys) = idx.get(value) else {
+                return Ok(Vec::new());
+            };
+            let mut slots = Vec::with_capacity(keys.len());
+            slots.extend(
+                keys.iter()
+                    .filter_map(|k| Some((k.clone(), st.objects.get(k)?.clone()))),
+            );
+            slots
+        };
+        Ok(self.unpack_all(slots))
+    }
+
+    /// The keys of the objects whose index `index` contains `value`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`.
+    pub fn index_keys(&self, index: &str, value: &str) -> Result<Vec<ObjectKey>, Error> {
+        let st = self.read();
+        let idx = find(&st.indexes, index)?;
+        Ok(idx
+            .get(value)
+            .map(|keys| keys.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    /// Every value present in index `index` (sorted).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`.
+    pub fn list_index_values(&self, index: &str) -> Result<Vec<String>, Error> {
+        let st = self.read();
+        let idx = find(&st.indexes, index)?;
+        let mut values: Vec<String> = idx.entries.keys().map(|v| v.to_string()).collect();
+        values.sort_unstable();
+        Ok(values)
+    }
+
+    /// Names of the registered indexes (always including [`NAMESPACE_INDEX`]).
+    pub fn index_names(&self) -> Vec<String> {
+        self.read()
+            .indexes
+            .iter()
+            .map(|i| i.name.to_string())
+            .collect()
+    }
+}
+
+fn find<'a>(indexes: &'a [Index], name: &str) -> Result<&'a Index, Error> {
+    indexes
+        .iter()
+        .find(|i| &*i.name == name)
+        .ok_or_else(|| Error::IndexNotFound(name.to_owned()))
+}
+
+/// The one handle that writes a [`Store`] (see the consistency guarantee there).
+///
+/// It reads too (it dereferences to its [`Store`]). Not `Clone`: a store has one writer,
+/// which keeps every write of an informer's cache in its event processor.
+pub struct Writer<K> {
+    store: Store<K>,
+}
+
+impl<K> Deref for Writer<K> {
+    type Target = Store<K>;
+
+    fn deref(&self) -> &Store<K> {
+        &self.store
+    }
+}
+
+impl<K> fmt::Debug for Writer<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Writer").field(&self.store).finish()
+    }
+}
+
+impl<K: Resource> Default for Writer<K> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
+    /// An empty compact store: objects are kept as compact JSON ([`JsonCodec`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::testing::{FakeListWatch, StoreWriter};
+    ///
+    /// let writer = StoreWriter::<ConfigMap>::compact();
+    /// let cm = Arc::new(FakeListWatch::<ConfigMap>::object(Some("ns"), "a"));
+    /// writer.insert(cm.clone()).unwrap();
+    /// // A fresh object, equal to the one stored.
+    /// assert_eq!(writer.store().get_by_key("ns/a").unwrap(), cm);
+    /// ```
+    pub fn compact() -> Self {
+        Self::with_codec(Arc::new(JsonCodec))
+    }
+}
+
+impl<K: Resource> Store<K> {
+    /// The stored object with the key of `obj`.
+    pub fn get(&self, obj: &K) -> Option<Arc<K>> {
+        let key = ObjectKey::from_object(obj).ok()?;
+        self.get_by_key(key)
+    }
+}
+
+impl<K: Resource> Writer<K> {
+    /// An empty store of shared objects with the built-in `namespace` index.
+    pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// An empty compact store that keeps objects encoded by `codec`.
+    pub fn with_codec(codec: Arc<dyn Codec<K>>) -> Self {
+        Self::build(Some(codec))
+    }
+
+    fn build(codec: Option<Arc<dyn Codec<K>>>) -> Self {
+        let func = index::namespace_index::<K>();
+        let store = Store {
+            shared: Arc::new(Shared {
+                state: RwLock::new(State {
+                    objects: HashMap::new(),
+                    indexes: vec![Index::new(NAMESPACE_INDEX)],
+                }),
+                writer: Mutex::new(vec![func]),
+                codec,
+            }),
+        };
+        Self { store }
+    }
+
+    /// A read-only handle on this store.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    /// Registers an index and indexes the objects already stored.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexExists`] when an index with this name exists.
+    pub fn add_indexer(&self, name: &str, func: IndexFn<K>) -> Result<(), Error> {
+        let mut fns = self.writer();
+        if self.read().indexes.iter().any(|i| &*i.name == name) {
+            return Err(Error::IndexExists(name.to_owned()));
+        }
+        let objects = self.snapshot();
+        let mut index = Index::new(name);
+        for (key, slot) in objects {
+            let Some(obj) = self.unpack(&key, slot) else {
+                continue;
+            };
+            let mut values = func(&obj);
+            values.sort_unstable();
+            values.dedup();
+            index.add(&key, &values);
+        }
+        self.write().indexes.push(index);
+        fns.push(func);
+        Ok(())
+    }
+
+    /// Inserts or replaces the object under its key; returns the previous one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MissingName`] when the object has no name.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn insert(&self, obj: Arc<K>) -> Result<Option<Arc<K>>, Error> {
+        let key = ObjectKey::from_object(&*obj)?;
+        Ok(self.insert_keyed(key, obj))
+    }
+
+    pub(crate) fn insert_keyed(&self, key: ObjectKey, obj: Arc<K>) -> Option<Arc<K>> {
+        let fns = self.writer();
+        let old_slot = self.read().objects.get(&key).cloned();
+        let had_old = old_slot.is_some();
+        let old = old_slot.and_then(|slot| self.unpack(&key, slot));
+        let old_values = old.as_deref().map(|o| compute_values(&fns, o));
+        let new_values = compute_values(&fns, &obj);
+        let slot = self.pack(&key, obj);
+        {
+            let mut st = self.write();
+            if had_old && old.is_none() {
+                // Its old index values are unknown: drop the key from every index entry.
+                st.indexes.iter_mut().for_each(|i| i.remove_key(&key));
+            }
+            st.objects.insert(key.clone(), slot);
+            apply_change(
+                &mut st.indexes,
+                &key,
+                old_values.as_ref(),
+                Some(&new_values),
+            );
+        }
+        old
+    }
+
+    /// Removes the object under `key`; returns it.
+    pub fn remove(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
+        let fns = self.writer();
+        let (key, slot) = {
+            let st = self.read();
+            let (k, v) = st.objects.get_key_value(key.as_ref())?;
+            (k.clone(), v.clone())
+        };
+        let old = self.unpack(&key, slot);
+        let old_values: Option<IndexValues> = old.as_deref().map(|o| compute_values(&fns, o));
+        let mut st = self.write();
+        st.objects.remove(&key);
+        match &old_values {
+            Some(values) => apply_change(&mut st.indexes, &key, Some(values), None),
+            // Its index values are unknown: drop the key from every index entry.
+            None => st.indexes.iter_mut().for_each(|i| i.remove_key(&key)),
+        }
+        old
+    }
+
+    /// Removes every object whose key is not in `keep`; returns the removed objects.
+    pub(crate) fn retain_keys(&self, keep: &HashSet<ObjectKey>) -> Vec<(ObjectKey, Arc<K>)> {
+        let gone: Vec<ObjectKey> = self
+            .read()
+            .objects
+            .keys()
+            .filter(|k| !keep.contains(*k))
+            .cloned()
+            .collect();
+        gone.into_iter()
+            .filter_map(|key| {
+                let obj = self.remove(&key)?;
+                Some((key, obj))
+            })
+            .collect()
+    }
+
+    /// Replaces the whole content in one step; returns the previous content.
+    ///
+    /// Objects without a name are skipped.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn replace(&self, objects: Vec<Arc<K>>) -> HashMap<ObjectKey, Arc<K>> {
+        let objects: Vec<(ObjectKey, Arc<K>)> = objects
+            .into_iter()
+            .filter_map(|o| Some((ObjectKey::from_object(&*o).ok()?, o)))
+            .collect();
+        let fns = self.writer();
+        let mut indexes: Vec<Index> = self.read().indexes.iter().map(Index::empty_like).collect();
+        let mut map = HashMap::with_capacity(objects.len());
+        for (key, obj) in &objects {
+            let values = compute_values(&fns, obj);
+            for (index, values) in indexes.iter_mut().zip(&values) {
+                index.add(key, values);
+            }
+            map.insert(key.clone(), self.pack(key, obj.clone()));
+        }
+        let mut st = self.write();
+        let old = std::mem::replace(&mut st.objects, map);
+        st.indexes = indexes;
+        drop(st);
+        drop(fns);
+        old.into_iter()
+            .filter_map(|(key, slot)| {
+                let obj = self.unpack(&key, slot)?;
+                Some((key, obj))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+impl<K: Resource> Store<K> {
+    /// Checks that objects and indexes agree; used by tests.
+    pub(crate) fn check_invariants(&self) -> Result<(), String> {
+        type Entries = Vec<(String, Vec<ObjectKey>)>;
+        type Snapshot<K> = (
+            Vec<(ObjectKey, Slot<K>)>,
+            Vec<(String, IndexFn<K>, Entries)>,
+        );
+        // The index functions, in the order of the indexes.
+        let fns: Vec<IndexFn<K>> = self.writer().clone();
+        // One snapshot of objects and indexes, taken under one read lock.
+        let (slots, indexes): Snapshot<K> = {
+            let st = self.read();
+            let slots = st
+                .objects
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            let indexes = st
+                .indexes
+                .iter()
+                .zip(fns)
+                .map(|(i, func)| {
+                    let entries = i
+                        .entries
+                        .iter()
+                        .map(|(v, keys)| (v.to_string(), keys.iter().cloned().collect()))
+                        .collect();
+                    (i.name.to_string(), func, entries)
+                })
+                .collect();
+            (slots, indexes)
+        };
+        let objects: HashMap<ObjectKey, Arc<K>> = slots
+            .into_iter()
+            .map(|(k, slot)| {
+                let obj = self
+                    .unpack(&k, slot)
+                    .ok_or(format!("{k} does not decode"))?;
+                Ok((k, obj))
+            })
+            .collect::<Result<_, String>>()?;
+        for (name, func, entries) in &indexes {
+            for (value, keys) in entries {
+                for key in keys {
+                    let obj = objects
+                        .get(key)
+                        .ok_or_else(|| format!("{name}[{value}] -> missing {key}"))?;
+                    if !func(obj).iter().any(|v| v == value) {
+                        return Err(format!("{name}[{value}] -> {key} with other values"));
+                    }
+                }
+            }
+        }
+        for (key, obj) in &objects {
+            for (name, func, entries) in &indexes {
+                for value in func(obj) {
+                    let ok = entries
+                        .iter()
+                        .any(|(v, keys)| *v == value && keys.contains(key));
+                    if !ok {
+                        return Err(format!("{key} not in {name}[{value}]"));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_core::ObjectMeta;
+    use std::{
+        sync::atomic::{AtomicBool, Ordering},
+        thread,
+    };
+
+    fn cm(ns: &str, name: &str, app: &str) -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some([("app".to_owned(), app.to_owned())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    fn app(o: &ConfigMap) -> &str {
+        o.metadata.labels.as_ref().unwrap()["app"].as_str()
+    }
+
+    /// Both kinds of store: shared objects and compact.
+    fn stores() -> [Writer<ConfigMap>; 2] {
+        [Writer::new(), Writer::compact()]
+    }
+
+    #[test]
+    fn crud_and_indexes() {
+        for store in stores() {
+            crud_and_indexes_on(store);
+        }
+    }
+
+    fn crud_and_indexes_on(store: Writer<ConfigMap>) {
+        store.add_indexer("app", label_index("app")).unwrap();
+        assert!(matches!(
+            store.add_indexer("app", label_index("app")),
+            Err(Error::IndexExists(_))
+        ));
+        assert!(store.insert(cm("a", "x", "web")).unwrap().is_none());
+        store.insert(cm("b", "y", "web")).unwrap();
+        store.insert(cm("b", "z", "db")).unwrap();
+        assert_eq!(store.len(), 3);
+        assert_eq!(store.by_index("app", "web").unwrap().len(), 2);
+        assert_eq!(store.by_index("namespace", "b").unwrap().len(), 2);
+        assert_eq!(store.list_index_values("app").unwrap(), ["db", "web"]);
+        assert!(matches!(
+            store.by_index("nope", "x"),
+            Err(Error::IndexNotFound(_))
+        ));
+
+        let old = store.insert(cm("b", "y", "db")).unwrap().unwrap();
+        assert_eq!(app(&old), "web");
+        assert_eq!(
+            store.index_keys("app", "web").unwrap(),
+            [ObjectKey::from("a/x")]
+        );
+        assert_eq!(store.by_index("app", "db").unwrap().len(), 2);
+
+        assert!(store.remove("a/x").is_some());
+        assert!(store.remove("a/x").is_none());
+        assert_eq!(store.list_index_values("app").unwrap(), ["db"]);
+        assert_eq!(store.list_index_values("namespace").unwrap(), ["b"]);
+
+        let old = store.replace(vec![cm("c", "q", "web")]);
+        assert_eq!(old.len(), 2);
+        assert_eq!(store.list_keys(), [ObjectKey::from("c/q")]);
+        assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+        store.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn late_indexer_indexes_existing_objects() {
+        for store in stores() {
+            store.insert(cm("a", "x", "web")).unwrap();
+            store.add_indexer("app", label_index("app")).unwrap();
+            assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+        }
+    }
+
+    #[test]
+    fn a_compact_store_returns_equal_objects_and_keeps_no_decoded_one() {
+        let store = Writer::<ConfigMap>::compact();
+        let obj = cm("a", "x", "web");
+        store.insert(obj.clone()).unwrap();
+        // Only the caller holds the inserted Arc: the store kept bytes.
+        assert_eq!(Arc::strong_count(&obj), 1);
+        let read = store.get_by_key("a/x").unwrap();
+        assert_eq!(read, obj);
+        assert!(!Arc::ptr_eq(&read, &obj));
+        assert_eq!(
+            store.list_filtered(|o| app(o) == "web"),
+            std::slice::from_ref(&obj)
+        );
+        assert_eq!(store.remove("a/x").unwrap(), obj);
+        assert!(store.is_empty());
+    }
+
+    /// A codec whose bytes never decode, standing in for a type that does not round-trip.
+    struct Broken;
+
+    impl Codec<ConfigMap> for Broken {
+        fn encode(&self, _: &ConfigMap) -> Result<Vec<u8>, crate::error::BoxError> {
+            Ok(b"not json".to_vec())
+        }
+        fn decode(&self, bytes: &[u8]) -> Result<ConfigMap, crate::error::BoxError> {
+            Ok(serde_json::from_slice(bytes)?)
+        }
+    }
+
+    #[test]
+    fn undecodable_bytes_leave_no_stale_index_entries() {
+        let store = Writer::<ConfigMap>::with_codec(Arc::new(Broken));
+        store.add_indexer("app", label_index("app")).unwrap();
+        store.insert(cm("a", "x", "web")).unwrap();
+        assert!(
+            store.get_by_key("a/x").is_none(),
+            "undecodable: not returned"
+        );
+        assert_eq!(store.index_keys("app", "web").unwrap().len(), 1);
+        store.insert(cm("a", "x", "db")).unwrap();
+        assert!(store.index_keys("app", "web").unwrap().is_empty());
+        assert_eq!(store.index_keys("app", "db").unwrap().len(), 1);
+        store.remove("a/x");
+        assert!(store.index_keys("app", "db").unwrap().is_empty());
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn readers_see_objects_and_indexes_change_together() {
+        for store in stores() {
+            readers_see_objects_and_indexes_change_together_in(store);
+        }
+    }
+
+    fn readers_see_objects_and_indexes_change_together_in(writer: Writer<ConfigMap>) {
+        writer.add_indexer("app", label_index("app")).unwrap();
+        let store = writer.store();
+        let stop = Arc::new(AtomicBool::new(false));
+        let apps = ["a", "b", "c"];
+
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let store = store.clone();
+                let stop = stop.clone();
+                thread::spawn(move || {
+                    let mut checks = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        for value in apps {
+                            for obj in store.by_index("app", value).unwrap() {
+                                assert_eq!(
+                                    app(&obj),
+                                    value,
+                                    "index entry points to a stale object"
+                                );
+                            }
+                            let keys = store.index_keys("app", value).unwrap().len();
+                            let _ = keys;
+                        }
+                        if checks.is_multiple_of(16) {
+                            store.check_invariants().unwrap();
+                        }
+                        checks += 1;
+                    }
+                    checks
+                })
+            })
+            .collect();
+
+        let writer = {
+            let store = writer;
+            thread::spawn(move || {
+                for round in 0..3000usize {
+                    let name = format!("o{}", round % 50);
+                    let value = apps[round % 3];
+                    match round % 7 {
+                        0 => {
+                            store.remove(format!("ns/{name}"));
+                        }
+                        6 if round % 500 == 6 => {
+                            let batch = (0..40)
+                                .map(|i| cm("ns", &format!("o{i}"), apps[i % 3]))
+                                .collect();
+                            store.replace(batch);
+                        }
+                        _ => {
+                            store.insert(cm("ns", &name, value)).unwrap();
+                        }
+                    }
+                }
+            })
+        };
+        writer.join().unwrap();
+        stop.store(true, Ordering::Relaxed);
+        for r in readers {
+            assert!(r.join().unwrap() > 0);
+        }
+        store.check_invariants().unwrap();
+        let total: usize = apps
+            .iter()
+            .map(|a| store.by_index("app", a).unwrap().len())
+            .sum();
+        assert_eq!(total, store.len());
+    }
+}
