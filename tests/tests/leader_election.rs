@@ -14,10 +14,10 @@ use kube_client::{
 };
 use kube_informer::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use kube_testenv::TestEnv;
+use tests::{eventually, lease_holder, test_namespace, within};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const PATIENCE: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(3);
 
 fn config(namespace: &str, identity: &str) -> LeaderElectionConfig {
@@ -56,30 +56,10 @@ impl Candidate {
     }
 }
 
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !check() {
-        assert!(
-            started.elapsed() < PATIENCE,
-            "{what}: not after {PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn holder(api: &Api<Lease>) -> Option<String> {
-    api.get_opt("the-lease")
-        .await
-        .ok()
-        .flatten()
-        .and_then(|l| l.spec?.holder_identity)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("lease-release").await.unwrap();
-    let client = env.client().await.unwrap();
+    let (client, namespace) = test_namespace(env, "lease-release").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
 
     let a = Candidate::start(client.clone(), &namespace, "a");
@@ -89,7 +69,10 @@ async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
     tokio::time::sleep(LEASE * 2).await;
     assert!(a.elector.is_leader());
     assert!(!b.elector.is_leader());
-    assert_eq!(holder(&leases).await.as_deref(), Some("a"));
+    assert_eq!(
+        lease_holder(&leases, "the-lease").await.as_deref(),
+        Some("a")
+    );
 
     let stopped = Instant::now();
     a.stop.cancel();
@@ -100,7 +83,10 @@ async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
         takeover < LEASE,
         "a released lease is taken over without waiting for expiry: {takeover:?}"
     );
-    assert_eq!(holder(&leases).await.as_deref(), Some("b"));
+    assert_eq!(
+        lease_holder(&leases, "the-lease").await.as_deref(),
+        Some("b")
+    );
     let transitions = leases
         .get("the-lease")
         .await
@@ -117,8 +103,7 @@ async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_lease_is_taken_over_after_it_expires() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("lease-expire").await.unwrap();
-    let client = env.client().await.unwrap();
+    let (client, namespace) = test_namespace(env, "lease-expire").await;
 
     let a = Candidate::start(client.clone(), &namespace, "a");
     eventually("a to lead", || a.elector.is_leader()).await;
@@ -139,8 +124,7 @@ async fn an_abandoned_lease_is_taken_over_after_it_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_whose_lease_is_taken_stops_leading() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("lease-lost").await.unwrap();
-    let client = env.client().await.unwrap();
+    let (client, namespace) = test_namespace(env, "lease-lost").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
 
     let a = Candidate::start(client.clone(), &namespace, "a");
@@ -150,10 +134,7 @@ async fn a_leader_whose_lease_is_taken_stops_leading() {
         .patch("the-lease", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    let result = tokio::time::timeout(PATIENCE, a.task)
-        .await
-        .unwrap()
-        .unwrap();
+    let result = within("a to stop leading", a.task).await.unwrap();
     match result {
         Err(LeaderElectionError::Lost { reason, .. }) => {
             assert!(reason.contains("intruder"), "{reason}")
@@ -172,12 +153,11 @@ async fn a_candidate_without_rbac_gets_a_clear_error() {
         .await
         .unwrap();
     let elector = LeaderElector::new(client, config_for_rbac(&namespace)).unwrap();
-    let result = tokio::time::timeout(
-        PATIENCE,
+    let result = within(
+        "the candidate to fail",
         elector.run(CancellationToken::new(), |_| async {}),
     )
-    .await
-    .unwrap();
+    .await;
     let err = result.unwrap_err();
     assert!(
         matches!(err, LeaderElectionError::Forbidden { .. }),

@@ -21,6 +21,7 @@ use kube_informer::{
 };
 use kube_testenv::TestEnv;
 use serde_json::{Value, json};
+use tests::test_namespace;
 
 /// A kind to create objects of: its API resource and whether it is namespaced.
 struct Kind {
@@ -438,8 +439,7 @@ fn without_embedded_type_meta(object: &mut Value) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn built_in_kinds_read_the_same_in_protobuf_and_json() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("protobuf").await.unwrap();
-    let client = env.client().await.unwrap();
+    let (client, namespace) = test_namespace(env, "protobuf").await;
     let suffix = namespace.rsplit('-').next().unwrap().to_owned();
     let objects = objects(&namespace, &suffix);
     for (kind, object) in &objects {
@@ -513,7 +513,7 @@ async fn built_in_kinds_read_the_same_in_protobuf_and_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_statuses_read_in_protobuf_keep_their_reason() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("protobuf-errors").await.unwrap();
+    let (client, namespace) = test_namespace(env, "protobuf-errors").await;
     // A user with no permissions: the 403 comes back as a protobuf Status.
     let stranger = env.client_as("nobody").await.unwrap();
     let pods: Api<Pod> = Api::namespaced(stranger, &namespace);
@@ -539,7 +539,6 @@ async fn error_statuses_read_in_protobuf_keep_their_reason() {
     assert!(err.is_forbidden(), "{err}");
 
     // A continue token the server cannot read is a 400 with its message.
-    let client = env.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     let err = ApiListWatch::new(pods)
         .list(&ListOptions {
@@ -573,9 +572,10 @@ fn the_protobuf_table_is_what_the_generator_writes() {
         String::from_utf8_lossy(&output.stderr)
     );
     let checked_in =
-        std::fs::read(root.join("crates/informer/src/protobuf/schema_table.rs")).unwrap();
+        std::fs::read(root.join("crates/informer/src/list_watch/protobuf/schema_table.rs"))
+            .unwrap();
     assert!(
         output.stdout == checked_in,
-        "crates/informer/src/protobuf/schema_table.rs is stale; regenerate it (see README.md)"
+        "crates/informer/src/list_watch/protobuf/schema_table.rs is stale; regenerate it (see README.md)"
     );
 }

@@ -2,39 +2,28 @@
 //! watches, workloads turning into Pods, data surviving an API server
 //! restart, compaction, and clear errors when it is unreachable.
 
-use std::time::Duration;
-
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap, core::v1::Pod};
 use kube_client::{
     Api,
-    api::{ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams},
+    api::{ListParams, PostParams, WatchEvent, WatchParams},
 };
 use kube_testenv::TestEnv;
-
-/// Generous bound for conditions that take seconds; hitting it means a hang.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-fn config_map(name: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..Default::default()
-        },
-        data: Some([("key".to_owned(), name.to_owned())].into()),
-        ..Default::default()
-    }
-}
+use tests::{PATIENCE, config_map, eventually_some, test_namespace, within};
 
 #[tokio::test]
 async fn config_maps_list_in_pages_and_watch() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("paging").await.unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(env.client().await.unwrap(), &namespace);
+    let (client, namespace) = test_namespace(env, "paging").await;
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     for i in 0..25 {
-        api.create(&PostParams::default(), &config_map(&format!("cm-{i:02}")))
-            .await
-            .unwrap();
+        let name = format!("cm-{i:02}");
+        api.create(
+            &PostParams::default(),
+            &config_map(&name, &[("key", &name)]),
+        )
+        .await
+        .unwrap();
     }
 
     let mut names = Vec::new();
@@ -61,12 +50,14 @@ async fn config_maps_list_in_pages_and_watch() {
         .await
         .unwrap()
         .boxed();
-    api.create(&PostParams::default(), &config_map("late"))
+    api.create(
+        &PostParams::default(),
+        &config_map("late", &[("key", "late")]),
+    )
+    .await
+    .unwrap();
+    let event = within("the watch to send the new ConfigMap", events.try_next())
         .await
-        .unwrap();
-    let event = tokio::time::timeout(PATIENCE, events.try_next())
-        .await
-        .unwrap()
         .unwrap();
     match event {
         Some(WatchEvent::Added(cm)) => assert_eq!(cm.metadata.name.as_deref(), Some("late")),
@@ -77,8 +68,7 @@ async fn config_maps_list_in_pages_and_watch() {
 #[tokio::test]
 async fn a_deployment_becomes_three_pods() {
     let env = TestEnv::shared().await;
-    let namespace = env.create_namespace("deploy").await.unwrap();
-    let client = env.client().await.unwrap();
+    let (client, namespace) = test_namespace(env, "deploy").await;
     let deployment: Deployment = serde_json::from_value(serde_json::json!({
         "metadata": { "name": "nginx" },
         "spec": {
@@ -98,35 +88,32 @@ async fn a_deployment_becomes_three_pods() {
 
     let pods: Api<Pod> = Api::namespaced(client, &namespace);
     let params = ListParams::default().labels("app=nginx");
-    let started = tokio::time::Instant::now();
-    loop {
-        let count = pods.list(&params).await.unwrap().items.len();
-        if count == 3 {
-            break;
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "only {count} of 3 Pods after {PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_some("the Deployment's 3 Pods", || async {
+        (pods.list(&params).await.unwrap().items.len() == 3).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
 async fn data_survives_an_apiserver_restart_and_a_stopped_one_fails_fast() {
     let env = TestEnv::builder().start().await.unwrap();
-    let namespace = env.create_namespace("restart").await.unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(env.client().await.unwrap(), &namespace);
-    api.create(&PostParams::default(), &config_map("kept"))
-        .await
-        .unwrap();
+    let (client, namespace) = test_namespace(&env, "restart").await;
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    api.create(
+        &PostParams::default(),
+        &config_map("kept", &[("key", "kept")]),
+    )
+    .await
+    .unwrap();
 
     env.stop_apiserver().await;
     assert!(!env.apiserver_running());
-    let result = tokio::time::timeout(PATIENCE, api.get("kept")).await;
-    let error = result
-        .expect("a stopped API server gives an error, not a hang")
-        .unwrap_err();
+    let error = within(
+        "a stopped API server to give an error, not a hang",
+        api.get("kept"),
+    )
+    .await
+    .unwrap_err();
     let message = error.to_string();
     assert!(
         message.to_lowercase().contains("connect") || message.contains("refused"),
@@ -160,10 +147,10 @@ async fn compaction_makes_old_resource_versions_gone() {
         .start()
         .await
         .unwrap();
-    let namespace = env.create_namespace("compact").await.unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(env.client().await.unwrap(), &namespace);
+    let (client, namespace) = test_namespace(&env, "compact").await;
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
     let first = api
-        .create(&PostParams::default(), &config_map("a"))
+        .create(&PostParams::default(), &config_map("a", &[("key", "a")]))
         .await
         .unwrap();
     let old_version = first.metadata.resource_version.unwrap();
@@ -171,7 +158,7 @@ async fn compaction_makes_old_resource_versions_gone() {
     // starts one after it: two later writes put that start below the
     // compaction point.
     for name in ["b", "c"] {
-        api.create(&PostParams::default(), &config_map(name))
+        api.create(&PostParams::default(), &config_map(name, &[("key", name)]))
             .await
             .unwrap();
     }
@@ -219,10 +206,12 @@ async fn a_wrong_kubeconfig_gives_a_clear_error() {
         .unwrap();
     let client = kube_client::Client::try_from(config).unwrap();
     let api: Api<ConfigMap> = Api::default_namespaced(client);
-    let result = tokio::time::timeout(PATIENCE, api.list(&ListParams::default())).await;
-    let error = result
-        .expect("an unreachable server gives an error, not a hang")
-        .unwrap_err();
+    let error = within(
+        "an unreachable server to give an error, not a hang",
+        api.list(&ListParams::default()),
+    )
+    .await
+    .unwrap_err();
     assert!(
         error.to_string().to_lowercase().contains("connect"),
         "{error}"

@@ -22,6 +22,7 @@ use kube_client::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_testenv::{EtcdServer, TestEnv};
+use tests::{eventually_some_within, lease_holder, test_namespace};
 use tokio::{sync::OnceCell, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 use traefik_operator::{
@@ -31,8 +32,9 @@ use traefik_operator::{
     services::ENTRYPOINT_ANNOTATION,
 };
 
-/// Generous bound for conditions that take seconds; hitting it means a hang.
-const PATIENCE: Duration = Duration::from_secs(90);
+/// Longer than [`tests::PATIENCE`]: besides the shared control plane, each test starts a
+/// Traefik and an etcd of its own, and conditions wait on all three.
+const TRAEFIK_PATIENCE: Duration = Duration::from_secs(90);
 
 fn init_logs() {
     let _ = tracing_subscriber::fmt()
@@ -49,25 +51,6 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
-}
-
-/// Polls `check` every 100 ms until it returns `Some`, failing after [`PATIENCE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "{what}: not after {PATIENCE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Installs the checked-in CRD once per test binary, as the README says (`kubectl apply`).
@@ -229,7 +212,7 @@ impl Traefik {
             _child: child,
         };
         let api_url = format!("http://127.0.0.1:{api}/api/overview");
-        eventually("Traefik's API to answer", || {
+        eventually_some_within(TRAEFIK_PATIENCE, "Traefik's API to answer", || {
             let url = api_url.clone();
             async move { get(&url, None).await.filter(|(status, _)| *status == 200) }
         })
@@ -333,7 +316,7 @@ impl Operator {
 
     async fn wait_ready(&self) {
         let url = format!("http://127.0.0.1:{}/readyz", self.health);
-        eventually("the operator to be ready", || {
+        eventually_some_within(TRAEFIK_PATIENCE, "the operator to be ready", || {
             let url = url.clone();
             async move { get(&url, None).await.filter(|(s, _)| *s == 200) }
         })
@@ -342,7 +325,7 @@ impl Operator {
 
     async fn stop(self) -> Result<(), ManagerError> {
         self.cancel.cancel();
-        tokio::time::timeout(PATIENCE, self.task)
+        tokio::time::timeout(TRAEFIK_PATIENCE, self.task)
             .await
             .expect("the operator stops in time")
             .expect("the operator does not panic")
@@ -369,7 +352,7 @@ where
     F: Fn(&TraefikService) -> bool,
 {
     let pred = &pred;
-    eventually(what, || async move {
+    eventually_some_within(TRAEFIK_PATIENCE, what, || async move {
         api.get_opt(name).await.ok().flatten().filter(|o| pred(o))
     })
     .await
@@ -404,8 +387,7 @@ impl World {
         init_logs();
         let env = TestEnv::shared().await;
         install_crd(env).await;
-        let namespace = env.create_namespace(prefix).await.unwrap();
-        let client = env.client().await.unwrap();
+        let (client, namespace) = test_namespace(env, prefix).await;
         let etcd = EtcdServer::start(env.binaries()).await.unwrap();
         let traefik = Traefik::start(&etcd).await;
         let kv = TraefikKv::new(vec![etcd.endpoint()], "traefik");
@@ -437,7 +419,7 @@ impl World {
     }
 
     /// Waits until a request for `host` through Traefik answers `status` (and `body`);
-    /// fails with Traefik's log and etcd's keys after [`PATIENCE`].
+    /// fails with Traefik's log and etcd's keys after [`TRAEFIK_PATIENCE`].
     async fn wait_routed(&self, host: &str, status: u16, body: Option<&str>) -> Duration {
         let started = Instant::now();
         loop {
@@ -448,9 +430,9 @@ impl World {
             {
                 return started.elapsed();
             }
-            if started.elapsed() > PATIENCE {
+            if started.elapsed() > TRAEFIK_PATIENCE {
                 panic!(
-                    "Traefik did not answer {status} {body:?} for {host} within {PATIENCE:?}; last \
+                    "Traefik did not answer {status} {body:?} for {host} within {TRAEFIK_PATIENCE:?}; last \
                      answer {answer:?}\netcd: {:?}\nTraefik's log:\n{}",
                     self.kv.dump().await,
                     self.traefik.log()
@@ -480,7 +462,7 @@ async fn an_applied_traefik_service_is_routed_and_deleting_it_unroutes_it() {
         let kv = TraefikKv::new(vec![world.etcd.endpoint()], "traefik");
         let route = route.clone();
         tokio::spawn(async move {
-            while keys_of(&kv, &route).await.is_empty() && applied.elapsed() < PATIENCE {
+            while keys_of(&kv, &route).await.is_empty() && applied.elapsed() < TRAEFIK_PATIENCE {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             applied.elapsed()
@@ -632,13 +614,17 @@ async fn changing_the_url_moves_traffic_with_no_stale_server() {
         .collect();
     assert_eq!(servers, [&two.url()], "{keys:?}");
     // Traefik has exactly the new server, and only it answers.
-    let loaded = eventually("Traefik to load only the new server", || async {
-        let services = world.traefik.services().await;
-        services
-            .get(&format!("{route}@etcd"))
-            .filter(|urls| **urls == [two.url()])
-            .cloned()
-    })
+    let loaded = eventually_some_within(
+        TRAEFIK_PATIENCE,
+        "Traefik to load only the new server",
+        || async {
+            let services = world.traefik.services().await;
+            services
+                .get(&format!("{route}@etcd"))
+                .filter(|urls| **urls == [two.url()])
+                .cloned()
+        },
+    )
     .await;
     assert_eq!(loaded, [two.url()]);
     for _ in 0..5 {
@@ -787,9 +773,11 @@ async fn an_annotated_service_is_registered_and_unregistered() {
     world.wait_routed(&host, 404, None).await;
     let kv = &world.kv;
     let route = &route;
-    eventually("the Service's keys to be gone", || async move {
-        keys_of(kv, route).await.is_empty().then_some(())
-    })
+    eventually_some_within(
+        TRAEFIK_PATIENCE,
+        "the Service's keys to be gone",
+        || async move { keys_of(kv, route).await.is_empty().then_some(()) },
+    )
     .await;
     operator.stop().await.unwrap();
 }
@@ -820,15 +808,8 @@ async fn with_leader_election_only_the_leader_reconciles_and_another_takes_over(
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(world.client.clone(), &world.namespace);
     let lease_name = "traefik-operator.traefik.kube-informer.dev";
-    let holder = || async {
-        leases
-            .get_opt(lease_name)
-            .await
-            .ok()
-            .flatten()
-            .and_then(|l| l.spec.and_then(|s| s.holder_identity))
-    };
-    eventually("replica-a to lead", || async {
+    let holder = || lease_holder(&leases, lease_name);
+    eventually_some_within(TRAEFIK_PATIENCE, "replica-a to lead", || async {
         (holder().await.as_deref() == Some("replica-a")).then_some(())
     })
     .await;
@@ -858,13 +839,13 @@ async fn with_leader_election_only_the_leader_reconciles_and_another_takes_over(
     // Stop the leader: the other replica takes the lease over and reconciles.
     let stopped = Instant::now();
     a.stop().await.unwrap();
-    eventually("replica-b to lead", || async {
+    eventually_some_within(TRAEFIK_PATIENCE, "replica-b to lead", || async {
         (holder().await.as_deref() == Some("replica-b")).then_some(())
     })
     .await;
     let kv_b = &kv_b;
     let route = &route;
-    eventually("replica-b to reconcile", || async move {
+    eventually_some_within(TRAEFIK_PATIENCE, "replica-b to reconcile", || async move {
         (!keys_of(kv_b, route).await.is_empty()).then_some(())
     })
     .await;
@@ -904,7 +885,7 @@ async fn bad_urls_are_rejected_and_missing_rbac_is_a_clear_error() {
     ])
     .unwrap();
     let result = tokio::time::timeout(
-        PATIENCE,
+        TRAEFIK_PATIENCE,
         manager::run(cli.options, client, CancellationToken::new()),
     )
     .await
@@ -999,14 +980,18 @@ async fn the_checked_in_rbac_and_samples_are_enough() {
         )
         .await;
     api.delete("least", &DeleteParams::default()).await.unwrap();
-    eventually("the object to be gone (finalizer removed)", || async {
-        api.get_opt("least")
-            .await
-            .ok()
-            .flatten()
-            .is_none()
-            .then_some(())
-    })
+    eventually_some_within(
+        TRAEFIK_PATIENCE,
+        "the object to be gone (finalizer removed)",
+        || async {
+            api.get_opt("least")
+                .await
+                .ok()
+                .flatten()
+                .is_none()
+                .then_some(())
+        },
+    )
     .await;
     operator.stop().await.unwrap();
 }
