@@ -15,6 +15,7 @@
 
 mod cluster;
 mod demo;
+mod labels;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -22,11 +23,8 @@ use anyhow::Context;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube_client::{Api, Client, Resource};
-use kube_informer::{
-    ApiListWatch, ObjectKey, SharedInformer,
-    controller::{Controller, ControllerConfig},
-    meta::log_labels,
-};
+use kube_informer::{ApiListWatch, Controller, ControllerConfig, ObjectKey, SharedInformer};
+use labels::log_labels;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 

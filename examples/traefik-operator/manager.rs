@@ -9,8 +9,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube_client::{Api, Client, api::ListParams};
 use kube_core::Resource;
 use kube_informer::{
-    ApiListWatch, ObjectKey, SharedInformer, Store,
-    controller::{Controller, ControllerConfig},
+    ApiListWatch, Controller, ControllerConfig, InformerHandle, ObjectKey, SharedInformer, Store,
     leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector},
     strip_managed_fields,
     workqueue::{Bucket, ItemExponentialFailure, MaxOf, PrometheusMetrics, RateLimitingQueue},
@@ -477,12 +476,12 @@ impl Parts {
                         kv: self.kv.clone(),
                         store: controller.store(),
                     };
-                    synced.push(wait_synced(controller.informer().clone()));
+                    synced.push(wait_synced(controller.informer()));
                     tokio::spawn(sweep(
                         self.kv.clone(),
                         traefik_service::ROUTE_PREFIX,
                         traefik_service::key_of_route,
-                        controller.informer().clone(),
+                        controller.informer(),
                         controller.queue(),
                         self.options.resync_period,
                         token.clone(),
@@ -503,12 +502,12 @@ impl Parts {
                         store: controller.store(),
                         template: UrlTemplate(self.options.service_url_template.clone()),
                     };
-                    synced.push(wait_synced(controller.informer().clone()));
+                    synced.push(wait_synced(controller.informer()));
                     tokio::spawn(sweep(
                         self.kv.clone(),
                         services::ROUTE_PREFIX,
                         services::key_of_route,
-                        controller.informer().clone(),
+                        controller.informer(),
                         controller.queue(),
                         self.options.resync_period,
                         token.clone(),
@@ -524,7 +523,7 @@ impl Parts {
                 ControllerKind::Pods => {
                     let controller = Controller::new(self.informer::<Pod>(), self.config("pods"));
                     let reconciler = pods::Reconciler::new(controller.store());
-                    synced.push(wait_synced(controller.informer().clone()));
+                    synced.push(wait_synced(controller.informer()));
                     tasks.push(named(
                         "pods",
                         controller.run(token.clone(), move |key| {
@@ -574,7 +573,7 @@ fn named(
 }
 
 fn wait_synced<K: Resource + Send + Sync + 'static>(
-    informer: SharedInformer<K>,
+    informer: InformerHandle<K>,
 ) -> BoxFuture<'static, ()> {
     async move { informer.wait_synced().await }.boxed()
 }
@@ -586,7 +585,7 @@ async fn sweep<K: Resource + Send + Sync + 'static>(
     kv: Arc<TraefikKv>,
     prefix: &'static str,
     key_of_route: fn(&str) -> Option<ObjectKey>,
-    informer: SharedInformer<K>,
+    informer: InformerHandle<K>,
     queue: RateLimitingQueue<ObjectKey>,
     period: Duration,
     token: CancellationToken,

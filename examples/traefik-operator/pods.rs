@@ -129,6 +129,8 @@ pub enum PodChange {
 
 #[cfg(test)]
 mod tests {
+    use kube_informer::testing::StoreWriter;
+
     use super::*;
 
     fn pod(phase: &str) -> Arc<Pod> {
@@ -143,8 +145,8 @@ mod tests {
 
     #[test]
     fn only_state_changes_are_reported() {
-        let store = Store::new();
-        let reconciler = Reconciler::new(store.clone());
+        let store = StoreWriter::new();
+        let reconciler = Reconciler::new(store.store());
         let key = ObjectKey::new(Some("shop"), "web-1");
         store.insert(pod("Pending")).unwrap();
         let Some(PodChange::Changed(state)) = reconciler.observe(&key) else {

@@ -83,8 +83,7 @@ async fn main() -> anyhow::Result<()> {
                 deletes.fetch_add(1, Ordering::Relaxed);
             })
     });
-    let stop = CancellationToken::new();
-    tokio::spawn(informer.run(stop.clone()));
+    let informer = informer.spawn(CancellationToken::new());
     informer.wait_synced_or_fatal().await?;
     while informer.store().len() < args.expect {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
@@ -95,6 +94,6 @@ async fn main() -> anyhow::Result<()> {
         adds.load(Ordering::Relaxed),
     );
     recorder.finish().await;
-    stop.cancel();
+    informer.stop().await;
     Ok(())
 }
