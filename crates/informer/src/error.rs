@@ -165,6 +165,31 @@ pub enum Error {
     /// A handler was added to an informer that has stopped: it would never run.
     #[error("the informer has stopped; a handler added now would never run")]
     InformerStopped,
+
+    /// The server has not caught up with the requested resourceVersion (504 with cause
+    /// `ResourceVersionTooLarge`, "Too large resource version"): behind a lagging API server
+    /// of an HA control plane, or after etcd was restored from a backup. The reflector
+    /// relists from resourceVersion `""`, as client-go does.
+    #[error("{verb} {resource}: resource version too large for the server: {message}")]
+    ResourceVersionTooLarge {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// Which call failed.
+        verb: Verb,
+        /// The server's message.
+        message: String,
+    },
+
+    /// Code run while listing or watching panicked: a transform, an index function, a
+    /// codec, or a decoder. The reflector reports it and relists, so the cache is rebuilt
+    /// from the server rather than left half-written.
+    #[error("{resource}: a panic while applying the list or watch: {message}")]
+    Panicked {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// The panic's message.
+        message: String,
+    },
 }
 
 impl Error {
@@ -208,6 +233,13 @@ impl Error {
         namespace: Option<&str>,
     ) -> Self {
         let resource = resource.to_owned();
+        if is_too_large_status(&status) {
+            return Error::ResourceVersionTooLarge {
+                resource,
+                verb,
+                message: status.message,
+            };
+        }
         if is_gone_status(&status) {
             return Error::Gone {
                 resource,
@@ -233,6 +265,12 @@ impl Error {
     /// True for a 410 Gone / "too old resource version": the caller must relist.
     pub fn is_gone(&self) -> bool {
         matches!(self, Error::Gone { .. })
+    }
+
+    /// True when the server has not caught up with the requested resourceVersion: the
+    /// caller must relist from `""`.
+    pub fn is_resource_version_too_large(&self) -> bool {
+        matches!(self, Error::ResourceVersionTooLarge { .. })
     }
 
     /// True for a 403 Forbidden.
@@ -278,9 +316,26 @@ impl Error {
     pub fn needs_relist(&self) -> bool {
         matches!(
             self,
-            Error::Gone { .. } | Error::Decode { .. } | Error::MalformedEvent { .. }
+            Error::Gone { .. }
+                | Error::ResourceVersionTooLarge { .. }
+                | Error::Decode { .. }
+                | Error::MalformedEvent { .. }
+                | Error::Panicked { .. }
         )
     }
+}
+
+/// client-go's `isTooLargeResourceVersionError`: a timeout (504) whose cause is
+/// `ResourceVersionTooLarge`, or the message older servers send without the cause.
+fn is_too_large_status(status: &Status) -> bool {
+    let has_cause = status.details.as_ref().is_some_and(|details| {
+        details
+            .causes
+            .iter()
+            .any(|cause| cause.reason == "ResourceVersionTooLarge")
+    });
+    (status.code == 504 || status.reason == "Timeout") && has_cause
+        || status.message.contains("Too large resource version")
 }
 
 /// 410 by code or reason, or the etcd/apiserver "too old resource version" wording that
@@ -318,6 +373,41 @@ mod tests {
             assert!(e.is_gone(), "{e}");
             assert!(e.needs_relist());
         }
+    }
+
+    #[test]
+    fn too_large_resource_version_by_cause_or_message() {
+        let mut by_cause = status(504, "Timeout", "Timeout: the server has not caught up");
+        by_cause.details = Some(kube_core::response::StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes: vec![kube_core::response::StatusCause {
+                reason: "ResourceVersionTooLarge".into(),
+                message: "Too large resource version".into(),
+                field: String::new(),
+            }],
+            retry_after_seconds: 0,
+        });
+        for st in [
+            by_cause,
+            status(
+                504,
+                "Timeout",
+                "Too large resource version: 90, current: 80",
+            ),
+        ] {
+            let e = Error::from_status(st, Verb::List, "pods", None);
+            assert!(e.is_resource_version_too_large(), "{e}");
+            assert!(e.needs_relist());
+        }
+        // A 504 for another reason is an ordinary error.
+        let e = Error::from_status(status(504, "Timeout", "slow"), Verb::List, "pods", None);
+        assert!(
+            !e.is_resource_version_too_large() && !e.needs_relist(),
+            "{e}"
+        );
     }
 
     #[test]

@@ -40,8 +40,8 @@ pub use controller::{Controller, ControllerConfig, ControllerStats, DroppedHook}
 pub use error::{BoxError, Error, Verb};
 pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
-    HasSynced, InformerBuilder, InformerHandle, KeyHandler, RunningInformer, SharedInformer,
-    handler_fn, key_handler, wait_for_cache_sync,
+    HasSynced, InformerBuilder, InformerHandle, KeyHandler, MIN_RESYNC_PERIOD, RunningInformer,
+    SharedInformer, handler_fn, key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;

@@ -124,11 +124,16 @@ async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
         ControllerConfig::named("denied").startup_grace(Duration::from_secs(10)),
     );
     let started = Instant::now();
+    let callers = CancellationToken::new();
     let result = controller
-        .run(CancellationToken::new(), |_key: ObjectKey| async {
+        .run(callers.clone(), |_key: ObjectKey| async {
             Ok::<(), String>(())
         })
         .await;
+    assert!(
+        !callers.is_cancelled(),
+        "the controller stops its own tasks, not its caller's"
+    );
     let error = result.expect_err("a lasting 403 on the first list ends the run");
     assert!(error.is_forbidden(), "{error}");
     assert!(

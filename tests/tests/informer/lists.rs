@@ -85,8 +85,8 @@ async fn twelve_hundred_config_maps_sync_through_paged_lists() {
     assert_eq!(calls.watches[0].resource_version, list_rv);
     assert!(calls.watches[0].allow_bookmarks);
 
-    // A relist after a 410 asks for resourceVersion "" (a consistent read from etcd), which the
-    // server always pages: 500 + 500 + 200, following continue tokens that carry no RV.
+    // A list from resourceVersion "" (a consistent read from etcd, as when a relist's own
+    // version or continue token expired), which the server always pages: 500 + 500 + 200, following continue tokens that carry no RV.
     let before = lw.calls().lists.len();
     let (sizes, mut names) = list_pages(
         &lw,

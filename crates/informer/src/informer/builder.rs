@@ -13,6 +13,9 @@ use super::{
     InformerHandle, SharedInformer,
     processor::{Processor, Sink},
 };
+
+/// The shortest resync period an informer accepts (client-go's `minimumResyncPeriod`).
+pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 use crate::{
     error::Error,
     list_watch::ListWatch,
@@ -49,10 +52,17 @@ where
         }
     }
 
-    /// Re-deliver every cached object as `on_update(obj, obj)` this often (off by default).
+    /// Re-deliver every cached object as `on_update(obj, obj)` this often (off by default;
+    /// zero turns it off). Periods under [`MIN_RESYNC_PERIOD`](crate::MIN_RESYNC_PERIOD) are
+    /// raised to it, as client-go does, so a typo cannot turn the informer into a busy loop.
     #[must_use]
     pub fn resync_period(mut self, period: Duration) -> Self {
-        self.resync = Some(period).filter(|p| !p.is_zero());
+        self.resync = Some(period).filter(|p| !p.is_zero()).map(|p| {
+            if p < MIN_RESYNC_PERIOD {
+                warn!(requested = ?p, minimum = ?MIN_RESYNC_PERIOD, "resync period raised to the minimum");
+            }
+            p.max(MIN_RESYNC_PERIOD)
+        });
         self
     }
 
@@ -152,14 +162,15 @@ where
             }
         }
         let (synced_tx, synced_rx) = watch::channel(false);
-        let processor = Arc::new(Processor::new(store, synced_tx));
+        let (permanent_tx, permanent_rx) = watch::channel(None);
+        let permanent_tx = Arc::new(permanent_tx);
+        let processor = Arc::new(Processor::new(store, synced_tx, permanent_tx.clone()));
         let version = SyncedVersion::default();
         let mut reflector = Reflector::new(self.list_watch, Sink(processor.clone()), self.config)
             .with_synced_version(version.clone());
         if let Some(t) = self.transform {
             reflector = reflector.with_transform(t);
         }
-        let (permanent_tx, permanent_rx) = watch::channel(None);
         let user_hook = self.error_hook;
         reflector = reflector.with_error_hook(Arc::new(move |error: &Error| {
             if let Some(permanent) = error.permanent_copy() {

@@ -33,7 +33,7 @@ use crate::{
 };
 use processor::{Processor, lock};
 
-pub use builder::InformerBuilder;
+pub use builder::{InformerBuilder, MIN_RESYNC_PERIOD};
 use handler::run_listener;
 pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
@@ -370,10 +370,14 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     ///
     /// The permanent error, e.g. [`Error::Forbidden`] naming the resource, verb and namespace.
     pub async fn wait_synced_or_fatal(&self) -> Result<(), Error> {
+        if self.has_synced() {
+            return Ok(());
+        }
         let mut errors = self.inner.permanent_error.clone();
-        // An error from before this call counts too.
+        // An error from before this call counts too (a complete list clears it).
         errors.mark_changed();
         tokio::select! {
+            biased;
             () = self.wait_synced() => Ok(()),
             Ok(error) = errors.wait_for(Option::is_some) => {
                 let error = error.as_ref().and_then(|e| e.permanent_copy());

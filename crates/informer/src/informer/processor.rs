@@ -26,8 +26,13 @@ pub(super) struct Processor<K> {
     pub(super) store: Writer<K>,
     dist: Mutex<Distributor<K>>,
     synced: watch::Sender<bool>,
+    /// The latest list/watch error that retrying cannot fix, until a list completes.
+    permanent_error: PermanentError,
     next_id: AtomicU64,
 }
+
+/// Where the latest permanent list/watch error is published (see [`Error::permanent_copy`]).
+pub(super) type PermanentError = Arc<watch::Sender<Option<Arc<Error>>>>;
 
 struct Distributor<K> {
     listeners: Vec<Listener<K>>,
@@ -136,6 +141,9 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
                 .collect();
         Processor::broadcast(&mut dist, &notes);
         Self::mark_synced(p, &mut dist);
+        // A complete list heals whatever permanent error came before it.
+        p.permanent_error
+            .send_if_modified(|error| error.take().is_some());
     }
 
     fn delete(&self, key: ObjectKey, object: Arc<K>) {
@@ -154,7 +162,11 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
 
 impl<K: Resource + Send + Sync + 'static> Processor<K> {
     /// A processor writing to `store`; `synced` turns true at the first complete list.
-    pub(super) fn new(store: Writer<K>, synced: watch::Sender<bool>) -> Self {
+    pub(super) fn new(
+        store: Writer<K>,
+        synced: watch::Sender<bool>,
+        permanent_error: PermanentError,
+    ) -> Self {
         Self {
             store,
             dist: Mutex::new(Distributor {
@@ -162,21 +174,23 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
                 synced: false,
             }),
             synced,
+            permanent_error,
             next_id: AtomicU64::new(0),
         }
     }
 
-    /// Registers a listener. Once the informer has synced, the listener first receives every
-    /// cached object as an initial add, then the sync mark; under the distributor's lock, so
-    /// no event slips between the replay and the live events.
+    /// Registers a listener. It first receives every object already cached as an initial
+    /// add (also while the first list is still arriving: the rest of it follows as adds),
+    /// then, once the informer has synced, the sync mark. All under the distributor's lock,
+    /// so no event slips between the replay and the live events.
     pub(super) fn add_listener(&self, tx: mpsc::UnboundedSender<Notification<K>>) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut dist = lock(&self.dist);
         let initial_done = dist.synced;
+        for obj in self.store.list() {
+            let _ = tx.send(Notification::Add { obj, initial: true });
+        }
         if initial_done {
-            for obj in self.store.list() {
-                let _ = tx.send(Notification::Add { obj, initial: true });
-            }
             let _ = tx.send(Notification::Synced);
         }
         dist.listeners.push(Listener {

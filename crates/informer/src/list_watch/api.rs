@@ -61,8 +61,8 @@ impl<K> ApiListWatch<K> {
         }
     }
 
-    /// The encoding to ask for: [`WireFormat::Protobuf`] (the default) reads built-in kinds
-    /// in protobuf, as client-go does.
+    /// The encoding to ask for: [`WireFormat::Auto`] (the default) reads typed built-in
+    /// kinds in protobuf, as client-go does.
     #[must_use]
     pub fn wire_format(mut self, wire_format: WireFormat) -> Self {
         self.wire_format = wire_format;
@@ -133,7 +133,7 @@ where
 /// Lists and watches everything the `Api` can see. Works for typed resources,
 /// `Api<DynamicObject>` (built with `Api::all_with(client, &api_resource)`) and
 /// `Api<PartialObjectMeta<K>>` (metadata only; kube-client sends the metadata `Accept` header).
-/// Built-in kinds are read in protobuf, everything else in JSON ([`WireFormat::Protobuf`]);
+/// Typed built-in kinds are read in protobuf, everything else in JSON ([`WireFormat::Auto`]);
 /// wrap the `Api` in an [`ApiListWatch`] to choose.
 ///
 /// ```no_run
@@ -227,11 +227,11 @@ async fn collect_page<K>(mut stream: ListStream<K>) -> Result<ListPage<K>, Error
 }
 
 /// The built-in resource `api` lists, when `wire` asks for protobuf and the table has it.
-fn protobuf_resource<K: Resource>(
+fn protobuf_resource<K: Resource + 'static>(
     api: &Api<K>,
     wire: WireFormat,
 ) -> Option<&'static ProtobufResource> {
-    if wire != WireFormat::Protobuf || K::metadata_api() {
+    if !wire.wants_protobuf::<K>() {
         return None;
     }
     ProtobufResource::for_url(api.resource_url())

@@ -1,5 +1,9 @@
 //! Which encoding lists and watches are read in.
 
+use std::any::TypeId;
+
+use kube_core::{DynamicObject, Resource};
+
 use super::protobuf::envelope::is_protobuf;
 
 /// The encoding an [`ApiListWatch`](crate::ApiListWatch) asks the API server for.
@@ -10,23 +14,39 @@ use super::protobuf::envelope::is_protobuf;
 /// use kube_informer::{ApiListWatch, WireFormat};
 ///
 /// # async fn f(client: Client) {
-/// // JSON even for a built-in kind, e.g. to keep fields newer than the protobuf table
-/// // in an `Api<DynamicObject>`.
+/// // JSON even for a typed built-in kind.
 /// let lw = ApiListWatch::new(Api::<Pod>::all(client)).wire_format(WireFormat::Json);
 /// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WireFormat {
-    /// Protobuf for the built-in kinds the protobuf table knows (those of
-    /// [`KUBERNETES_API_VERSION`](crate::KUBERNETES_API_VERSION)), as client-go does, and
-    /// JSON for everything else (custom resources, metadata-only lists). The API server
-    /// encodes protobuf much faster than JSON, and encoding is most of the time a large
-    /// initial list takes.
+    /// Protobuf for typed built-in kinds (k8s-openapi types the protobuf table knows, those
+    /// of [`KUBERNETES_API_VERSION`](crate::KUBERNETES_API_VERSION)), as client-go does, and
+    /// JSON for everything else: custom resources, metadata-only lists, and
+    /// `DynamicObject`s, which keep every field the server sends, including fields newer
+    /// than the table that protobuf would drop. The API server encodes protobuf much
+    /// faster than JSON, and encoding is most of the time a large initial list takes.
     #[default]
+    Auto,
+    /// Protobuf wherever the table knows the kind, `DynamicObject`s of built-in kinds too
+    /// (fields newer than the table are dropped).
     Protobuf,
     /// JSON always.
     Json,
+}
+
+impl WireFormat {
+    /// Whether to ask for protobuf for objects of type `K`, when the table has the kind.
+    pub(crate) fn wants_protobuf<K: Resource + 'static>(self) -> bool {
+        let dynamic = TypeId::of::<K>() == TypeId::of::<DynamicObject>();
+        match self {
+            _ if K::metadata_api() => false,
+            WireFormat::Auto => !dynamic,
+            WireFormat::Protobuf => true,
+            WireFormat::Json => false,
+        }
+    }
 }
 
 /// The encoding of one request's or response's body.
@@ -46,5 +66,23 @@ impl Encoding {
         } else {
             Encoding::Json
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube_core::PartialObjectMeta;
+
+    use super::*;
+
+    #[test]
+    fn dynamic_objects_and_metadata_default_to_json() {
+        assert!(WireFormat::Auto.wants_protobuf::<Pod>());
+        assert!(!WireFormat::Auto.wants_protobuf::<DynamicObject>());
+        assert!(!WireFormat::Auto.wants_protobuf::<PartialObjectMeta<Pod>>());
+        assert!(WireFormat::Protobuf.wants_protobuf::<DynamicObject>());
+        assert!(!WireFormat::Protobuf.wants_protobuf::<PartialObjectMeta<Pod>>());
+        assert!(!WireFormat::Json.wants_protobuf::<Pod>());
     }
 }

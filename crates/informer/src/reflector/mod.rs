@@ -8,13 +8,16 @@ mod watch;
 
 use std::{
     collections::HashSet,
+    future::Future,
+    panic::AssertUnwindSafe,
     sync::{Arc, PoisonError, RwLock},
     time::Duration,
 };
 
+use futures::FutureExt;
 use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::{
     error::Error,
@@ -153,8 +156,11 @@ impl SyncedVersion {
 ///    `continue` tokens. The first list asks for resourceVersion `"0"` (any cached state: cheap
 ///    for the server, which may then ignore the page size); later relists ask for data not
 ///    older than the last resourceVersion seen (`resourceVersionMatch=NotOlderThan`), so the
-///    cache never goes back in time; after a 410 Gone the list is restarted from page one at
-///    resourceVersion `""` (a consistent read). Each page is read as a stream
+///    cache never goes back in time, and the server's watch cache can answer; when that
+///    version expired (410 Gone, or a continue token that expired mid-list) or the server
+///    has not reached it yet (504 "Too large resource version", a lagging API server or a
+///    restored etcd), the list is restarted from page one at resourceVersion `""` (a
+///    consistent read). Each page is read as a stream
 ///    ([`ListWatch::list_stream`]): objects go to the store as they are decoded, while the
 ///    server is still sending, and nothing holds a whole page; when the last page is in,
 ///    objects that were not listed are removed ([`finish_list`](ReflectorStore::finish_list)).
@@ -170,12 +176,20 @@ impl SyncedVersion {
 ///    server-side timeout in `[min_watch_timeout, 2 × min_watch_timeout)` (5–10 min), applying
 ///    each event to the store. Bookmarks only advance the resourceVersion.
 /// 3. A watch that **ends normally** is resumed from the last resourceVersion, without a
-///    relist. A **410 Gone** (error or `ERROR` event, "too old resource version") relists. An
-///    **undecodable or malformed event** is reported and relists (an event was lost, so only
-///    a list can tell the truth). A watch silent (no event, no bookmark) for
+///    relist. A **410 Gone** (error or `ERROR` event, "too old resource version") relists
+///    from the last resourceVersion, as client-go does. An **undecodable or malformed
+///    event** is reported and relists (an event was lost, so only a list can tell the
+///    truth). A watch silent (no event, no bookmark) for
 ///    [`idle_timeout`](ReflectorConfig::idle_timeout) is presumed dead and reconnected.
-///    Other errors back off (800 ms doubling to 30 s, jittered, reset after 2 min of health;
-///    see [`Backoff`]) and retry.
+///    A watch call the server **refuses** (403, 5xx, ...) relists after a backoff, as
+///    client-go's `ListAndWatch` loop does, so a cache whose watch never works still
+///    follows the server at the pace of its lists; only an unreachable server and 429 Too
+///    Many Requests retry the watch alone. Other errors back off (800 ms doubling to 30 s,
+///    jittered, reset after 2 min of health; see [`Backoff`]) and retry.
+/// 4. A **panic** in code the reflector runs for the user or the wire (a transform, an
+///    index function, a codec, a decoder) is caught, reported as [`Error::Panicked`], and
+///    repaired by a relist after a backoff: the cache never stops following the server in
+///    silence while it says it has synced.
 ///
 /// Every list/watch error goes to the [error hook](Reflector::with_error_hook), if any, and
 /// to `tracing`.
@@ -251,36 +265,54 @@ where
             if cancel.is_cancelled() {
                 break;
             }
+            // Each step runs code that is not the reflector's (transforms, index functions,
+            // codecs, decoders): a panic there is caught, reported, and repaired by a
+            // relist, never left as a cache that stopped following the server.
             let next = match (state.phase(), state.mode()) {
                 (Phase::Sync(from), ListMode::Streaming) => {
                     let start = state.streaming_start(from).to_owned();
                     debug!(rv = %start, "streaming list");
-                    let report = self.watch(&cancel, &start, StreamingList::Yes).await;
-                    self.report_watch_end(&report.end);
-                    state.watched(&report)
+                    match self
+                        .guarded(self.watch(&cancel, &start, StreamingList::Yes))
+                        .await
+                    {
+                        Ok(report) => {
+                            self.report_watch_end(&report.end);
+                            state.watched(&report)
+                        }
+                        Err(()) => state.panicked(),
+                    }
                 }
                 (Phase::Sync(from), ListMode::Paged) => {
                     let listed = tokio::select! {
                         biased;
                         () = cancel.cancelled() => break,
-                        r = self.list_all(from, state.last_rv()) => r,
+                        r = self.guarded(self.list_all(from, state.last_rv())) => r,
                     };
                     match listed {
-                        Ok(rv) => state.listed(rv),
-                        Err(error) => {
+                        Ok(Ok(rv)) => state.listed(rv),
+                        Ok(Err(error)) => {
                             self.report(&error);
                             if error.is_gone() {
                                 debug!("list expired; listing again from resourceVersion \"\"");
                             }
                             state.list_failed(&error)
                         }
+                        Err(()) => state.panicked(),
                     }
                 }
                 (Phase::Watch, _) => {
                     let start = state.last_rv().to_owned();
-                    let report = self.watch(&cancel, &start, StreamingList::No).await;
-                    self.report_watch_end(&report.end);
-                    state.watched(&report)
+                    match self
+                        .guarded(self.watch(&cancel, &start, StreamingList::No))
+                        .await
+                    {
+                        Ok(report) => {
+                            self.report_watch_end(&report.end);
+                            state.watched(&report)
+                        }
+                        Err(()) => state.panicked(),
+                    }
                 }
             };
             match next {
@@ -296,6 +328,27 @@ where
         debug!("reflector stopped");
     }
 
+    /// Runs one step; a panic in it is reported as [`Error::Panicked`] and returned as
+    /// `Err(())`.
+    async fn guarded<T>(&self, step: impl Future<Output = T>) -> Result<T, ()> {
+        match AssertUnwindSafe(step).catch_unwind().await {
+            Ok(done) => Ok(done),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
+                error!(%message, "panic while listing or watching; relisting after a backoff");
+                self.report(&Error::Panicked {
+                    resource: self.resource.clone(),
+                    message,
+                });
+                Err(())
+            }
+        }
+    }
+
     /// Logs and reports how a watch ended, when that is news.
     fn report_watch_end(&self, end: &watch::WatchEnd) {
         match end {
@@ -306,7 +359,9 @@ where
                 self.report(error);
                 warn!("falling back to paged lists");
             }
-            watch::WatchEnd::Failed { error, .. } => self.report(error),
+            watch::WatchEnd::Failed { error, .. } | watch::WatchEnd::Refused { error } => {
+                self.report(error);
+            }
             watch::WatchEnd::Closed { events: 0, elapsed } if *elapsed < Duration::from_secs(1) => {
                 warn!("watch closed at once without events");
             }
@@ -497,7 +552,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn gone_on_watch_relists_from_latest() {
+    async fn gone_on_watch_relists_from_the_last_version() {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
         fake.add(cm("b"));
@@ -512,7 +567,10 @@ mod tests {
         fake.end_watches(); // resume from an expired RV -> ERROR 410 event
         fake.wait_for_calls(|c| c.watches == 3).await;
         assert_eq!(fake.calls().lists, 2);
-        assert_eq!(list_rvs(&fake)[1], (None, None, false));
+        // Served from the watch cache, as client-go does; an expired list would fall back.
+        let (rv, version_match, _) = list_rvs(&fake)[1].clone();
+        assert!(rv.is_some_and(|rv| rv != "0"));
+        assert_eq!(version_match, Some(VersionMatch::NotOlderThan));
         let mut keys: Vec<_> = h
             .store
             .list_keys()
@@ -604,7 +662,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn forbidden_is_reported_and_retried() {
+    async fn a_forbidden_watch_is_reported_and_relisted() {
         let fake = Fake::new("configmaps");
         fake.fail_next_watch(Error::from_status(
             status(403, "Forbidden", "denied"),
@@ -614,7 +672,9 @@ mod tests {
         ));
         let h = start(&fake, ReflectorConfig::default());
         fake.wait_for_calls(|c| c.watches == 2).await;
-        assert_eq!(fake.calls().lists, 1);
+        // As client-go's `ListAndWatch` loop: a watch that cannot start may never start, so
+        // the cache follows the server by lists meanwhile.
+        assert_eq!(fake.calls().lists, 2);
         assert!(h.errors()[0].contains("cannot watch configmaps in namespace \"ns\""));
         h.stop().await;
     }

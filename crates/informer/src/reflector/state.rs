@@ -118,8 +118,12 @@ impl State {
     /// A paged list failed with `error`.
     pub(super) fn list_failed(&mut self, error: &Error) -> Next {
         match self.phase {
-            // An expired snapshot or continue token: start over from a consistent read.
-            Phase::Sync(from) if error.is_gone() && from != ListFrom::Latest => {
+            // An expired snapshot or continue token, or a version the server has not reached
+            // yet: start over from a consistent read.
+            Phase::Sync(from)
+                if (error.is_gone() || error.is_resource_version_too_large())
+                    && from != ListFrom::Latest =>
+            {
                 self.phase = Phase::Sync(ListFrom::Latest);
                 Next::Go
             }
@@ -158,33 +162,77 @@ impl State {
                 }
             }
             WatchEnd::Idle => Next::Go,
+            WatchEnd::Refused { error } if error.is_gone() => self.gone(),
+            // A server that does not answer, or asks to slow down, will most likely serve
+            // the same watch later: retry it, as client-go does, without a relist.
+            WatchEnd::Refused {
+                error: Error::Transport { .. },
+            } => Next::Backoff,
+            WatchEnd::Refused {
+                error: Error::Api { status, .. },
+            } if status.code == 429 => Next::Backoff,
+            // Any other refusal (403, 5xx, too large a version) may last: relist after the
+            // backoff, as client-go's `ListAndWatch` loop does, so a cache whose watch never
+            // works still follows the server at the pace of its lists.
+            WatchEnd::Refused { error } => {
+                self.relist_after(error);
+                Next::Backoff
+            }
             WatchEnd::Failed { error, events } => {
                 if *events > 0 {
                     self.gone_in_a_row = 0;
                 }
                 if error.is_gone() {
-                    self.phase = Phase::Sync(ListFrom::Latest);
-                    self.gone_in_a_row += 1;
-                    if self.gone_in_a_row > 1 {
-                        Next::Backoff
-                    } else {
-                        Next::Go
-                    }
+                    self.gone()
                 } else {
                     if error.needs_relist() {
-                        self.phase = Phase::Sync(ListFrom::LastSeen);
+                        self.relist_after(error);
                     }
                     Next::Backoff
                 }
             }
         }
     }
+
+    /// Code run by a step panicked: whatever it left half-applied, a relist repairs.
+    pub(super) fn panicked(&mut self) -> Next {
+        self.phase = Phase::Sync(ListFrom::LastSeen);
+        Next::Backoff
+    }
+
+    /// The watch's start version expired (410). Relist from the last synced version, which
+    /// the server's watch cache answers cheaply, as client-go does; should that list expire
+    /// too, [`list_failed`](Self::list_failed) falls back to a consistent read. A second
+    /// 410 in a row, with no event in between, backs off first.
+    fn gone(&mut self) -> Next {
+        self.phase = Phase::Sync(ListFrom::LastSeen);
+        self.gone_in_a_row += 1;
+        if self.gone_in_a_row > 1 {
+            Next::Backoff
+        } else {
+            Next::Go
+        }
+    }
+
+    /// The next full sync after `error`: from a consistent read when the server has not
+    /// caught up with the last synced version, else from that version.
+    fn relist_after(&mut self, error: &Error) {
+        let from = if error.is_resource_version_too_large() {
+            ListFrom::Latest
+        } else {
+            ListFrom::LastSeen
+        };
+        self.phase = Phase::Sync(from);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{error::Verb, testing::gone};
+    use crate::{
+        error::Verb,
+        testing::{gone, status, transport_error},
+    };
 
     fn report(end: WatchEnd, initial_events: InitialEvents) -> WatchReport {
         WatchReport {
@@ -212,7 +260,7 @@ mod tests {
     }
 
     #[test]
-    fn gone_relists_from_latest_and_backs_off_the_second_time_in_a_row() {
+    fn gone_relists_from_the_last_version_and_backs_off_the_second_time_in_a_row() {
         let mut state = State::new(ListMode::Paged);
         state.listed("5".to_owned());
         let failed = || WatchEnd::Failed {
@@ -223,6 +271,10 @@ mod tests {
             state.watched(&report(failed(), InitialEvents::NotRequested)),
             Next::Go
         );
+        // From the watch cache, as client-go does; only an expired list reads from etcd.
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::LastSeen));
+        let error = gone("configmaps", Verb::List);
+        assert_eq!(state.list_failed(&error), Next::Go);
         assert_eq!(state.phase(), Phase::Sync(ListFrom::Latest));
         state.listed("9".to_owned());
         assert_eq!(
@@ -235,6 +287,61 @@ mod tests {
         assert_eq!(state.list_failed(&error), Next::Go);
         assert_eq!(state.phase(), Phase::Sync(ListFrom::Latest));
         assert_eq!(state.list_failed(&error), Next::Backoff);
+    }
+
+    #[test]
+    fn a_refused_watch_relists_unless_the_server_is_unreachable_or_busy() {
+        let refused = |error| WatchReport {
+            end: WatchEnd::Refused { error },
+            last_rv: "5".to_owned(),
+            initial_events: InitialEvents::NotRequested,
+        };
+        let forbidden = Error::from_status(
+            status(403, "Forbidden", "no watch for you"),
+            Verb::Watch,
+            "configmaps",
+            None,
+        );
+        let busy = Error::from_status(
+            status(429, "TooManyRequests", "slow down"),
+            Verb::Watch,
+            "configmaps",
+            None,
+        );
+        let too_large = Error::from_status(
+            status(504, "Timeout", "Too large resource version: 9, current: 5"),
+            Verb::Watch,
+            "configmaps",
+            None,
+        );
+        let cases = [
+            (forbidden, Phase::Sync(ListFrom::LastSeen)),
+            (transport_error("configmaps", Verb::Watch), Phase::Watch),
+            (busy, Phase::Watch),
+            (too_large, Phase::Sync(ListFrom::Latest)),
+        ];
+        for (error, phase) in cases {
+            let mut state = State::new(ListMode::Paged);
+            state.listed("5".to_owned());
+            let what = error.to_string();
+            assert_eq!(state.watched(&refused(error)), Next::Backoff, "{what}");
+            assert_eq!(state.phase(), phase, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_list_refused_as_too_large_restarts_from_a_consistent_read() {
+        let mut state = State::new(ListMode::Paged);
+        let too_large = Error::from_status(
+            status(504, "Timeout", "Too large resource version: 9, current: 5"),
+            Verb::List,
+            "configmaps",
+            None,
+        );
+        assert_eq!(state.list_failed(&too_large), Next::Go);
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::Latest));
+        assert_eq!(state.panicked(), Next::Backoff);
+        assert_eq!(state.phase(), Phase::Sync(ListFrom::LastSeen));
     }
 
     #[test]

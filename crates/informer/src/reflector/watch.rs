@@ -49,6 +49,11 @@ pub(super) enum WatchEnd {
     },
     /// Nothing arrived for the idle timeout; presumed dead.
     Idle,
+    /// The watch call itself failed: no stream was opened.
+    Refused {
+        /// Why.
+        error: Error,
+    },
     /// The watch failed.
     Failed {
         /// Why.
@@ -122,7 +127,7 @@ where
                     let error = self.unsupported(format!("{} ({})", status.message, status.code));
                     return WatchEnd::Failed { error, events: 0 };
                 }
-                Err(error) => return WatchEnd::Failed { error, events: 0 },
+                Err(error) => return WatchEnd::Refused { error },
             },
         };
         let mut events = 0usize;
@@ -133,9 +138,11 @@ where
                 n = tokio::time::timeout(self.config.idle_timeout, stream.next()) => n,
             };
             let event = match next {
-                Err(_) if initial.is_some() && events == 0 => {
+                // The initial events of a streaming list arrive back to back, then the end
+                // bookmark: a pause before it means they are not coming.
+                Err(_) if initial.is_some() => {
                     let error = self.unsupported(format!(
-                        "no initial event within {:?}",
+                        "no initial-events-end bookmark after {events} events and {:?} of silence",
                         self.config.idle_timeout
                     ));
                     return WatchEnd::Failed { error, events };
@@ -157,21 +164,17 @@ where
             };
             events += 1;
             if initial.is_some()
-                && events == 1
                 && !matches!(
                     event,
-                    WatchEvent::Added(_)
-                        | WatchEvent::Error(_)
-                        | WatchEvent::Bookmark {
-                            initial_events_end: true,
-                            ..
-                        }
+                    WatchEvent::Added(_) | WatchEvent::Error(_) | WatchEvent::Bookmark { .. }
                 )
             {
-                // A streaming list starts with the initial `ADDED`s or, for an empty
-                // collection, the end bookmark; anything else is an ordinary watch.
+                // A streaming list's initial events are all `ADDED`s, up to the end
+                // bookmark; a change before it means the server ignored
+                // `sendInitialEvents` and this is an ordinary watch (whose first event may
+                // well be an `ADDED` of a new object).
                 let error = self.unsupported(
-                    "the watch did not start with initial events (sendInitialEvents ignored)"
+                    "a change arrived before the initial-events-end bookmark (sendInitialEvents ignored)"
                         .to_owned(),
                 );
                 return WatchEnd::Failed { error, events };

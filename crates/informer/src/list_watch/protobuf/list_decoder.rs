@@ -165,7 +165,12 @@ fn len_field(bytes: &[u8]) -> Result<Option<(u32, usize, usize)>, ProtobufError>
     };
     let number = u32::try_from(key >> 3).map_err(|_| ProtobufError::Malformed("field number"))?;
     let len = usize::try_from(len).map_err(|_| ProtobufError::Truncated)?;
-    Ok(Some((number, key_len + len_len, len)))
+    let header = key_len + len_len;
+    // Callers add the two: a length near `usize::MAX` must be refused, not wrap or panic.
+    if header.checked_add(len).is_none() {
+        return Err(ProtobufError::Malformed("field length overflows"));
+    }
+    Ok(Some((number, header, len)))
 }
 
 /// `ListMeta` `{selfLink = 1, resourceVersion = 2, continue = 3, remainingItemCount = 4}`.
@@ -271,6 +276,18 @@ mod tests {
         assert!(matches!(
             decode_in_chunks(br#"{"items":[]}"#, 64),
             Err(ProtobufError::Envelope)
+        ));
+    }
+
+    #[test]
+    fn a_field_length_near_the_address_space_is_malformed_not_a_panic() {
+        // The magic, then a length-delimited field 1 claiming u64::MAX bytes.
+        let mut body = MAGIC.to_vec();
+        body.push(0x0a);
+        body.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01]);
+        assert!(matches!(
+            decode_in_chunks(&body, 64),
+            Err(ProtobufError::Malformed(_))
         ));
     }
 }

@@ -1,0 +1,292 @@
+//! The informer's promise, a cache that follows the API server, at its edges: handlers
+//! added mid-list, panics in user code, versions the server has not reached, watches that
+//! never work, a healed start-up error, resync bounds, servers that ignore streaming lists.
+//! All on the in-memory `FakeListWatch`, under paused time.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube_informer::{
+    CancellationToken, Error, ListOptions, ListPage, ListStream, ListWatch, SharedInformer, Verb,
+    WatchOptions, WatchStream, handler_fn,
+    testing::{FakeListWatch, decode_error, status},
+};
+use tokio::{sync::Semaphore, time::Instant};
+
+type Fake = FakeListWatch<ConfigMap>;
+
+/// Far longer than anything here takes in paused time; reaching it means a frozen cache.
+const PATIENCE: Duration = Duration::from_secs(3600);
+
+fn cm(name: &str) -> ConfigMap {
+    Fake::object(Some("ns"), name)
+}
+
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"))
+}
+
+/// Waits until `condition` holds, checking after each tick of paused time.
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    within(what, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// A fake whose later list pages wait for a permit: the first page is stored, and the
+/// rest of the list is held back until the test releases it.
+#[derive(Clone)]
+struct HeldPages {
+    fake: Fake,
+    permits: Arc<Semaphore>,
+}
+
+impl ListWatch<ConfigMap> for HeldPages {
+    fn resource(&self) -> String {
+        self.fake.resource()
+    }
+
+    async fn list(&self, options: &ListOptions) -> Result<ListPage<ConfigMap>, Error> {
+        if options.continue_token.is_some() {
+            self.permits.acquire().await.expect("open").forget();
+        }
+        self.fake.list(options).await
+    }
+
+    async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<ConfigMap>, Error> {
+        if options.continue_token.is_some() {
+            self.permits.acquire().await.expect("open").forget();
+        }
+        self.fake.list_stream(options).await
+    }
+
+    async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<ConfigMap>, Error> {
+        self.fake.watch(options).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_added_while_the_first_list_arrives_gets_every_object() {
+    let fake = Fake::new("configmaps");
+    for i in 0..1000 {
+        fake.add(cm(&format!("o{i:04}")));
+    }
+    let held = HeldPages {
+        fake: fake.clone(),
+        permits: Arc::new(Semaphore::new(0)),
+    };
+    let informer = SharedInformer::builder(held.clone()).page_size(500).build();
+    let informer = informer.spawn(CancellationToken::new());
+    until("the first page in the store", || {
+        informer.store().len() == 500
+    })
+    .await;
+
+    let seen = Arc::new(AtomicUsize::new(0));
+    let initial = Arc::new(AtomicUsize::new(0));
+    let (s, i) = (seen.clone(), initial.clone());
+    let late = informer
+        .add_handler(handler_fn().on_add(move |_: &Arc<ConfigMap>, is_initial| {
+            s.fetch_add(1, Ordering::SeqCst);
+            if is_initial {
+                i.fetch_add(1, Ordering::SeqCst);
+            }
+        }))
+        .expect("running");
+    held.permits.add_permits(1);
+    within("the late handler to sync", late.wait_synced()).await;
+    assert_eq!(informer.store().len(), 1000);
+    assert_eq!(seen.load(Ordering::SeqCst), 1000, "every object, once");
+    assert_eq!(
+        initial.load(Ordering::SeqCst),
+        1000,
+        "all of the initial list"
+    );
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_transform_is_reported_and_the_cache_keeps_following() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    let armed = Arc::new(AtomicBool::new(true));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (trigger, log) = (armed.clone(), errors.clone());
+    let informer = SharedInformer::builder(fake.clone())
+        .transform(move |cm: ConfigMap| {
+            let bomb = cm.metadata.name.as_deref() == Some("bomb");
+            if bomb && trigger.swap(false, Ordering::SeqCst) {
+                panic!("transform exploded on bomb");
+            }
+            cm
+        })
+        .on_watch_error(move |e| log.lock().unwrap().push(e.to_string()))
+        .build()
+        .spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.wait_for_calls(|c| c.watches == 1).await;
+
+    fake.add(cm("bomb"));
+    until("the panic reported", || !errors.lock().unwrap().is_empty()).await;
+    let reported = errors.lock().unwrap()[0].clone();
+    assert!(
+        reported.contains("panic") && reported.contains("exploded"),
+        "{reported}"
+    );
+    fake.add(cm("after"));
+    until("the cache to follow again", || {
+        informer.store().contains_key("ns/bomb") && informer.store().contains_key("ns/after")
+    })
+    .await;
+    assert!(fake.calls().lists >= 2, "repaired by a relist");
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_version_too_large_for_the_server_relists_from_a_consistent_read() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    let informer = SharedInformer::new(fake.clone()).spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.wait_for_calls(|c| c.watches == 1).await;
+    // A lost event forces a relist from the last version, which a lagging server refuses.
+    fake.fail_next_list(Error::from_status(
+        status(504, "Timeout", "Too large resource version: 9, current: 3"),
+        Verb::List,
+        "configmaps",
+        Some("ns"),
+    ));
+    fake.inject(Err(decode_error("configmaps", Verb::Watch)));
+    fake.wait_for_calls(|c| c.lists == 3).await;
+    let lists = fake.list_requests();
+    assert!(
+        lists[1]
+            .resource_version
+            .as_deref()
+            .is_some_and(|rv| rv != "0")
+    );
+    assert_eq!(
+        (
+            lists[2].resource_version.as_deref(),
+            &lists[2].version_match
+        ),
+        (None, &None),
+        "then from resourceVersion \"\": {lists:?}"
+    );
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_watch_that_is_never_allowed_still_follows_by_relisting() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    for _ in 0..50 {
+        fake.fail_next_watch(Error::from_status(
+            status(403, "Forbidden", "cannot watch configmaps"),
+            Verb::Watch,
+            "configmaps",
+            Some("ns"),
+        ));
+    }
+    let informer = SharedInformer::new(fake.clone()).spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.add(cm("b"));
+    fake.delete(Some("ns"), "a");
+    until("the cache to follow the server by lists", || {
+        informer.store().list_keys() == ["ns/b".into()]
+    })
+    .await;
+    assert!(fake.calls().lists >= 2);
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_start_up_error_that_healed_is_not_reported_later() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    fake.fail_next_list(Error::from_status(
+        status(403, "Forbidden", "not yet"),
+        Verb::List,
+        "configmaps",
+        Some("ns"),
+    ));
+    let informer = SharedInformer::new(fake.clone()).spawn(CancellationToken::new());
+    within("the sync after the 403", informer.wait_synced()).await;
+    for _ in 0..32 {
+        let result = informer.wait_synced_or_fatal().await;
+        assert!(result.is_ok(), "a healed error came back: {result:?}");
+    }
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn resync_periods_below_a_second_are_raised_to_one() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    let informer = SharedInformer::builder(fake.clone())
+        .resync_period(Duration::from_millis(10))
+        .build();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let registration = informer.add_handler(handler_fn().on_update(move |_, _| {
+        let _ = tx.send(Instant::now());
+    }));
+    let started = Instant::now();
+    let informer = informer.spawn(CancellationToken::new());
+    within("the handler to sync", registration.wait_synced()).await;
+    let first = within("a resync", rx.recv()).await.expect("open");
+    let second = within("another resync", rx.recv()).await.expect("open");
+    assert!(
+        first - started >= Duration::from_secs(1),
+        "{:?}",
+        first - started
+    );
+    assert!(
+        second - first >= Duration::from_secs(1),
+        "{:?}",
+        second - first
+    );
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_ignores_initial_events_is_caught_at_its_first_change() {
+    let fake = Fake::new("configmaps");
+    fake.set_streaming_lists(false);
+    fake.add(cm("a"));
+    fake.add(cm("b"));
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = errors.clone();
+    let informer = SharedInformer::builder(fake.clone())
+        .streaming_list()
+        .on_watch_error(move |e| log.lock().unwrap().push(e.to_string()))
+        .build()
+        .spawn(CancellationToken::new());
+    fake.wait_for_calls(|c| c.watches == 1).await;
+    // The ordinary watch the server opened instead: a new object first, then a change.
+    fake.add(cm("c"));
+    fake.update(cm("a"));
+    until("every object, through a paged list", || {
+        let mut keys = informer.store().list_keys();
+        keys.sort();
+        keys == ["ns/a".into(), "ns/b".into(), "ns/c".into()]
+    })
+    .await;
+    assert!(fake.calls().lists >= 1, "fell back to paged lists");
+    let errors = errors.lock().unwrap().clone();
+    assert!(
+        errors[0].contains("a change arrived before the initial-events-end bookmark"),
+        "caught at the change, not after a silence: {errors:?}"
+    );
+    informer.stop().await;
+}
