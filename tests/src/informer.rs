@@ -119,6 +119,8 @@ pub struct SeenError {
     pub forbidden: bool,
     /// `(resource, verb)` of an [`Error::Decode`].
     pub decode: Option<(String, Verb)>,
+    /// The key of an [`Error::UndecodableObject`].
+    pub undecodable: Option<String>,
 }
 
 /// Every error an [`error_log`]'s hook received, in order.
@@ -135,6 +137,10 @@ pub fn error_log() -> (ErrorLog, impl Fn(&Error) + Send + Sync + 'static) {
             forbidden: e.is_forbidden(),
             decode: match e {
                 Error::Decode { resource, verb, .. } => Some((resource.clone(), *verb)),
+                _ => None,
+            },
+            undecodable: match e {
+                Error::UndecodableObject { key, .. } => Some(key.clone()),
                 _ => None,
             },
         };

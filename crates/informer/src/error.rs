@@ -162,6 +162,10 @@ pub enum Error {
     #[error("caches did not sync within {0:?}")]
     SyncTimeout(Duration),
 
+    /// A divergence check was asked of an informer built without one.
+    #[error("the informer was built without a divergence check")]
+    NoDivergenceCheck,
+
     /// A handler was added to an informer that has stopped: it would never run.
     #[error("the informer has stopped; a handler added now would never run")]
     InformerStopped,
@@ -178,6 +182,22 @@ pub enum Error {
         verb: Verb,
         /// The server's message.
         message: String,
+    },
+
+    /// One object does not decode as the informer's type; its key did. The reflector keeps
+    /// its last good state and goes on with every other object.
+    #[error(
+        "{verb} {resource}: object {key} does not decode, its last good state is kept: {reason}"
+    )]
+    UndecodableObject {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// Which call delivered it.
+        verb: Verb,
+        /// The object's key (`namespace/name`).
+        key: String,
+        /// Why it does not decode.
+        reason: String,
     },
 
     /// Code run while listing or watching panicked: a transform, an index function, a

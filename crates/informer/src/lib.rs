@@ -39,15 +39,17 @@ pub mod workqueue;
 pub use controller::{Controller, ControllerConfig, ControllerStats, DroppedHook};
 pub use error::{BoxError, Error, Verb};
 pub use informer::{
-    DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
-    HasSynced, InformerBuilder, InformerHandle, KeyHandler, MIN_RESYNC_PERIOD, RunningInformer,
-    SharedInformer, handler_fn, key_handler, wait_for_cache_sync,
+    DeletedFinalStateUnknown, DeletedObject, DivergenceCheck, DivergenceStats, Drift, EventHandler,
+    HandlerFn, HandlerRegistration, HasSynced, InformerBuilder, InformerHandle, KeyHandler,
+    MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, SharedInformer, handler_fn,
+    key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;
 pub use list_watch::{
-    ApiListWatch, KUBERNETES_API_VERSION, ListItem, ListOptions, ListPage, ListStream, ListWatch,
-    ProtobufError, WatchEvent, WatchOptions, WatchStream, WireFormat,
+    ApiListWatch, Change, KUBERNETES_API_VERSION, ListItem, ListOptions, ListPage, ListStream,
+    ListWatch, ObjectVersion, ProtobufError, Undecodable, VersionPage, WatchEvent, WatchOptions,
+    WatchStream, WireFormat,
 };
 pub use reflector::{
     Backoff, BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStore,

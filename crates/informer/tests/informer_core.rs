@@ -13,8 +13,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    CancellationToken, Error, ListOptions, ListPage, ListStream, ListWatch, SharedInformer, Verb,
-    WatchOptions, WatchStream, handler_fn,
+    CancellationToken, DivergenceCheck, Error, ListOptions, ListPage, ListStream, ListWatch,
+    Repair, SharedInformer, Verb, WatchOptions, WatchStream, handler_fn,
     testing::{FakeListWatch, decode_error, status},
 };
 use tokio::{sync::Semaphore, time::Instant};
@@ -287,6 +287,140 @@ async fn a_server_that_ignores_initial_events_is_caught_at_its_first_change() {
     assert!(
         errors[0].contains("a change arrived before the initial-events-end bookmark"),
         "caught at the change, not after a silence: {errors:?}"
+    );
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_object_that_does_not_decode_keeps_its_last_state_and_the_rest_follows() {
+    let fake = Fake::new("configmaps");
+    for n in ["a", "b", "c"] {
+        fake.add(cm(n));
+    }
+    let errors = Arc::new(Mutex::new(Vec::<String>::new()));
+    let log = errors.clone();
+    let informer = SharedInformer::builder(fake.clone())
+        .on_watch_error(move |e| log.lock().unwrap().push(e.to_string()))
+        .build()
+        .spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.wait_for_calls(|c| c.watches == 1).await;
+    let last_good = informer.store().get_by_key("ns/b").expect("b cached");
+
+    // b stops decoding; its change arrives on the watch, and on the relist a lost event
+    // forces: neither takes b's last good state away nor stops the other objects.
+    fake.mark_undecodable("ns/b");
+    let mut changed = cm("b");
+    changed.data = Some([("v".to_owned(), "2".to_owned())].into());
+    fake.update(changed);
+    fake.update(cm("a"));
+    fake.inject(Err(decode_error("configmaps", Verb::Watch)));
+    fake.wait_for_calls(|c| c.lists == 2).await;
+    fake.add(cm("d"));
+    fake.delete(Some("ns"), "c");
+    until("the others to be followed", || {
+        let store = informer.store();
+        store.contains_key("ns/d") && !store.contains_key("ns/c")
+    })
+    .await;
+    assert_eq!(informer.store().get_by_key("ns/b"), Some(last_good));
+    let errors = errors.lock().unwrap().clone();
+    let about_b: Vec<&String> = errors.iter().filter(|e| e.contains("ns/b")).collect();
+    assert!(
+        about_b.iter().any(|e| e.starts_with("watch"))
+            && about_b.iter().any(|e| e.starts_with("list")),
+        "named on the watch and on the list: {errors:?}"
+    );
+
+    // Fixed: its next change is applied.
+    fake.mark_decodable("ns/b");
+    let fixed = fake.update(cm("b"));
+    until("b's fixed state", || {
+        informer
+            .store()
+            .get_by_key("ns/b")
+            .is_some_and(|b| b.metadata.resource_version.as_deref() == Some(fixed.as_str()))
+    })
+    .await;
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_divergence_check_names_what_the_cache_missed() {
+    let fake = Fake::new("configmaps");
+    for n in ["a", "b", "c"] {
+        fake.add(cm(n));
+    }
+    let informer = SharedInformer::builder(fake.clone())
+        .divergence_check(DivergenceCheck::on_demand())
+        .build()
+        .spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.wait_for_calls(|c| c.watches == 1).await;
+    let clean = informer.check_divergence().await.unwrap().expect("checked");
+    assert!(clean.is_empty(), "{clean}");
+
+    // Changes the watch never delivers, as on a proxy that lost them.
+    fake.set_broadcast(false);
+    let updated = fake.update(cm("a"));
+    fake.delete(Some("ns"), "b");
+    fake.add(cm("d"));
+    let drift = informer.check_divergence().await.unwrap().expect("checked");
+    assert_eq!(drift.missing, ["ns/d".into()]);
+    assert_eq!(drift.stale, ["ns/b".into()]);
+    assert_eq!(drift.outdated.len(), 1);
+    assert_eq!(drift.outdated[0].key.as_str(), "ns/a");
+    assert_eq!(drift.outdated[0].server, updated);
+    let message = drift.to_string();
+    assert!(
+        message.contains("ns/d") && message.contains("ns/b"),
+        "{message}"
+    );
+    let stats = informer.divergence_stats().expect("configured");
+    assert_eq!(
+        (stats.checks(), stats.drifts(), stats.drifted_objects()),
+        (2, 1, 3)
+    );
+    // Reported only: the cache is as it was.
+    assert!(informer.store().contains_key("ns/b"));
+    informer.stop().await;
+
+    let plain = SharedInformer::new(fake.clone()).spawn(CancellationToken::new());
+    assert!(matches!(
+        plain.check_divergence().await,
+        Err(Error::NoDivergenceCheck)
+    ));
+    plain.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_periodic_divergence_check_repairs_the_cache_by_a_consistent_relist() {
+    let fake = Fake::new("configmaps");
+    for n in ["a", "b"] {
+        fake.add(cm(n));
+    }
+    let informer = SharedInformer::builder(fake.clone())
+        .divergence_check(DivergenceCheck::every(Duration::from_secs(60)).repair(Repair::Relist))
+        .build()
+        .spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.wait_for_calls(|c| c.watches == 1).await;
+    fake.set_broadcast(false);
+    fake.delete(Some("ns"), "a");
+    fake.add(cm("c"));
+    until("the drift repaired", || {
+        let mut keys = informer.store().list_keys();
+        keys.sort();
+        keys == ["ns/b".into(), "ns/c".into()]
+    })
+    .await;
+    let stats = informer.divergence_stats().expect("configured");
+    assert!(stats.drifts() >= 1);
+    let relist = fake.list_requests().pop().expect("relisted");
+    assert_eq!(
+        (relist.resource_version, relist.version_match),
+        (None, None),
+        "from a consistent read, not the watch cache"
     );
     informer.stop().await;
 }

@@ -9,7 +9,7 @@ use k8s_openapi::{
 };
 use kube_client::{
     Api, Client, Config,
-    api::{ObjectMeta, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams},
     config::{AuthInfo, KubeConfigOptions, Kubeconfig},
     core::Resource,
 };
@@ -184,12 +184,11 @@ impl Resource for StrictConfigMap {
     }
 }
 
-/// An object that does not decode is reported as `Decode` naming the resource, first on the
-/// watch, then on every relist; the reflector keeps relisting with backoff (the cache keeps
-/// its last good state, `has_synced` stays true, and every failed attempt reaches the hook);
-/// once the object is fixed the next relist succeeds and the cache catches up.
+/// An object that does not decode is reported by key, on the watch and on a relist, and
+/// only it waits: the cache keeps following every other object (creates, deletes), and
+/// once the object is fixed its next change reaches the cache.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_undecodable_object_is_reported_and_relisted_until_fixed() {
+async fn an_undecodable_object_is_reported_by_key_while_the_others_are_followed() {
     let env = TestEnv::shared().await;
     let (client, namespace) = test_namespace(env, "decode").await;
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
@@ -226,32 +225,35 @@ async fn an_undecodable_object_is_reported_and_relisted_until_fixed() {
     )
     .await
     .unwrap();
-    wait_errors(
-        &errors,
-        "Decode on the watch, then on several relists",
-        |e| {
-            let watch = e
-                .iter()
-                .any(|e| e.decode == Some(("configmaps".into(), Verb::Watch)));
-            let lists = e
-                .iter()
-                .filter(|e| e.decode == Some(("configmaps".into(), Verb::List)))
-                .count();
-            watch && lists >= 3
-        },
-    )
+    let bad_key = format!("{namespace}/bad");
+    wait_errors(&errors, "the bad object named on the watch", |e| {
+        e.iter()
+            .any(|e| e.undecodable.as_deref() == Some(bad_key.as_str()))
+    })
     .await;
-    assert!(
-        errors.borrow().iter().all(|e| e.decode.is_some()),
-        "{:?}",
-        errors.borrow()
-    );
     assert!(errors.borrow()[0].text.contains("configmaps"));
     assert!(informer.has_synced());
+
+    // Everything else goes on: a new object, and a deletion.
+    api.create(
+        &PostParams::default(),
+        &config_map("later", &[("required", "y")]),
+    )
+    .await
+    .unwrap();
+    match next_event(&mut rx, "the next good object's add").await {
+        Ev::Add(o, false) => assert_eq!(name(&*o), "later"),
+        other => panic!("expected the add of later, got {other:?}"),
+    }
+    api.delete("good", &DeleteParams::default()).await.unwrap();
+    match next_event(&mut rx, "the deletion of good").await {
+        Ev::Delete(d) => assert_eq!(name(&**d.object()), "good"),
+        other => panic!("expected the deletion of good, got {other:?}"),
+    }
     assert_eq!(
         cache_state(&informer).keys().collect::<Vec<_>>(),
-        ["good"],
-        "the cache keeps its last good state"
+        ["later"],
+        "the bad object is not cached, the others are"
     );
 
     api.patch(
@@ -266,5 +268,13 @@ async fn an_undecodable_object_is_reported_and_relisted_until_fixed() {
         other => panic!("expected the fixed object's add, got {other:?}"),
     }
     assert_eq!(cache_state(&informer).len(), 2);
+    assert!(
+        errors
+            .borrow()
+            .iter()
+            .all(|e| e.undecodable.as_deref() == Some(bad_key.as_str())),
+        "no other error: {:?}",
+        errors.borrow()
+    );
     informer.stop().await;
 }

@@ -6,11 +6,12 @@ use std::{sync::Arc, time::Duration};
 use futures::FutureExt;
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use super::{
     InformerHandle, SharedInformer,
+    divergence::{Divergence, DivergenceCheck},
     processor::{Processor, Sink},
 };
 
@@ -32,6 +33,7 @@ pub struct InformerBuilder<K, L> {
     indexers: Vec<(String, IndexFn<K>)>,
     error_hook: Option<ErrorHook>,
     codec: Option<Arc<dyn Codec<K>>>,
+    divergence: Option<Divergence>,
 }
 
 impl<K, L> InformerBuilder<K, L>
@@ -49,6 +51,7 @@ where
             indexers: Vec::new(),
             error_hook: None,
             codec: None,
+            divergence: None,
         }
     }
 
@@ -142,6 +145,39 @@ where
         self
     }
 
+    /// Checks the cache against the server as `check` says: a list of keys and
+    /// resourceVersions (metadata only, paged) at exactly the version the cache holds, so
+    /// that events in flight never look like drift. A drift is logged naming the objects,
+    /// counted ([`InformerHandle::divergence_stats`](crate::InformerHandle::divergence_stats)),
+    /// and, with [`Repair::Relist`](crate::Repair::Relist), repaired by a relist from a
+    /// consistent read. [`InformerHandle::check_divergence`](crate::InformerHandle::check_divergence)
+    /// runs one check on demand.
+    ///
+    /// The cache's version advances with every event and bookmark, so a lost change shows
+    /// at the first check after the next event or bookmark (servers send one about once a
+    /// minute). No informer of client-go, controller-runtime or kube-runtime has such a
+    /// check: their caches can drift silently (a lost event on a proxy, a stale watch
+    /// cache behind a load balancer) until the next relist, if one ever comes.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{DivergenceCheck, Repair, SharedInformer, testing::FakeListWatch};
+    ///
+    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+    ///     .divergence_check(DivergenceCheck::every(Duration::from_secs(600)).repair(Repair::Relist))
+    ///     .build();
+    /// ```
+    #[must_use]
+    pub fn divergence_check(mut self, check: DivergenceCheck) -> Self
+    where
+        L: Clone,
+    {
+        let trigger = Arc::new(Notify::new());
+        self.divergence = Some(Divergence::new(check, self.list_watch.clone(), trigger));
+        self
+    }
+
     /// Calls `hook` with every list/watch error (client-go's `SetWatchErrorHandler`).
     #[must_use]
     pub fn on_watch_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
@@ -171,6 +207,9 @@ where
         if let Some(t) = self.transform {
             reflector = reflector.with_transform(t);
         }
+        if let Some(divergence) = &self.divergence {
+            reflector = reflector.with_relist_trigger(divergence.relist.clone());
+        }
         let user_hook = self.error_hook;
         reflector = reflector.with_error_hook(Arc::new(move |error: &Error| {
             if let Some(permanent) = error.permanent_copy() {
@@ -180,7 +219,14 @@ where
                 hook(error);
             }
         }));
-        let handle = InformerHandle::new(processor, synced_rx, permanent_rx, version, self.resync);
+        let handle = InformerHandle::new(
+            processor,
+            synced_rx,
+            permanent_rx,
+            version,
+            self.resync,
+            self.divergence.map(Arc::new),
+        );
         SharedInformer::new_unstarted(handle, Box::new(move |token| reflector.run(token).boxed()))
     }
 }

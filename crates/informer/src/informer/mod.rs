@@ -3,6 +3,7 @@
 //! The full documentation is on [`SharedInformer`].
 
 mod builder;
+mod divergence;
 mod handler;
 mod processor;
 mod sync;
@@ -23,7 +24,7 @@ use tokio::{
     task::JoinHandle,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::{
     error::Error,
@@ -34,6 +35,8 @@ use crate::{
 use processor::{Processor, lock};
 
 pub use builder::{InformerBuilder, MIN_RESYNC_PERIOD};
+use divergence::Divergence;
+pub use divergence::{DivergenceCheck, DivergenceStats, Drift, OutdatedObject, Repair};
 use handler::run_listener;
 pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
@@ -140,6 +143,7 @@ struct Inner<K> {
     version: SyncedVersion,
     lifecycle: Mutex<Lifecycle>,
     resync: Option<Duration>,
+    divergence: Option<Arc<Divergence>>,
 }
 
 type Starter = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -249,6 +253,28 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
                     }
                 });
             }
+            if let Some(divergence) = inner.divergence.clone()
+                && let Some(period) = divergence.check.interval()
+            {
+                let processor = inner.processor.clone();
+                let token = token.clone();
+                tracker.spawn(async move {
+                    let mut ticks =
+                        tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = token.cancelled() => break,
+                            _ = ticks.tick() => {
+                                if let Err(error) = divergence.run_once(&processor).await {
+                                    warn!(%error, "divergence check failed; next one at the next interval");
+                                }
+                            }
+                        }
+                    }
+                });
+            }
             tracker.spawn(starter(token.clone()));
             token.cancelled().await;
             *lock(&inner.lifecycle) = Lifecycle::Stopped;
@@ -310,6 +336,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         permanent_error: watch::Receiver<Option<Arc<Error>>>,
         version: SyncedVersion,
         resync: Option<Duration>,
+        divergence: Option<Arc<Divergence>>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -321,6 +348,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                     pending: Vec::new(),
                 }),
                 resync,
+                divergence,
             }),
         }
     }
@@ -384,6 +412,29 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 Err(error.expect("wait_for returned a permanent error"))
             }
         }
+    }
+
+    /// Compares the cache with the server now (see
+    /// [`InformerBuilder::divergence_check`]); `Ok(None)` when the check was skipped (a full
+    /// list was being applied, or the version had been compacted away). A drift is also
+    /// logged, counted and repaired as configured.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoDivergenceCheck`] when the informer was built without one; the list's
+    /// error when it fails.
+    pub async fn check_divergence(&self) -> Result<Option<Drift>, Error> {
+        let divergence = self
+            .inner
+            .divergence
+            .as_ref()
+            .ok_or(Error::NoDivergenceCheck)?;
+        divergence.run_once(&self.inner.processor).await
+    }
+
+    /// The counters of the divergence checks, if the informer has one.
+    pub fn divergence_stats(&self) -> Option<Arc<DivergenceStats>> {
+        Some(self.inner.divergence.as_ref()?.stats.clone())
     }
 
     /// The resourceVersion the cache last synced to (list, event or bookmark).

@@ -2,7 +2,7 @@
 //! the resulting notifications out to every handler's buffer, under one lock.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
@@ -17,6 +17,7 @@ use super::handler::{DeletedFinalStateUnknown, DeletedObject, Notification};
 use crate::{
     error::Error,
     key::ObjectKey,
+    list_watch::ObjectVersion,
     reflector::ReflectorStore,
     store::{IndexFn, Writer},
 };
@@ -37,6 +38,17 @@ pub(super) type PermanentError = Arc<watch::Sender<Option<Arc<Error>>>>;
 struct Distributor<K> {
     listeners: Vec<Listener<K>>,
     synced: bool,
+    applied: Applied,
+}
+
+/// What the store holds, for a divergence check: a state the server had at one version,
+/// or a mix while a full list is being applied.
+enum Applied {
+    /// A full list is being applied (or none has been yet).
+    Listing,
+    /// Exactly the server's state at this resourceVersion: the last list's, or the last
+    /// event's since.
+    Version(String),
 }
 
 struct Listener<K> {
@@ -110,9 +122,14 @@ impl<K: Resource + Send + Sync + 'static> Sink<K> {
 }
 
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
+    fn start_list(&self) {
+        lock(&self.0.dist).applied = Applied::Listing;
+    }
+
     fn upsert(&self, key: ObjectKey, object: Arc<K>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
+        dist.applied.advance(&*object);
         let note = match p.store.insert_keyed(key, object.clone()) {
             None => Notification::Add {
                 obj: object,
@@ -126,9 +143,16 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         Processor::broadcast(&mut dist, &[note]);
     }
 
-    fn finish_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
+    fn bookmark(&self, resource_version: &str) {
+        if let Applied::Version(version) = &mut lock(&self.0.dist).applied {
+            resource_version.clone_into(version);
+        }
+    }
+
+    fn finish_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
+        dist.applied = Applied::Version(resource_version.to_owned());
         let notes: Vec<_> =
             p.store
                 .retain_keys(listed)
@@ -149,6 +173,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
     fn delete(&self, key: ObjectKey, object: Arc<K>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
+        dist.applied.advance(&*object);
         if p.store.remove(&key).is_some() {
             Processor::broadcast(
                 &mut dist,
@@ -172,6 +197,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
             dist: Mutex::new(Distributor {
                 listeners: Vec::new(),
                 synced: false,
+                applied: Applied::Listing,
             }),
             synced,
             permanent_error,
@@ -205,5 +231,36 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
     pub(super) fn add_indexer(&self, name: &str, func: IndexFn<K>) -> Result<(), Error> {
         let _dist = lock(&self.dist);
         self.store.add_indexer(name, func)
+    }
+}
+
+impl Applied {
+    /// An event's object was applied: the store is now the state at its version (while no
+    /// list is being applied, whose objects come in no version order).
+    fn advance<K: Resource>(&mut self, object: &K) {
+        if let (Applied::Version(version), Some(rv)) = (&mut *self, &object.meta().resource_version)
+        {
+            version.clone_from(rv);
+        }
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> Processor<K> {
+    /// The key and resourceVersion of every cached object, and the server's version they
+    /// are the state of; `None` while a full list is being applied. One instant: no write
+    /// comes in between.
+    pub(super) fn versions(&self) -> Option<(String, HashMap<ObjectKey, String>)> {
+        let dist = lock(&self.dist);
+        let Applied::Version(version) = &dist.applied else {
+            return None;
+        };
+        let objects = self
+            .store
+            .list()
+            .iter()
+            .filter_map(|o| ObjectVersion::of(&**o))
+            .map(|v| (v.key, v.resource_version))
+            .collect();
+        Some((version.clone(), objects))
     }
 }

@@ -13,7 +13,8 @@ use kube_core::{ObjectList, Resource, Status};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ListItem, ListOptions, ListPage, ListStream, ListWatch, WatchEvent, WatchOptions, WatchStream,
+    ListItem, ListOptions, ListPage, ListStream, ListWatch, ObjectVersion, VersionPage,
+    WatchOptions, WatchStream,
     json_list::ListDecoder,
     list_body::{BodySplitter, decode_list_body},
     protobuf::{
@@ -23,7 +24,7 @@ use super::{
         schema::Resource as ProtobufResource,
         schema_table::STATUS,
     },
-    watch_body::decode_watch_body,
+    watch_body::{WatchFraming, decode_watch_body},
     wire_format::{Encoding, WireFormat},
 };
 use crate::error::{Error, Verb};
@@ -118,6 +119,16 @@ where
         .await
     }
 
+    async fn list_versions(&self, options: &ListOptions) -> Result<VersionPage, Error> {
+        api_list_versions(
+            &self.api,
+            self.label_selector.as_deref(),
+            self.field_selector.as_deref(),
+            options,
+        )
+        .await
+    }
+
     async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
         api_watch(
             &self.api,
@@ -171,6 +182,10 @@ where
         api_list_stream(self, None, None, WireFormat::default(), options).await
     }
 
+    async fn list_versions(&self, options: &ListOptions) -> Result<VersionPage, Error> {
+        api_list_versions(self, None, None, options).await
+    }
+
     async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {
         api_watch(self, None, None, WireFormat::default(), options).await
     }
@@ -187,7 +202,9 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     if protobuf_resource(api, wire).is_some() {
-        return collect_page(api_list_stream(api, labels, fields, wire, options).await?).await;
+        let resource = describe_url(api.resource_url());
+        let stream = api_list_stream(api, labels, fields, wire, options).await?;
+        return collect_page(stream, resource).await;
     }
     let resource = describe_url(api.resource_url());
     let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
@@ -202,11 +219,60 @@ where
 }
 
 /// One page from its stream.
-async fn collect_page<K>(mut stream: ListStream<K>) -> Result<ListPage<K>, Error> {
+/// One page of keys and versions, read as metadata only (`PartialObjectMetadataList`).
+async fn api_list_versions<K>(
+    api: &Api<K>,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    options: &ListOptions,
+) -> Result<VersionPage, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let resource = describe_url(api.resource_url());
+    let mut lp = ListParams {
+        label_selector: labels.map(str::to_owned),
+        field_selector: fields.map(str::to_owned),
+        limit: options.limit,
+        continue_token: options.continue_token.clone(),
+        ..ListParams::default()
+    };
+    if let Some(rv) = options
+        .resource_version
+        .as_deref()
+        .filter(|rv| !rv.is_empty())
+    {
+        lp.resource_version = Some(rv.to_owned());
+        lp.version_match = options.version_match.clone();
+    }
+    let list = api
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| Error::from_kube(e, Verb::List, &resource, api.namespace()))?;
+    Ok(VersionPage {
+        items: list.items.iter().filter_map(ObjectVersion::of).collect(),
+        resource_version: list.metadata.resource_version.unwrap_or_default(),
+        continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
+    })
+}
+
+/// One page from its stream; a page holds only objects, so an undecodable one fails it.
+async fn collect_page<K>(
+    mut stream: ListStream<K>,
+    resource: String,
+) -> Result<ListPage<K>, Error> {
     let mut items = Vec::new();
     while let Some(item) = stream.next().await {
         match item? {
             ListItem::Object(obj) => items.push(obj),
+            ListItem::Undecodable(undecodable) => {
+                return Err(Error::UndecodableObject {
+                    resource,
+                    verb: Verb::List,
+                    key: undecodable.key.to_string(),
+                    reason: undecodable.reason,
+                });
+            }
             ListItem::End {
                 resource_version,
                 continue_token,
@@ -397,55 +463,44 @@ where
         send_initial_events: options.send_initial_events,
     };
     let resource = describe_url(api.resource_url());
-    let namespace = api.namespace().map(str::to_owned);
-    if let Some(table) = protobuf_resource(api, wire) {
-        return protobuf_watch(api, table, &wp, &options.resource_version).await;
+    let table = protobuf_resource(api, wire);
+    let request = kube_core::Request::new(api.resource_url());
+    let rv = &options.resource_version;
+    let mut req = if K::metadata_api() {
+        request.watch_metadata(&wp, rv)
+    } else {
+        request.watch(&wp, rv)
     }
-    let stream = api
-        .watch(&wp, &options.resource_version)
-        .await
-        .map_err(|e| Error::from_kube(e, Verb::Watch, &resource, namespace.as_deref()))?;
-    Ok(stream
-        .map(move |item| match item {
-            Ok(event) => Ok(WatchEvent::from(event)),
-            Err(e) => Err(Error::from_kube(
-                e,
-                Verb::Watch,
-                &resource,
-                namespace.as_deref(),
-            )),
-        })
-        .boxed())
-}
-
-/// A watch read in protobuf frames ([`decode_watch_body`]). Should the server answer in
-/// JSON after all, its lines are read instead.
-async fn protobuf_watch<K>(
-    api: &Api<K>,
-    table: &'static ProtobufResource,
-    wp: &WatchParams,
-    resource_version: &str,
-) -> Result<WatchStream<K>, Error>
-where
-    K: Resource + Clone + DeserializeOwned + Send + 'static,
-{
-    let resource = describe_url(api.resource_url());
-    let mut req = kube_core::Request::new(api.resource_url())
-        .watch(wp, resource_version)
-        .map_err(|e| {
-            Error::from_kube(
-                kube_client::Error::BuildRequest(e),
-                Verb::Watch,
-                &resource,
-                api.namespace(),
-            )
-        })?;
+    .map_err(|e| {
+        Error::from_kube(
+            kube_client::Error::BuildRequest(e),
+            Verb::Watch,
+            &resource,
+            api.namespace(),
+        )
+    })?;
     req.extensions_mut().insert("watch");
-    let (body, encoding) = send(api, req, Encoding::Protobuf, Verb::Watch).await?;
+    let accept = match table {
+        Some(_) => Encoding::Protobuf,
+        None => Encoding::Json,
+    };
+    // Read here rather than through kube-client's watch, which parses any JSON line as a
+    // `Status` and cannot tell which object failed to decode.
+    let (body, encoding) = send(api, req, accept, Verb::Watch).await?;
+    let framing = match (encoding, table) {
+        (Encoding::Protobuf, Some(table)) => WatchFraming::Protobuf(table),
+        (Encoding::Protobuf, None) => {
+            return Err(Error::Decode {
+                resource,
+                verb: Verb::Watch,
+                source: "the server answered in protobuf, which was not asked for".into(),
+            });
+        }
+        (Encoding::Json, _) => WatchFraming::JsonLines,
+    };
     Ok(decode_watch_body(
         body.into_data_stream(),
-        encoding,
-        table,
+        framing,
         resource,
     ))
 }

@@ -20,7 +20,7 @@ use futures::{
 use serde::de::DeserializeOwned;
 
 use super::{
-    ListEnd, ListItem, ListStream,
+    KeyOnly, ListEnd, ListItem, ListStream,
     json_list::{ListDecodeError, ListDecoder},
     protobuf::{
         deserializer::from_message, error::ProtobufError, list_decoder::ProtobufListDecoder,
@@ -84,15 +84,31 @@ enum ItemDecoder {
 }
 
 impl ItemDecoder {
-    fn decode<K: DeserializeOwned>(self, batch: &Batch) -> Result<Vec<K>, BoxError> {
+    fn decode<K: DeserializeOwned>(self, batch: &Batch) -> Result<Vec<ListItem<K>>, BoxError> {
         let mut items = Vec::with_capacity(batch.len());
         for bytes in batch.items() {
-            items.push(match self {
-                ItemDecoder::Json => serde_json::from_slice(bytes)?,
-                ItemDecoder::Protobuf(message) => from_message(bytes, message, None)?,
-            });
+            let item = match self.object::<K>(bytes) {
+                Ok(object) => ListItem::Object(object),
+                // One bad object must not fail the list: read its key alone, so the
+                // reflector can keep its last good state and apply everything else.
+                Err(error) => {
+                    let keyed = self.object::<KeyOnly>(bytes).ok();
+                    match keyed.and_then(|k| k.undecodable(error.to_string())) {
+                        Some(undecodable) => ListItem::Undecodable(undecodable),
+                        None => return Err(error),
+                    }
+                }
+            };
+            items.push(item);
         }
         Ok(items)
+    }
+
+    fn object<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, BoxError> {
+        Ok(match self {
+            ItemDecoder::Json => serde_json::from_slice(bytes)?,
+            ItemDecoder::Protobuf(message) => from_message(bytes, message, None)?,
+        })
     }
 }
 
@@ -121,7 +137,7 @@ impl Batch {
     }
 }
 
-type Decoded<K> = Pin<Box<dyn Future<Output = Result<Vec<K>, BoxError>> + Send>>;
+type Decoded<K> = Pin<Box<dyn Future<Output = Result<Vec<ListItem<K>>, BoxError>> + Send>>;
 
 struct State<B, K> {
     body: Pin<Box<B>>,
@@ -131,7 +147,7 @@ struct State<B, K> {
     in_flight: FuturesOrdered<Decoded<K>>,
     /// Batches decoded at once: the cores there are, when there is a blocking pool.
     parallelism: usize,
-    ready: VecDeque<K>,
+    ready: VecDeque<ListItem<K>>,
     end: Option<ListEnd>,
     resource: String,
 }
@@ -199,8 +215,8 @@ where
     };
     try_unfold(state, |mut st| async move {
         loop {
-            if let Some(obj) = st.ready.pop_front() {
-                return Ok(Some((ListItem::Object(obj), st)));
+            if let Some(item) = st.ready.pop_front() {
+                return Ok(Some((item, st)));
             }
             let body_open = st.splitter.is_some();
             let room = st.in_flight.len() < st.parallelism;
@@ -259,7 +275,7 @@ where
 #[cfg(test)]
 mod tests {
     use futures::TryStreamExt;
-    use serde_json::Value;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::list_watch::protobuf::test_encoder::{Msg, chunked, envelope, pods};
@@ -291,6 +307,7 @@ mod tests {
                 ListItem::End {
                     resource_version, ..
                 } => rv = Some(resource_version),
+                ListItem::Undecodable(u) => panic!("every Value decodes: {u:?}"),
             }
         }
         Ok((names, rv.expect("the stream ends with the list's metadata")))
@@ -314,7 +331,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_item_that_does_not_decode_fails_the_list() {
+    async fn an_item_whose_key_does_not_decode_fails_the_list() {
         let splitter = BodySplitter::Protobuf(ProtobufListDecoder::new(pods()));
         let body = protobuf_body(BATCH_ITEMS * 3, Some(BATCH_ITEMS * 2 + 1));
         let err = names(decode_list_body(
@@ -355,5 +372,53 @@ mod tests {
             (names[0].as_str(), names[299].as_str(), rv.as_str()),
             ("c0", "c299", "9")
         );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_object_that_does_not_decode_is_reported_by_key_and_the_rest_decode() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let items: Vec<Value> = (0..100)
+            .map(|i| {
+                // ConfigMap data is a map of strings: a number makes c42 undecodable.
+                let data = if i == 42 {
+                    json!({ "v": 5 })
+                } else {
+                    json!({ "v": "ok" })
+                };
+                json!({ "metadata": { "name": format!("c{i}"), "namespace": "ns" }, "data": data })
+            })
+            .collect();
+        let body = serde_json::to_vec(&json!({
+            "kind": "ConfigMapList",
+            "metadata": { "resourceVersion": "9" },
+            "items": items,
+        }))
+        .unwrap();
+        let stream = decode_list_body::<ConfigMap, _, _, _>(
+            chunked(body, 333),
+            BodySplitter::Json(ListDecoder::default()),
+            "configmaps".into(),
+        );
+        let items: Vec<ListItem<ConfigMap>> = stream.try_collect().await.unwrap();
+        let objects = items
+            .iter()
+            .filter(|i| matches!(i, ListItem::Object(_)))
+            .count();
+        let undecodable: Vec<&crate::list_watch::Undecodable> = items
+            .iter()
+            .filter_map(|i| match i {
+                ListItem::Undecodable(u) => Some(u),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(objects, 99);
+        assert_eq!(undecodable.len(), 1);
+        assert_eq!(undecodable[0].key.as_str(), "ns/c42");
+        assert!(
+            undecodable[0].reason.contains("string"),
+            "{:?}",
+            undecodable[0]
+        );
+        assert!(matches!(items.last(), Some(ListItem::End { .. })));
     }
 }

@@ -12,9 +12,11 @@ use std::{future::Future, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
 use kube_client::api::VersionMatch;
-use kube_core::Status;
+use kube_core::{Resource, Status};
 
-use crate::error::Error;
+use serde::Deserialize;
+
+use crate::{error::Error, key::ObjectKey};
 
 pub use api::ApiListWatch;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
@@ -52,6 +54,9 @@ pub struct ListPage<K> {
 pub enum ListItem<K> {
     /// The next object of the page.
     Object(K),
+    /// The next object of the page, which does not decode as `K`; its key was read from its
+    /// metadata alone. The reflector keeps the object's last good state and reports it.
+    Undecodable(Undecodable),
     /// The page is complete; always the last item.
     End {
         /// The list's resourceVersion (the same on every page of one paged list).
@@ -59,6 +64,30 @@ pub enum ListItem<K> {
         /// Token for the next page; `None` on the last page.
         continue_token: Option<String>,
     },
+}
+
+/// An object that arrived but does not decode as the informer's type: a field of the wrong
+/// type, one the type requires but the object lacks, a value the decoder refuses. Its key
+/// decoded, from its metadata alone, so one bad object does not stop the others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Undecodable {
+    /// The object's key.
+    pub key: ObjectKey,
+    /// The object's resourceVersion, when it could be read.
+    pub resource_version: Option<String>,
+    /// Why it does not decode.
+    pub reason: String,
+}
+
+/// Which change a watch event reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `ADDED`.
+    Added,
+    /// `MODIFIED`.
+    Modified,
+    /// `DELETED`.
+    Deleted,
 }
 
 /// A list page as a stream: objects as they are decoded, then [`ListItem::End`]. An error
@@ -72,6 +101,36 @@ pub(crate) struct ListEnd {
     pub(crate) resource_version: String,
     /// `metadata.continue`, if not empty.
     pub(crate) continue_token: Option<String>,
+}
+
+/// An object's key and resourceVersion: what a divergence check compares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectVersion {
+    /// The object's key.
+    pub key: ObjectKey,
+    /// Its `metadata.resourceVersion`.
+    pub resource_version: String,
+}
+
+impl ObjectVersion {
+    /// The key and version of `object`; `None` without a name.
+    pub fn of<K: Resource>(object: &K) -> Option<Self> {
+        Some(Self {
+            key: ObjectKey::from_object(object).ok()?,
+            resource_version: object.meta().resource_version.clone().unwrap_or_default(),
+        })
+    }
+}
+
+/// One page of keys and resourceVersions ([`ListWatch::list_versions`]).
+#[derive(Clone, Debug)]
+pub struct VersionPage {
+    /// The objects of this page.
+    pub items: Vec<ObjectVersion>,
+    /// The list's resourceVersion.
+    pub resource_version: String,
+    /// Token for the next page; `None` on the last page.
+    pub continue_token: Option<String>,
 }
 
 /// Options of a watch call.
@@ -111,6 +170,13 @@ pub enum WatchEvent<K> {
     /// An `ERROR` event: the server ends the watch with this status (410 when the start
     /// resourceVersion was compacted away).
     Error(Box<Status>),
+    /// A change to an object that does not decode as `K` (see [`Undecodable`]).
+    Undecodable {
+        /// Which change.
+        change: Change,
+        /// The object's key, and why it does not decode.
+        object: Undecodable,
+    },
 }
 
 /// A watch stream: events, or errors (transport, undecodable event) after which the stream
@@ -210,6 +276,31 @@ pub trait ListWatch<K>: Send + Sync + 'static {
         }
     }
 
+    /// Lists one page of keys and resourceVersions only, for a divergence check. The
+    /// default lists whole objects through [`list`](Self::list); the `Api` implementations
+    /// ask for metadata only, which is far lighter on the server and the wire.
+    ///
+    /// # Errors
+    ///
+    /// As for [`list`](Self::list).
+    fn list_versions(
+        &self,
+        options: &ListOptions,
+    ) -> impl Future<Output = Result<VersionPage, Error>> + Send
+    where
+        K: Resource,
+    {
+        let page = self.list(options);
+        async move {
+            let page = page.await?;
+            Ok(VersionPage {
+                items: page.items.iter().filter_map(ObjectVersion::of).collect(),
+                resource_version: page.resource_version,
+                continue_token: page.continue_token,
+            })
+        }
+    }
+
     /// Starts a watch.
     ///
     /// # Errors
@@ -242,5 +333,37 @@ impl<K> From<kube_core::WatchEvent<K>> for WatchEvent<K> {
             },
             kube_core::WatchEvent::Error(status) => WatchEvent::Error(status),
         }
+    }
+}
+
+/// An object's key and nothing else: what can still be read of an object that does not
+/// decode as its type (any format serde reads, including this crate's protobuf).
+#[derive(Deserialize)]
+pub(crate) struct KeyOnly {
+    metadata: KeyMeta,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KeyMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    resource_version: Option<String>,
+}
+
+impl KeyOnly {
+    /// The key, when the object has a name.
+    pub(crate) fn key(&self) -> Option<ObjectKey> {
+        let name = self.metadata.name.as_deref()?;
+        Some(ObjectKey::new(self.metadata.namespace.as_deref(), name))
+    }
+
+    /// What an undecodable object still tells: its key, its version, and why.
+    pub(crate) fn undecodable(self, reason: String) -> Option<Undecodable> {
+        Some(Undecodable {
+            key: self.key()?,
+            resource_version: self.metadata.resource_version,
+            reason,
+        })
     }
 }

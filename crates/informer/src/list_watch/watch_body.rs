@@ -7,20 +7,28 @@ use futures::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 
 use super::{
-    WatchEvent, WatchStream,
+    Change, KeyOnly, WatchEvent, WatchStream,
     protobuf::{
         error::ProtobufError,
         schema::Resource as ProtobufResource,
         watch_decoder::{WatchFrameDecoder, decode_event},
     },
-    wire_format::Encoding,
 };
 use crate::error::{BoxError, Error, Verb};
 
-/// How the body's events are delimited.
+/// How a watch body's events are delimited, as the response says.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum WatchFraming {
+    /// Length-prefixed protobuf frames of this resource's events.
+    Protobuf(&'static ProtobufResource),
+    /// One JSON event per line.
+    JsonLines,
+}
+
+/// A framing with its reading state.
 enum Framing {
     /// Length-prefixed protobuf frames.
-    Protobuf(WatchFrameDecoder),
+    Protobuf(WatchFrameDecoder, &'static ProtobufResource),
     /// One JSON event per line; the bytes after the last newline so far.
     JsonLines(Vec<u8>),
 }
@@ -29,7 +37,6 @@ struct State<B, K> {
     body: Pin<Box<B>>,
     framing: Framing,
     ready: VecDeque<Result<WatchEvent<K>, Error>>,
-    table: &'static ProtobufResource,
     resource: String,
     /// Nothing more is read: what is in `ready` is the last of the stream.
     ended: bool,
@@ -47,9 +54,9 @@ impl<B, K: DeserializeOwned> State<B, K> {
     /// Decodes the events `chunk` completes. An event that does not decode is an error item
     /// and the stream goes on; a broken framing is an error that ends it.
     fn feed(&mut self, chunk: &[u8]) -> Result<(), Error> {
-        let (table, resource, ready) = (self.table, self.resource.as_str(), &mut self.ready);
+        let (resource, ready) = (self.resource.as_str(), &mut self.ready);
         match &mut self.framing {
-            Framing::Protobuf(frames) => frames
+            Framing::Protobuf(frames, table) => frames
                 .feed(chunk, |frame| -> Result<(), ProtobufError> {
                     let event = decode_event(frame, table);
                     ready.push_back(event.map_err(|e| Self::decode_error(resource, e)));
@@ -62,11 +69,8 @@ impl<B, K: DeserializeOwned> State<B, K> {
                 while let Some(end) = memchr::memchr(b'\n', &pending[start..]) {
                     let line = &pending[start..start + end];
                     if !line.iter().all(u8::is_ascii_whitespace) {
-                        let event = serde_json::from_slice::<kube_core::WatchEvent<K>>(line);
                         ready.push_back(
-                            event
-                                .map(WatchEvent::from)
-                                .map_err(|e| Self::decode_error(resource, e)),
+                            json_event(line).map_err(|e| Self::decode_error(resource, e)),
                         );
                     }
                     start += end + 1;
@@ -80,18 +84,42 @@ impl<B, K: DeserializeOwned> State<B, K> {
     /// Whether the body stopped between two events.
     fn is_clean(&self) -> bool {
         match &self.framing {
-            Framing::Protobuf(frames) => frames.is_clean(),
+            Framing::Protobuf(frames, _) => frames.is_clean(),
             Framing::JsonLines(pending) => pending.iter().all(u8::is_ascii_whitespace),
         }
     }
 }
 
-/// The events of a watch body of `table`'s resource, in protobuf frames or JSON lines as
-/// `encoding` says.
+/// One JSON watch event. An object that does not decode as `K` but whose key does is an
+/// [`Undecodable`] change, so one bad object need not end the watch.
+fn json_event<K: DeserializeOwned>(line: &[u8]) -> Result<WatchEvent<K>, serde_json::Error> {
+    let error = match serde_json::from_slice::<kube_core::WatchEvent<K>>(line) {
+        Ok(event) => return Ok(WatchEvent::from(event)),
+        Err(error) => error,
+    };
+    #[derive(serde::Deserialize)]
+    struct Keyed {
+        #[serde(rename = "type")]
+        event_type: String,
+        object: KeyOnly,
+    }
+    let keyed = serde_json::from_slice::<Keyed>(line).ok();
+    let change = match keyed.as_ref().map(|k| k.event_type.as_str()) {
+        Some("ADDED") => Change::Added,
+        Some("MODIFIED") => Change::Modified,
+        Some("DELETED") => Change::Deleted,
+        _ => return Err(error),
+    };
+    match keyed.and_then(|k| k.object.undecodable(error.to_string())) {
+        Some(object) => Ok(WatchEvent::Undecodable { change, object }),
+        None => Err(error),
+    }
+}
+
+/// The events of a watch body, in protobuf frames or JSON lines as `framing` says.
 pub(crate) fn decode_watch_body<K, B, D, E>(
     body: B,
-    encoding: Encoding,
-    table: &'static ProtobufResource,
+    framing: WatchFraming,
     resource: String,
 ) -> WatchStream<K>
 where
@@ -100,15 +128,14 @@ where
     D: AsRef<[u8]>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let framing = match encoding {
-        Encoding::Protobuf => Framing::Protobuf(WatchFrameDecoder::default()),
-        Encoding::Json => Framing::JsonLines(Vec::new()),
+    let framing = match framing {
+        WatchFraming::Protobuf(table) => Framing::Protobuf(WatchFrameDecoder::default(), table),
+        WatchFraming::JsonLines => Framing::JsonLines(Vec::new()),
     };
     let state = State {
         body: Box::pin(body),
         framing,
         ready: VecDeque::new(),
-        table,
         resource,
         ended: false,
     };
@@ -182,8 +209,7 @@ mod tests {
         let body = [frame("ADDED", "a"), bad, frame("DELETED", "c")].concat();
         let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
             chunked(body, 5),
-            Encoding::Protobuf,
-            pods(),
+            WatchFraming::Protobuf(pods()),
             "pods".into(),
         )
         .collect()
@@ -214,8 +240,7 @@ mod tests {
         .concat();
         let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
             chunked(body, 64),
-            Encoding::Protobuf,
-            pods(),
+            WatchFraming::Protobuf(pods()),
             "pods".into(),
         )
         .collect()
@@ -244,8 +269,7 @@ mod tests {
         for size in [1, 7, body.len()] {
             let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
                 chunked(body.as_bytes().to_vec(), size),
-                Encoding::Json,
-                pods(),
+                WatchFraming::JsonLines,
                 "pods".into(),
             )
             .collect()
@@ -259,5 +283,44 @@ mod tests {
             ));
             assert!(matches!(&events[3], Err(Error::Decode { .. })));
         }
+    }
+
+    #[tokio::test]
+    async fn an_object_that_does_not_decode_is_a_keyed_change_and_the_watch_goes_on() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let body = concat!(
+            r#"{"type":"MODIFIED","object":{"metadata":{"name":"bad","namespace":"ns","resourceVersion":"7"},"data":{"v":5}}}"#,
+            "\n",
+            r#"{"type":"DELETED","object":{"metadata":{"name":"bad","namespace":"ns"},"data":{"v":5}}}"#,
+            "\n",
+            r#"{"type":"ADDED","object":{"metadata":{"name":"good","namespace":"ns"},"data":{"v":"5"}}}"#,
+            "\n",
+        );
+        let events: Vec<_> = decode_watch_body::<ConfigMap, _, _, _>(
+            chunked(body.as_bytes().to_vec(), 16),
+            WatchFraming::JsonLines,
+            "configmaps".into(),
+        )
+        .collect()
+        .await;
+        assert_eq!(events.len(), 3);
+        match &events[0] {
+            Ok(WatchEvent::Undecodable {
+                change: Change::Modified,
+                object,
+            }) => {
+                assert_eq!(object.key.as_str(), "ns/bad");
+                assert_eq!(object.resource_version.as_deref(), Some("7"));
+            }
+            other => panic!("expected a keyed undecodable change, got {other:?}"),
+        }
+        assert!(matches!(
+            &events[1],
+            Ok(WatchEvent::Undecodable {
+                change: Change::Deleted,
+                ..
+            })
+        ));
+        assert!(matches!(&events[2], Ok(WatchEvent::Added(_))));
     }
 }

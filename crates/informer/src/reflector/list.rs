@@ -41,6 +41,7 @@ where
         };
         let mut listed = HashSet::new();
         let mut pages = 0usize;
+        self.store.start_list();
         let list_rv = loop {
             let mut page = self.lw.list_stream(&options).await?;
             pages += 1;
@@ -57,6 +58,11 @@ where
                             detail: "listed object has no metadata.name; skipped".to_owned(),
                         }),
                     },
+                    // Listed, so not gone: its last good state stays in the store.
+                    ListItem::Undecodable(undecodable) => {
+                        self.report(&self.undecodable(Verb::List, &undecodable));
+                        listed.insert(undecodable.key);
+                    }
                     ListItem::End {
                         resource_version,
                         continue_token,

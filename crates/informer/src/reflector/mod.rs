@@ -16,13 +16,14 @@ use std::{
 
 use futures::FutureExt;
 use kube_core::Resource;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    error::Error,
+    error::{Error, Verb},
     key::ObjectKey,
-    list_watch::ListWatch,
+    list_watch::{ListWatch, Undecodable},
     store::{TransformFn, Writer},
 };
 
@@ -37,10 +38,18 @@ use watch::StreamingList;
 /// are decoded, followed by [`finish_list`](Self::finish_list) with the keys listed: objects
 /// whose resourceVersion did not change should produce no event.
 pub trait ReflectorStore<K>: Send + Sync + 'static {
+    /// A full list begins: until [`finish_list`](Self::finish_list), the store holds a mix
+    /// of the old state and the new.
+    fn start_list(&self) {}
     /// An object was added or modified, or listed.
     fn upsert(&self, key: ObjectKey, object: Arc<K>);
     /// An object was deleted; `object` is its last state.
     fn delete(&self, key: ObjectKey, object: Arc<K>);
+    /// The watch reached `resource_version` with no change since the last event (a
+    /// bookmark): the store is now the server's state at that version.
+    fn bookmark(&self, resource_version: &str) {
+        let _ = resource_version;
+    }
     /// A full list at `resource_version` is complete: its objects went to
     /// [`upsert`](Self::upsert); every object whose key is not in `listed` is gone.
     fn finish_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str);
@@ -200,6 +209,8 @@ pub struct Reflector<K, L, S> {
     transform: Option<TransformFn<K>>,
     error_hook: Option<ErrorHook>,
     synced: SyncedVersion,
+    /// Asks for a relist from a consistent read (a divergence check found drift).
+    relist: Option<Arc<Notify>>,
     resource: String,
     namespace: Option<String>,
 }
@@ -221,6 +232,7 @@ where
             transform: None,
             error_hook: None,
             synced: SyncedVersion::default(),
+            relist: None,
             resource,
             namespace,
         }
@@ -244,6 +256,14 @@ where
     #[must_use]
     pub fn with_synced_version(mut self, version: SyncedVersion) -> Self {
         self.synced = version;
+        self
+    }
+
+    /// Relists from a consistent read (`resourceVersion=""`) whenever `trigger` is notified
+    /// while watching.
+    #[must_use]
+    pub fn with_relist_trigger(mut self, trigger: Arc<Notify>) -> Self {
+        self.relist = Some(trigger);
         self
     }
 
@@ -365,6 +385,7 @@ where
             watch::WatchEnd::Closed { events: 0, elapsed } if *elapsed < Duration::from_secs(1) => {
                 warn!("watch closed at once without events");
             }
+            watch::WatchEnd::RelistRequested => info!("relisting from a consistent read, as asked"),
             watch::WatchEnd::Cancelled | watch::WatchEnd::Closed { .. } | watch::WatchEnd::Idle => {
             }
         }
@@ -385,6 +406,15 @@ where
             biased;
             () = cancel.cancelled() => false,
             () = tokio::time::sleep(delay) => true,
+        }
+    }
+
+    fn undecodable(&self, verb: Verb, object: &Undecodable) -> Error {
+        Error::UndecodableObject {
+            resource: self.resource.clone(),
+            verb,
+            key: object.key.to_string(),
+            reason: object.reason.clone(),
         }
     }
 

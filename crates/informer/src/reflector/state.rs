@@ -162,6 +162,10 @@ impl State {
                 }
             }
             WatchEnd::Idle => Next::Go,
+            WatchEnd::RelistRequested => {
+                self.phase = Phase::Sync(ListFrom::Latest);
+                Next::Go
+            }
             WatchEnd::Refused { error } if error.is_gone() => self.gone(),
             // A server that does not answer, or asks to slow down, will most likely serve
             // the same watch later: retry it, as client-go does, without a relist.

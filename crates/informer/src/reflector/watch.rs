@@ -17,7 +17,7 @@ use super::{
 use crate::{
     error::{Error, Verb},
     key::ObjectKey,
-    list_watch::{ListWatch, WatchEvent, WatchOptions},
+    list_watch::{Change, ListWatch, WatchEvent, WatchOptions},
 };
 
 /// Whether a watch is a streaming list (`sendInitialEvents`).
@@ -49,6 +49,8 @@ pub(super) enum WatchEnd {
     },
     /// Nothing arrived for the idle timeout; presumed dead.
     Idle,
+    /// A relist from a consistent read was asked for.
+    RelistRequested,
     /// The watch call itself failed: no stream was opened.
     Refused {
         /// Why.
@@ -80,10 +82,13 @@ where
     ) -> WatchReport {
         let mut last_rv = resource_version.to_owned();
         let mut initial = match streaming {
-            StreamingList::Yes => Some(InitialPhase {
-                listed: HashSet::new(),
-                started: Instant::now(),
-            }),
+            StreamingList::Yes => {
+                self.store.start_list();
+                Some(InitialPhase {
+                    listed: HashSet::new(),
+                    started: Instant::now(),
+                })
+            }
             StreamingList::No => None,
         };
         let end = self.follow(cancel, &mut last_rv, &mut initial).await;
@@ -132,9 +137,16 @@ where
         };
         let mut events = 0usize;
         loop {
+            let relist = async {
+                match &self.relist {
+                    Some(trigger) => trigger.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             let next = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return WatchEnd::Cancelled,
+                () = relist, if initial.is_none() => return WatchEnd::RelistRequested,
                 n = tokio::time::timeout(self.config.idle_timeout, stream.next()) => n,
             };
             let event = match next {
@@ -196,6 +208,7 @@ where
                         );
                     }
                     if !resource_version.is_empty() && initial.is_none() {
+                        self.store.bookmark(&resource_version);
                         *last_rv = resource_version;
                         self.synced.set(last_rv);
                     }
@@ -209,6 +222,31 @@ where
                         self.namespace.as_deref(),
                     );
                     return WatchEnd::Failed { error, events };
+                }
+                // Its final state is unknown: a relist delivers the deletion as a tombstone
+                // of the last good state.
+                WatchEvent::Undecodable {
+                    change: Change::Deleted,
+                    object,
+                } => {
+                    let error = self.undecodable(Verb::Watch, &object);
+                    return WatchEnd::Failed { error, events };
+                }
+                // The last good state stays; every other object goes on being followed.
+                WatchEvent::Undecodable { object, .. } => {
+                    self.report(&self.undecodable(Verb::Watch, &object));
+                    match initial.as_mut() {
+                        Some(phase) => {
+                            phase.listed.insert(object.key);
+                        }
+                        None => {
+                            if let Some(rv) = object.resource_version.filter(|rv| !rv.is_empty()) {
+                                *last_rv = rv;
+                                self.synced.set(last_rv);
+                            }
+                        }
+                    }
+                    continue;
                 }
             };
             let rv = obj.meta().resource_version.clone();

@@ -27,7 +27,7 @@
 //! ```
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
@@ -40,7 +40,10 @@ use kube_client::api::VersionMatch;
 use crate::{
     error::{Error, Verb},
     key::ObjectKey,
-    list_watch::{ListOptions, ListPage, ListWatch, WatchEvent, WatchOptions, WatchStream},
+    list_watch::{
+        Change as ListChange, ListItem, ListOptions, ListPage, ListStream, ListWatch, Undecodable,
+        WatchEvent, WatchOptions, WatchStream,
+    },
 };
 
 /// A store's writer, for filling a [`Store`](crate::Store) by hand in tests. An informer's
@@ -100,7 +103,13 @@ struct State<K> {
     watch_requests: Vec<WatchOptions>,
     streaming_lists: bool,
     cut_initial_events: VecDeque<usize>,
+    /// Keys whose objects are served as [`ListItem::Undecodable`] and
+    /// [`WatchEvent::Undecodable`], as a server does for objects the client's type rejects.
+    undecodable: HashSet<ObjectKey>,
 }
+
+/// Why a [marked](FakeListWatch::mark_undecodable) object does not decode.
+const UNDECODABLE: &str = "marked undecodable by the test";
 
 /// A `Status` with this code, reason and message.
 pub fn status(code: u16, reason: &str, message: &str) -> Box<Status> {
@@ -178,6 +187,7 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
                     watch_requests: Vec::new(),
                     streaming_lists: true,
                     cut_initial_events: VecDeque::new(),
+                    undecodable: HashSet::new(),
                 }),
                 calls: watch::channel(CallCounts::default()).0,
             }),
@@ -197,6 +207,11 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
         st.rv += 1;
         let rv = st.rv.to_string();
         obj.meta_mut().resource_version = Some(rv.clone());
+        let undecodable = st.undecodable.contains(&key).then(|| Undecodable {
+            key: key.clone(),
+            resource_version: Some(rv.clone()),
+            reason: UNDECODABLE.to_owned(),
+        });
         let event = match kind {
             Change::Deleted => {
                 st.objects.remove(&key);
@@ -211,12 +226,34 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
                 WatchEvent::Modified(obj)
             }
         };
+        let event = match (undecodable, kind) {
+            (None, _) => event,
+            (Some(object), kind) => WatchEvent::Undecodable {
+                change: match kind {
+                    Change::Added => ListChange::Added,
+                    Change::Modified => ListChange::Modified,
+                    Change::Deleted => ListChange::Deleted,
+                },
+                object,
+            },
+        };
         let n = st.rv;
         st.history.push((n, event.clone()));
         if st.broadcast {
             st.watchers.retain(|w| w.send(Ok(event.clone())).is_ok());
         }
         rv
+    }
+
+    /// From now on, serves the object under `key` as one that does not decode (in lists and
+    /// in the events of its later changes), until [`mark_decodable`](Self::mark_decodable).
+    pub fn mark_undecodable(&self, key: &str) {
+        self.state().undecodable.insert(ObjectKey::from(key));
+    }
+
+    /// Serves the object under `key` normally again.
+    pub fn mark_decodable(&self, key: &str) {
+        self.state().undecodable.remove(key);
     }
 
     /// Creates or replaces an object (an `ADDED` event); returns its new resourceVersion.
@@ -384,6 +421,30 @@ impl<K: Resource + Clone + Send + Sync + 'static> ListWatch<K> for FakeListWatch
         };
         self.count(|c| c.lists += 1);
         result
+    }
+
+    async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<K>, Error>
+    where
+        K: Send + 'static,
+    {
+        let page = self.list(options).await?;
+        let undecodable = self.state().undecodable.clone();
+        let items =
+            page.items
+                .into_iter()
+                .map(move |object| match ObjectKey::from_object(&object) {
+                    Ok(key) if undecodable.contains(&key) => ListItem::Undecodable(Undecodable {
+                        resource_version: object.meta().resource_version.clone(),
+                        key,
+                        reason: UNDECODABLE.to_owned(),
+                    }),
+                    _ => ListItem::Object(object),
+                });
+        let end = ListItem::End {
+            resource_version: page.resource_version,
+            continue_token: page.continue_token,
+        };
+        Ok(futures::stream::iter(items.chain([end]).map(Ok)).boxed())
     }
 
     async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<K>, Error> {

@@ -15,7 +15,7 @@ use super::{
     schema_table::STATUS,
     wire::{Raw, Reader, utf8},
 };
-use crate::list_watch::{INITIAL_EVENTS_END, WatchEvent};
+use crate::list_watch::{Change, INITIAL_EVENTS_END, KeyOnly, WatchEvent};
 
 /// No watch frame may claim more than this: objects are limited to 1.5 MiB by etcd's
 /// default, so a larger length is a corrupt stream, not an object to buffer.
@@ -112,11 +112,25 @@ pub(crate) fn decode_event<K: DeserializeOwned>(
             kind: envelope.type_meta.kind.to_owned(),
         });
     }
-    let object = |raw| from_message::<K>(raw, resource.item, meta);
+    let object = |change: Change| match from_message::<K>(envelope.raw, resource.item, meta) {
+        Ok(object) => Ok(match change {
+            Change::Added => WatchEvent::Added(object),
+            Change::Modified => WatchEvent::Modified(object),
+            Change::Deleted => WatchEvent::Deleted(object),
+        }),
+        // The object's key alone may still read: one bad object need not end the watch.
+        Err(error) => match from_message::<KeyOnly>(envelope.raw, resource.item, meta)
+            .ok()
+            .and_then(|k| k.undecodable(error.to_string()))
+        {
+            Some(object) => Ok(WatchEvent::Undecodable { change, object }),
+            None => Err(error),
+        },
+    };
     Ok(match event_type {
-        "ADDED" => WatchEvent::Added(object(envelope.raw)?),
-        "MODIFIED" => WatchEvent::Modified(object(envelope.raw)?),
-        "DELETED" => WatchEvent::Deleted(object(envelope.raw)?),
+        "ADDED" => object(Change::Added)?,
+        "MODIFIED" => object(Change::Modified)?,
+        "DELETED" => object(Change::Deleted)?,
         "BOOKMARK" => {
             let bookmark: BookmarkObject = from_message(envelope.raw, resource.item, meta)?;
             WatchEvent::Bookmark {
