@@ -314,8 +314,7 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
 }
 
 /// The options a subject runs with beyond the common ones: `kube-informer-compact` is
-/// kube-informer with a compact cache (paged lists, as by default: on this API server a
-/// list streams out faster than a `sendInitialEvents` watch); `kube-informer-json` and
+/// kube-informer with a compact cache (and the default sync, a streaming list); `kube-informer-json` and
 /// `client-go-json` read JSON instead of protobuf, which both prefer for built-in kinds
 /// (kube-runtime only reads JSON).
 fn subject_options(subject: &str) -> &'static [&'static str] {

@@ -1,7 +1,7 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
 //! for the protocol. With no flag it runs the defaults (paged lists, objects kept decoded);
-//! `--streaming-list` and `--compact` turn on the informer options of those names; `--json`
+//! `--paged-list` and `--compact` turn on the informer options of those names; `--json`
 //! reads JSON instead of protobuf.
 
 use std::{
@@ -24,9 +24,9 @@ use tokio_util::sync::CancellationToken;
 struct Args {
     #[command(flatten)]
     common: SubjectArgs,
-    /// Sync by a streaming list (`sendInitialEvents`) instead of paged lists.
+    /// Sync by paged lists instead of a streaming list (`sendInitialEvents`, the default).
     #[arg(long)]
-    streaming_list: bool,
+    paged_list: bool,
     /// Keep the cache as compact JSON instead of decoded objects.
     #[arg(long)]
     compact: bool,
@@ -40,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let Args {
         common: args,
-        streaming_list,
+        paged_list,
         compact,
         json,
     } = Args::parse();
@@ -53,8 +53,8 @@ async fn main() -> anyhow::Result<()> {
     let mut builder = SharedInformer::builder(
         ApiListWatch::new(Api::<Pod>::namespaced(client, &args.namespace)).wire_format(wire_format),
     );
-    if streaming_list {
-        builder = builder.streaming_list();
+    if paged_list {
+        builder = builder.paged_list();
     }
     if compact {
         builder = builder.compact();

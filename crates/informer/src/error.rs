@@ -5,6 +5,15 @@ use std::{fmt, time::Duration};
 
 use kube_core::Status;
 
+/// How a server that does not stream lists answered a streaming list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamingRefusal {
+    /// It refused `sendInitialEvents` (400 or 422): the feature is off.
+    Rejected,
+    /// It sent an ordinary watch: it does not know the parameter.
+    Ignored,
+}
+
 /// A boxed error from below (HTTP stack, JSON decoder, ...).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -137,11 +146,15 @@ pub enum Error {
     },
 
     /// The API server does not stream lists (`sendInitialEvents`): it rejected the parameter,
-    /// or ignored it and sent an ordinary watch. The reflector falls back to paged lists.
+    /// or ignored it and sent an ordinary watch. The reflector falls back to a paged list:
+    /// for this sync when the server rejected it (its `WatchList` feature may be turned on
+    /// later), for good when it ignored it (a server older than the parameter).
     #[error("watch {resource}: the API server does not stream lists: {detail}")]
     StreamingListUnsupported {
         /// The resource, as `plural[.group]`.
         resource: String,
+        /// How the server answered.
+        refusal: StreamingRefusal,
         /// How it showed.
         detail: String,
     },

@@ -37,7 +37,7 @@ pub mod testing;
 pub mod workqueue;
 
 pub use controller::{Controller, ControllerConfig, ControllerStats, DroppedHook};
-pub use error::{BoxError, Error, Verb};
+pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, DivergenceCheck, DivergenceStats, Drift, EventHandler,
     HandlerFn, HandlerRegistration, HasSynced, InformerBuilder, InformerHandle, KeyHandler,

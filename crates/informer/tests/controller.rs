@@ -27,7 +27,9 @@ fn fake_with(names: &[&str]) -> Fake {
 async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() {
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
     let controller = Controller::new(
-        SharedInformer::new(fake_with(&["broken"])),
+        SharedInformer::builder(fake_with(&["broken"]))
+            .paged_list()
+            .build(),
         ControllerConfig::named("failing").on_dropped(move |key, error| {
             let _ = dropped_tx.send((key.clone(), error.to_owned()));
         }),
@@ -66,7 +68,9 @@ async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_sync_does_not_kill_its_worker() {
     let controller = Controller::new(
-        SharedInformer::new(fake_with(&["panics", "fine-1", "fine-2"])),
+        SharedInformer::builder(fake_with(&["panics", "fine-1", "fine-2"]))
+            .paged_list()
+            .build(),
         ControllerConfig::named("panicky")
             .workers(1)
             .max_requeues(Some(1)),
@@ -120,7 +124,7 @@ async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
         fake.fail_next_list(forbidden());
     }
     let controller = Controller::new(
-        SharedInformer::new(fake.clone()),
+        SharedInformer::builder(fake.clone()).paged_list().build(),
         ControllerConfig::named("denied").startup_grace(Duration::from_secs(10)),
     );
     let started = Instant::now();
@@ -153,7 +157,7 @@ async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
     let fake = fake_with(&["a"]);
     fake.fail_next_list(forbidden());
     let controller = Controller::new(
-        SharedInformer::new(fake),
+        SharedInformer::builder(fake).paged_list().build(),
         ControllerConfig::named("late-rbac"),
     );
     let (synced_tx, mut synced) = mpsc::unbounded_channel::<String>();
@@ -171,7 +175,7 @@ async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
 async fn updates_and_deletes_become_keys_and_success_forgets() {
     let fake = fake_with(&["one"]);
     let controller = Controller::new(
-        SharedInformer::new(fake.clone()),
+        SharedInformer::builder(fake.clone()).paged_list().build(),
         ControllerConfig::named("keys"),
     );
     let store = controller.store();

@@ -86,7 +86,10 @@ async fn a_handler_added_while_the_first_list_arrives_gets_every_object() {
         fake: fake.clone(),
         permits: Arc::new(Semaphore::new(0)),
     };
-    let informer = SharedInformer::builder(held.clone()).page_size(500).build();
+    let informer = SharedInformer::builder(held.clone())
+        .paged_list()
+        .page_size(500)
+        .build();
     let informer = informer.spawn(CancellationToken::new());
     until("the first page in the store", || {
         informer.store().len() == 500
@@ -124,6 +127,7 @@ async fn a_panicking_transform_is_reported_and_the_cache_keeps_following() {
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let (trigger, log) = (armed.clone(), errors.clone());
     let informer = SharedInformer::builder(fake.clone())
+        .paged_list()
         .transform(move |cm: ConfigMap| {
             let bomb = cm.metadata.name.as_deref() == Some("bomb");
             if bomb && trigger.swap(false, Ordering::SeqCst) {
@@ -157,7 +161,10 @@ async fn a_panicking_transform_is_reported_and_the_cache_keeps_following() {
 async fn a_version_too_large_for_the_server_relists_from_a_consistent_read() {
     let fake = Fake::new("configmaps");
     fake.add(cm("a"));
-    let informer = SharedInformer::new(fake.clone()).spawn(CancellationToken::new());
+    let informer = SharedInformer::builder(fake.clone())
+        .paged_list()
+        .build()
+        .spawn(CancellationToken::new());
     within("the first sync", informer.wait_synced()).await;
     fake.wait_for_calls(|c| c.watches == 1).await;
     // A lost event forces a relist from the last version, which a lagging server refuses.
@@ -221,7 +228,10 @@ async fn a_start_up_error_that_healed_is_not_reported_later() {
         "configmaps",
         Some("ns"),
     ));
-    let informer = SharedInformer::new(fake.clone()).spawn(CancellationToken::new());
+    let informer = SharedInformer::builder(fake.clone())
+        .paged_list()
+        .build()
+        .spawn(CancellationToken::new());
     within("the sync after the 403", informer.wait_synced()).await;
     for _ in 0..32 {
         let result = informer.wait_synced_or_fatal().await;
@@ -300,6 +310,7 @@ async fn an_object_that_does_not_decode_keeps_its_last_state_and_the_rest_follow
     let errors = Arc::new(Mutex::new(Vec::<String>::new()));
     let log = errors.clone();
     let informer = SharedInformer::builder(fake.clone())
+        .paged_list()
         .on_watch_error(move |e| log.lock().unwrap().push(e.to_string()))
         .build()
         .spawn(CancellationToken::new());
@@ -400,6 +411,7 @@ async fn a_periodic_divergence_check_repairs_the_cache_by_a_consistent_relist() 
         fake.add(cm(n));
     }
     let informer = SharedInformer::builder(fake.clone())
+        .paged_list()
         .divergence_check(DivergenceCheck::every(Duration::from_secs(60)).repair(Repair::Relist))
         .build()
         .spawn(CancellationToken::new());

@@ -326,14 +326,24 @@ async fn a_server_that_rejects_streaming_lists_gets_paged_lists() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_gone_stream_restarts_from_a_consistent_read() {
+async fn a_failed_stream_is_followed_by_a_paged_list_then_streams_again() {
     let fake = Fake::new("configmaps");
     fake.add(labelled("a", "web"));
     fake.fail_next_watch(gone("configmaps", Verb::Watch));
     let mut run = Running::start(&fake, |b| b).await;
     assert_eq!(run.next().await, add("a", true));
-    assert!(fake.list_requests().is_empty());
-    assert!(fake.watch_requests().iter().all(|w| w.send_initial_events));
+    // As client-go: progress by a paged list rather than another streaming attempt.
+    assert_eq!(fake.list_requests().len(), 1);
+    assert!(fake.watch_requests()[0].send_initial_events);
+    // The next full sync streams again: the server does stream.
+    fake.set_broadcast(false);
+    fake.add(labelled("b", "web"));
+    fake.compact();
+    fake.set_broadcast(true);
+    fake.end_watches();
+    assert_eq!(run.next().await, add("b", false));
+    assert!(fake.watch_requests().last().unwrap().send_initial_events);
+    assert_eq!(fake.list_requests().len(), 1, "no second paged list");
     run.stop().await;
 }
 

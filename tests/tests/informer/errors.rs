@@ -103,7 +103,8 @@ async fn rbac_forbidden_is_fatal_at_start_and_heals_when_granted() {
             message,
         } => {
             assert_eq!(resource, "configmaps");
-            assert_eq!(*verb, Verb::List);
+            // The first sync is a streaming list: a watch.
+            assert_eq!(*verb, Verb::Watch);
             assert_eq!(ns.as_deref(), Some(namespace.as_str()));
             assert!(
                 message.contains(&format!("system:serviceaccount:{namespace}:reader")),
@@ -115,7 +116,7 @@ async fn rbac_forbidden_is_fatal_at_start_and_heals_when_granted() {
     let text = error.to_string();
     assert!(
         text.contains(&format!(
-            "cannot list configmaps in namespace \"{namespace}\""
+            "cannot watch configmaps in namespace \"{namespace}\""
         )),
         "{text}"
     );

@@ -44,6 +44,7 @@ async fn etcd_compaction_forces_a_relist_that_converges() {
     let lw = Recording::new(ApiListWatch::new(api.clone()));
     let (errors, hook) = error_log();
     let informer = SharedInformer::builder(lw.clone())
+        .paged_list()
         .on_watch_error(hook)
         .build();
     let (_registration, mut rx) = recorder(&informer);
@@ -255,7 +256,7 @@ async fn an_apiserver_restart_is_survived_without_spurious_events() {
     .await;
 
     let lw = Recording::new(ApiListWatch::new(api.clone()));
-    let informer = SharedInformer::new(lw.clone());
+    let informer = SharedInformer::builder(lw.clone()).paged_list().build();
     let events: Arc<Mutex<BTreeMap<String, Vec<String>>>> = Arc::default();
     let record = |kind: &'static str| {
         let events = events.clone();

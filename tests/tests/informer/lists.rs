@@ -44,7 +44,7 @@ async fn twelve_hundred_config_maps_sync_through_paged_lists() {
     watch_cache_holds(&api, 1200).await;
 
     let lw = Recording::new(ApiListWatch::new(api.clone()));
-    let informer = SharedInformer::new(lw.clone());
+    let informer = SharedInformer::builder(lw.clone()).paged_list().build();
     let informer = run(informer);
     within("the informer to sync", informer.wait_synced()).await;
 

@@ -122,11 +122,19 @@ where
         self
     }
 
-    /// Fetch the full state by streaming lists (`sendInitialEvents`) instead of paged lists;
-    /// see [`ListMode::Streaming`].
+    /// Fetch the full state by streaming lists (`sendInitialEvents`), the default; see
+    /// [`ListMode::Streaming`].
     #[must_use]
     pub fn streaming_list(mut self) -> Self {
         self.config.list_mode = ListMode::Streaming;
+        self
+    }
+
+    /// Fetch the full state by paged `LIST` calls instead of streaming lists; see
+    /// [`ListMode::Paged`].
+    #[must_use]
+    pub fn paged_list(mut self) -> Self {
+        self.config.list_mode = ListMode::Paged;
         self
     }
 

@@ -622,7 +622,7 @@ mod tests {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
         fake.add(cm("b"));
-        let informer = SharedInformer::new(fake.clone());
+        let informer = SharedInformer::builder(fake.clone()).paged_list().build();
         let (reg, mut rx) = recorder(&informer);
         assert!(!informer.has_synced() && !reg.has_synced());
         let informer = informer.spawn(CancellationToken::new());
@@ -660,7 +660,7 @@ mod tests {
         for n in ["keep", "change", "vanish"] {
             fake.add(cm(n));
         }
-        let informer = SharedInformer::new(fake.clone());
+        let informer = SharedInformer::builder(fake.clone()).paged_list().build();
         let (_reg, mut rx) = recorder(&informer);
         let informer = informer.spawn(CancellationToken::new());
         assert_eq!(take(&mut rx, 3).await.len(), 3);
@@ -697,7 +697,7 @@ mod tests {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
         fake.add(cm("b"));
-        let informer = SharedInformer::new(fake.clone());
+        let informer = SharedInformer::builder(fake.clone()).paged_list().build();
         let informer = informer.spawn(CancellationToken::new());
         informer.wait_synced().await;
         fake.wait_for_calls(|c| c.watches == 1).await;
@@ -723,7 +723,7 @@ mod tests {
         for i in 0..100 {
             fake.add(cm(&format!("o{i}")));
         }
-        let informer = SharedInformer::new(fake.clone());
+        let informer = SharedInformer::builder(fake.clone()).paged_list().build();
         let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
         let release_rx = Mutex::new(release_rx);
         let slow_seen = Arc::new(AtomicU64::new(0));
@@ -756,6 +756,7 @@ mod tests {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
         let informer = SharedInformer::builder(fake.clone())
+            .paged_list()
             .resync_period(Duration::from_secs(30))
             .build();
         let (_reg, mut rx) = recorder(&informer);
@@ -782,6 +783,7 @@ mod tests {
         let errors = Arc::new(Mutex::new(Vec::<String>::new()));
         let errs = errors.clone();
         let informer = SharedInformer::builder(fake.clone())
+            .paged_list()
             .transform(strip_managed_fields)
             .index_fn("app", label_index("app"))
             .indexer("namespace", |_: &ConfigMap| vec![])
@@ -812,7 +814,7 @@ mod tests {
         for _ in 0..5 {
             fake.fail_next_list(gone("configmaps", Verb::List));
         }
-        let informer = SharedInformer::new(fake.clone());
+        let informer = SharedInformer::builder(fake.clone()).paged_list().build();
         let (reg, _rx) = recorder(&informer);
         let informer = informer.spawn(CancellationToken::new());
         let err = wait_for_cache_sync(&[&informer, &reg], Duration::from_secs(1))

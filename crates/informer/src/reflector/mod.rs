@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    error::{Error, Verb},
+    error::{Error, StreamingRefusal, Verb},
     key::ObjectKey,
     list_watch::{ListWatch, Undecodable},
     store::{TransformFn, Writer},
@@ -75,20 +75,22 @@ pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 /// How a [`Reflector`] fetches the full state of its resource.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ListMode {
-    /// Paged `LIST` calls, each page streamed into the store.
+    /// A streaming list (the default, as in client-go since 1.35): a watch with
+    /// `sendInitialEvents=true` whose events are applied as they arrive (see
+    /// [`Reflector`]). Needs Kubernetes 1.27+ with the `WatchList` feature (on by default
+    /// since 1.32); a server that rejects it gets a paged list for that sync, one that
+    /// ignores it gets paged lists from then on.
     #[default]
-    Paged,
-    /// A streaming list: a watch with `sendInitialEvents=true` whose events are applied as
-    /// they arrive (see [`Reflector`]). Needs Kubernetes 1.27+ with the `WatchList`
-    /// feature (on by default since 1.32); other servers get paged lists.
     Streaming,
+    /// Paged `LIST` calls, each page streamed into the store.
+    Paged,
 }
 
 /// Tuning of a [`Reflector`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReflectorConfig {
-    /// How the full state is fetched: [`ListMode::Paged`] (the default) or
-    /// [`ListMode::Streaming`].
+    /// How the full state is fetched: [`ListMode::Streaming`] (the default) or
+    /// [`ListMode::Paged`].
     pub list_mode: ListMode,
     /// Objects per list page (`limit`), 500.
     pub page_size: u32,
@@ -98,6 +100,10 @@ pub struct ReflectorConfig {
     /// A watch that delivers nothing, not even a bookmark, for this long is reconnected
     /// (5 min). Servers send bookmarks about once a minute; keep this well above that.
     pub idle_timeout: Duration,
+    /// A streaming list whose initial events pause for this long before their end bookmark
+    /// is taken for an ordinary watch from a server that ignored `sendInitialEvents`
+    /// (30 s): a real one sends them back to back, then the bookmark.
+    pub initial_events_timeout: Duration,
     /// Backoff between failed attempts.
     pub backoff: BackoffConfig,
 }
@@ -109,6 +115,7 @@ impl Default for ReflectorConfig {
             page_size: 500,
             min_watch_timeout: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(300),
+            initial_events_timeout: Duration::from_secs(30),
             backoff: BackoffConfig::default(),
         }
     }
@@ -288,7 +295,7 @@ where
             // Each step runs code that is not the reflector's (transforms, index functions,
             // codecs, decoders): a panic there is caught, reported, and repaired by a
             // relist, never left as a cache that stopped following the server.
-            let next = match (state.phase(), state.mode()) {
+            let next = match (state.phase(), state.sync_mode()) {
                 (Phase::Sync(from), ListMode::Streaming) => {
                     let start = state.streaming_start(from).to_owned();
                     debug!(rv = %start, "streaming list");
@@ -418,9 +425,10 @@ where
         }
     }
 
-    fn unsupported(&self, detail: String) -> Error {
+    fn unsupported(&self, refusal: StreamingRefusal, detail: String) -> Error {
         Error::StreamingListUnsupported {
             resource: self.resource.clone(),
+            refusal,
             detail,
         }
     }
@@ -452,6 +460,14 @@ mod tests {
     use tokio::time::Instant;
 
     type Fake = FakeListWatch<ConfigMap>;
+
+    /// These tests follow paged lists; streaming lists have their own (tests/streaming_list.rs).
+    fn paged() -> ReflectorConfig {
+        ReflectorConfig {
+            list_mode: ListMode::Paged,
+            ..ReflectorConfig::default()
+        }
+    }
 
     fn cm(name: &str) -> ConfigMap {
         Fake::object(Some("ns"), name)
@@ -511,7 +527,7 @@ mod tests {
         for i in 0..1201 {
             fake.add(cm(&format!("o{i:04}")));
         }
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
         assert_eq!(h.store.len(), 1201);
         let lists = fake.list_requests();
@@ -537,7 +553,7 @@ mod tests {
             fake.add(cm(&format!("o{i:04}")));
         }
         fake.fail_next_continue(gone("configmaps", Verb::List));
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
         assert_eq!(
             list_rvs(&fake),
@@ -559,7 +575,7 @@ mod tests {
     async fn watch_end_resumes_from_last_rv_without_relist() {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
         fake.add(cm("b"));
         let rv = fake.update(cm("a"));
@@ -586,7 +602,7 @@ mod tests {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
         fake.add(cm("b"));
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
         // changes the watch never sees, then history is compacted
         fake.set_broadcast(false);
@@ -621,7 +637,7 @@ mod tests {
             fake.fail_next_list(transport_error("configmaps", Verb::List));
         }
         let t0 = Instant::now();
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
         // 3 failures: delays of at most 0.8 + 1.6 + 3.2 s, at least 75% of that
         let waited = t0.elapsed();
@@ -645,7 +661,7 @@ mod tests {
         fake.add(cm("a"));
         let config = ReflectorConfig {
             idle_timeout: Duration::from_secs(60),
-            ..Default::default()
+            ..paged()
         };
         let h = start(&fake, config);
         fake.wait_for_calls(|c| c.watches == 1).await;
@@ -672,7 +688,7 @@ mod tests {
     async fn malformed_event_is_reported_and_relisted() {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
         fake.inject(Ok(WatchEvent::Added(ConfigMap::default()))); // no name
         fake.wait_for_calls(|c| c.watches == 2).await;
@@ -700,7 +716,7 @@ mod tests {
             "configmaps",
             Some("ns"),
         ));
-        let h = start(&fake, ReflectorConfig::default());
+        let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 2).await;
         // As client-go's `ListAndWatch` loop: a watch that cannot start may never start, so
         // the cache follows the server by lists meanwhile.

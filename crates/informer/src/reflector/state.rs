@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use super::{ListMode, watch::WatchEnd};
-use crate::error::Error;
+use crate::error::{Error, StreamingRefusal};
 
 /// Which resourceVersion the next full list asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,6 +69,8 @@ const QUICK_CLOSE: Duration = Duration::from_secs(1);
 pub(super) struct State {
     phase: Phase,
     mode: ListMode,
+    /// The next full sync is paged whatever the mode (the server rejected a streaming one).
+    page_next_sync: bool,
     /// The resourceVersion the store is synced to; empty before the first full sync.
     last_rv: String,
     /// 410s in a row with no event in between: a second one backs off.
@@ -81,6 +83,7 @@ impl State {
         Self {
             phase: Phase::Sync(ListFrom::Any),
             mode,
+            page_next_sync: false,
             last_rv: String::new(),
             gone_in_a_row: 0,
         }
@@ -91,8 +94,19 @@ impl State {
     }
 
     /// How full syncs are done now (a streaming list falls back to paged for good).
+    #[cfg(test)]
     pub(super) fn mode(&self) -> ListMode {
         self.mode
+    }
+
+    /// How the next full sync is done: the mode, unless the server rejected a streaming
+    /// list, which then gets a paged one.
+    pub(super) fn sync_mode(&self) -> ListMode {
+        if self.page_next_sync {
+            ListMode::Paged
+        } else {
+            self.mode
+        }
     }
 
     pub(super) fn last_rv(&self) -> &str {
@@ -112,6 +126,7 @@ impl State {
     pub(super) fn listed(&mut self, resource_version: String) -> Next {
         self.last_rv = resource_version;
         self.phase = Phase::Watch;
+        self.page_next_sync = false;
         Next::Go
     }
 
@@ -137,13 +152,26 @@ impl State {
         if report.initial_events == InitialEvents::Complete {
             self.phase = Phase::Watch;
         }
+        // A streaming list that failed, for whatever reason, is followed by a paged one, as
+        // client-go does: progress by the older way beats retrying the newer one.
+        if report.initial_events == InitialEvents::Incomplete
+            && matches!(
+                report.end,
+                WatchEnd::Refused { .. } | WatchEnd::Failed { .. }
+            )
+        {
+            self.page_next_sync = true;
+        }
         match &report.end {
             WatchEnd::Cancelled => Next::Stop,
             WatchEnd::Failed {
-                error: Error::StreamingListUnsupported { .. },
+                error: Error::StreamingListUnsupported { refusal, .. },
                 ..
             } => {
-                self.mode = ListMode::Paged;
+                match refusal {
+                    StreamingRefusal::Rejected => self.page_next_sync = true,
+                    StreamingRefusal::Ignored => self.mode = ListMode::Paged,
+                }
                 let from = match self.phase {
                     Phase::Sync(from) => from,
                     Phase::Watch => ListFrom::LastSeen,
@@ -354,7 +382,8 @@ mod tests {
         let unsupported = WatchEnd::Failed {
             error: Error::StreamingListUnsupported {
                 resource: "configmaps".to_owned(),
-                detail: "422".to_owned(),
+                refusal: StreamingRefusal::Ignored,
+                detail: "an ordinary watch".to_owned(),
             },
             events: 0,
         };

@@ -15,7 +15,7 @@ use super::{
     state::{InitialEvents, WatchReport},
 };
 use crate::{
-    error::{Error, Verb},
+    error::{Error, StreamingRefusal, Verb},
     key::ObjectKey,
     list_watch::{Change, ListWatch, WatchEvent, WatchOptions},
 };
@@ -129,7 +129,10 @@ where
                 Err(Error::Api { status, .. })
                     if initial.is_some() && matches!(status.code, 400 | 422) =>
                 {
-                    let error = self.unsupported(format!("{} ({})", status.message, status.code));
+                    let error = self.unsupported(
+                        StreamingRefusal::Rejected,
+                        format!("{} ({})", status.message, status.code),
+                    );
                     return WatchEnd::Failed { error, events: 0 };
                 }
                 Err(error) => return WatchEnd::Refused { error },
@@ -137,6 +140,13 @@ where
         };
         let mut events = 0usize;
         loop {
+            let silence = match initial {
+                Some(_) => self
+                    .config
+                    .initial_events_timeout
+                    .min(self.config.idle_timeout),
+                None => self.config.idle_timeout,
+            };
             let relist = async {
                 match &self.relist {
                     Some(trigger) => trigger.notified().await,
@@ -147,16 +157,18 @@ where
                 biased;
                 () = cancel.cancelled() => return WatchEnd::Cancelled,
                 () = relist, if initial.is_none() => return WatchEnd::RelistRequested,
-                n = tokio::time::timeout(self.config.idle_timeout, stream.next()) => n,
+                n = tokio::time::timeout(silence, stream.next()) => n,
             };
             let event = match next {
                 // The initial events of a streaming list arrive back to back, then the end
                 // bookmark: a pause before it means they are not coming.
                 Err(_) if initial.is_some() => {
-                    let error = self.unsupported(format!(
-                        "no initial-events-end bookmark after {events} events and {:?} of silence",
-                        self.config.idle_timeout
-                    ));
+                    let error = self.unsupported(
+                        StreamingRefusal::Ignored,
+                        format!(
+                            "no initial-events-end bookmark after {events} events and {silence:?} of silence"
+                        ),
+                    );
                     return WatchEnd::Failed { error, events };
                 }
                 Err(_) => {
@@ -186,6 +198,7 @@ where
                 // `sendInitialEvents` and this is an ordinary watch (whose first event may
                 // well be an `ADDED` of a new object).
                 let error = self.unsupported(
+                    StreamingRefusal::Ignored,
                     "a change arrived before the initial-events-end bookmark (sendInitialEvents ignored)"
                         .to_owned(),
                 );
