@@ -25,6 +25,8 @@ mod env;
 mod error;
 mod etcd;
 mod etcd_server;
+mod go_build;
+mod http;
 mod kubeconfig;
 mod ports;
 mod process;
