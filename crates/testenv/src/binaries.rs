@@ -1,5 +1,10 @@
-//! The control plane's binaries: found in a cache, or built from the Go module
-//! in this crate's `go/` directory (how is in `go_build`).
+//! The binaries kube-testenv runs: found in a cache, or built from the Go
+//! modules beside this crate, `go/` for the control plane and `toxiproxy/` for
+//! [`FaultProxy`](crate::FaultProxy)'s Toxiproxy.
+//!
+//! They are separate modules so that neither build's cache key covers the
+//! other's sources: a change to Toxiproxy never rebuilds the control plane,
+//! which takes minutes. How a module is built and cached is in `go_build`.
 
 use std::path::{Path, PathBuf};
 
@@ -8,8 +13,14 @@ use crate::{Error, Result, go_build::GoBuild};
 /// The Go module that builds the control plane.
 const GO_MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/go");
 
+/// The Go module that builds toxiproxy-server.
+const TOXIPROXY_MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/toxiproxy");
+
 /// The Kubernetes release the Go module builds, as in `go/KUBERNETES_VERSION`.
 pub const KUBERNETES_VERSION: &str = include_str!("../go/KUBERNETES_VERSION").trim_ascii();
+
+/// The Toxiproxy release `toxiproxy/go.mod` requires.
+pub const TOXIPROXY_VERSION: &str = "v2.5.0";
 
 const COMMANDS: [&str; 4] = [
     "etcd",
@@ -117,4 +128,74 @@ fn ldflags() -> String {
         }
     }
     flags.join(" ")
+}
+
+/// Where toxiproxy-server is: the Toxiproxy build that
+/// [`FaultProxy`](crate::FaultProxy) runs.
+#[derive(Debug, Clone)]
+pub struct ToxiproxyBinary {
+    path: PathBuf,
+}
+
+impl ToxiproxyBinary {
+    /// Finds toxiproxy-server, building it first (about a minute) if the cache
+    /// has none for the current sources of `toxiproxy/`.
+    ///
+    /// A `toxiproxy-server` in `KUBE_TESTENV_BIN_DIR` is used instead of the
+    /// cache; `KUBE_TESTENV_CACHE_DIR` moves the cache, as for [`Binaries`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GoMissing`] without a Go toolchain, [`Error::BuildFailed`]
+    /// naming the build log when `go build` fails.
+    pub fn ensure() -> Result<Self> {
+        const BINARY: &str = "toxiproxy-server";
+        if let Some(dir) = std::env::var_os("KUBE_TESTENV_BIN_DIR") {
+            let path = PathBuf::from(dir).join(BINARY);
+            if path.is_file() {
+                return Ok(Self { path });
+            }
+        }
+        let build = GoBuild {
+            what: "Toxiproxy",
+            takes: "about a minute",
+            module: TOXIPROXY_MODULE,
+            // The module holds no Go source of its own (go.mod names the server
+            // as a tool), but any added later changes what is built.
+            sources: &["."],
+            packages: &["github.com/Shopify/toxiproxy/v2/cmd/server"],
+            binary: Some(BINARY),
+            name: format!("toxiproxy-{TOXIPROXY_VERSION}"),
+            file_prefix: "toxiproxy-",
+            // Without the version, toxiproxy-server reports itself as "git".
+            ldflags: format!(
+                "-s -w -X github.com/Shopify/toxiproxy/v2.Version={TOXIPROXY_VERSION}"
+            ),
+        };
+        Ok(Self {
+            path: build.ensure()?.join(BINARY),
+        })
+    }
+
+    /// The path of toxiproxy-server.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_toxiproxy_version_is_the_one_go_mod_requires() {
+        let go_mod = include_str!("../toxiproxy/go.mod");
+        let required = format!("github.com/Shopify/toxiproxy/v2 {TOXIPROXY_VERSION}");
+        assert!(
+            go_mod
+                .lines()
+                .any(|line| line.trim().starts_with(&required)),
+            "toxiproxy/go.mod does not require {required}"
+        );
+    }
 }

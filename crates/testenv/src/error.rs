@@ -12,10 +12,11 @@ pub enum Error {
     #[error(
         "the Go toolchain (`go`) was not found on PATH; it is needed once to build {what} from \
          {module}. Install Go 1.26 or newer, or point KUBE_TESTENV_BIN_DIR at a directory of \
-         prebuilt binaries (etcd, kube-apiserver, kube-controller-manager, kubectl)"
+         prebuilt binaries (etcd, kube-apiserver, kube-controller-manager, kubectl and, for \
+         FaultProxy, toxiproxy-server)"
     )]
     GoMissing {
-        /// What would have been built, e.g. "the control plane".
+        /// What would have been built: "the control plane" or "Toxiproxy".
         what: &'static str,
         /// The Go module that would have been built.
         module: PathBuf,
@@ -24,7 +25,7 @@ pub enum Error {
     /// `go build` failed.
     #[error("building {what} failed ({status}); the build log is {log}")]
     BuildFailed {
-        /// What was built, e.g. "the control plane".
+        /// What was built: "the control plane" or "Toxiproxy".
         what: &'static str,
         /// How `go build` exited.
         status: String,
@@ -85,6 +86,18 @@ pub enum Error {
         /// What went wrong.
         reason: String,
         /// Where etcd's output went.
+        log: PathBuf,
+    },
+
+    /// Toxiproxy's HTTP API refused or did not answer a request of a
+    /// [`FaultProxy`](crate::FaultProxy).
+    #[error("Toxiproxy: {action} failed: {reason}; its log is {log}")]
+    Toxiproxy {
+        /// What was asked of it, e.g. "adding toxic stall_upstream".
+        action: String,
+        /// The HTTP status and body it answered, or why there was no answer.
+        reason: String,
+        /// Where toxiproxy-server's output went.
         log: PathBuf,
     },
 

@@ -1,5 +1,6 @@
-//! Go modules built once into a cache, e.g. the control plane's
-//! ([`Binaries`](crate::Binaries)).
+//! Go modules built once into a cache, shared by the control plane
+//! ([`Binaries`](crate::Binaries)) and Toxiproxy
+//! ([`ToxiproxyBinary`](crate::ToxiproxyBinary)).
 //!
 //! The cache key is a hash of everything that determines a build (the Go
 //! sources, `go.mod`, `go.sum` and the Go toolchain's version), so a module is

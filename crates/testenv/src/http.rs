@@ -1,5 +1,5 @@
-//! Plain-HTTP requests to the local components' own APIs, e.g. etcd's JSON
-//! gateway.
+//! Plain-HTTP requests to the local components' own APIs: etcd's JSON gateway
+//! and Toxiproxy's control API.
 
 use std::time::Duration;
 
