@@ -1,28 +1,26 @@
-//! The control plane's binaries: found in a cache, or built from the Go module
-//! in this crate's `go/` directory.
+//! The binaries kube-testenv runs: found in a cache, or built from the Go
+//! modules beside this crate, `go/` for the control plane and `toxiproxy/` for
+//! [`FaultProxy`](crate::FaultProxy)'s Toxiproxy.
 //!
-//! The cache key is a hash of everything that determines the build (the Go
-//! sources, `go.mod`, `go.sum` and the Go toolchain's version), so the binaries
-//! are rebuilt exactly when one of those changes. A file lock serialises
-//! concurrent builds, e.g. of several test binaries started at once.
+//! They are separate modules so that neither build's cache key covers the
+//! other's sources: a change to Toxiproxy never rebuilds the control plane,
+//! which takes minutes. How a module is built and cached is in `go_build`.
 
-use std::{
-    fs::{self, File},
-    io::{BufRead, BufReader},
-    path::{Path, PathBuf},
-    process::{Command, Stdio},
-    time::Instant,
-};
+use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
-use crate::{Error, Result};
+use crate::{Error, Result, go_build::GoBuild};
 
 /// The Go module that builds the control plane.
 const GO_MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/go");
 
+/// The Go module that builds toxiproxy-server.
+const TOXIPROXY_MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/toxiproxy");
+
 /// The Kubernetes release the Go module builds, as in `go/KUBERNETES_VERSION`.
 pub const KUBERNETES_VERSION: &str = include_str!("../go/KUBERNETES_VERSION").trim_ascii();
+
+/// The Toxiproxy release `toxiproxy/go.mod` requires.
+pub const TOXIPROXY_VERSION: &str = "v2.5.0";
 
 const COMMANDS: [&str; 4] = [
     "etcd",
@@ -63,28 +61,22 @@ impl Binaries {
             }
             return Ok(binaries);
         }
-        let module = Path::new(GO_MODULE);
-        let go_version = go_version(module)?;
-        let key = source_hash(module, &go_version)?;
-        let root = cache_root();
-        let dir = root.join(format!("{KUBERNETES_VERSION}-{}", &key[..16]));
-        let binaries = Self { dir };
-        if binaries.complete() {
-            return Ok(binaries);
-        }
-        fs::create_dir_all(&root).map_err(Error::io("creating the cache directory", &root))?;
-        let lock_path = root.join("build.lock");
-        let lock = File::create(&lock_path).map_err(Error::io("creating", &lock_path))?;
-        lock.lock().map_err(Error::io("locking", &lock_path))?;
-        // Another process may have finished the build while this one waited.
-        if !binaries.complete() {
-            build(
-                module,
-                &binaries.dir,
-                &root.join(format!("build-{}.log", &key[..16])),
-            )?;
-        }
-        Ok(binaries)
+        let build = GoBuild {
+            what: "the control plane",
+            takes: "several minutes",
+            module: GO_MODULE,
+            sources: &["cmd"],
+            packages: &["./cmd/..."],
+            binary: None,
+            name: KUBERNETES_VERSION.to_owned(),
+            // The names every earlier version used, so that builds by older and
+            // newer checkouts still wait for each other.
+            file_prefix: "",
+            ldflags: ldflags(),
+        };
+        Ok(Self {
+            dir: build.ensure()?,
+        })
     }
 
     /// The directory holding the binaries.
@@ -111,64 +103,6 @@ impl Binaries {
     pub fn kubectl(&self) -> PathBuf {
         self.dir.join("kubectl")
     }
-
-    fn complete(&self) -> bool {
-        self.dir.join(".complete").is_file()
-    }
-}
-
-fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("KUBE_TESTENV_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("kube-testenv")
-}
-
-fn go_version(module: &Path) -> Result<String> {
-    let output = Command::new("go")
-        .args(["env", "GOVERSION"])
-        .current_dir(module)
-        .output()
-        .map_err(|_| Error::GoMissing {
-            module: module.to_owned(),
-        })?;
-    if !output.status.success() {
-        return Err(Error::GoMissing {
-            module: module.to_owned(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
-/// Hashes the files that determine the build, in a stable order.
-fn source_hash(module: &Path, go_version: &str) -> Result<String> {
-    let mut files = vec![module.join("go.mod"), module.join("go.sum")];
-    collect_go_files(&module.join("cmd"), &mut files)?;
-    files.sort();
-    let mut hasher = Sha256::new();
-    hasher.update(go_version.as_bytes());
-    for file in files {
-        let relative = file.strip_prefix(module).unwrap_or(&file);
-        hasher.update(relative.to_string_lossy().as_bytes());
-        hasher.update(fs::read(&file).map_err(Error::io("reading", &file))?);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
-fn collect_go_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in fs::read_dir(dir).map_err(Error::io("listing", dir))? {
-        let path = entry.map_err(Error::io("listing", dir))?.path();
-        if path.is_dir() {
-            collect_go_files(&path, out)?;
-        } else if path.extension().is_some_and(|ext| ext == "go") {
-            out.push(path);
-        }
-    }
-    Ok(())
 }
 
 fn ldflags() -> String {
@@ -196,75 +130,72 @@ fn ldflags() -> String {
     flags.join(" ")
 }
 
-/// Runs `go build`, reporting progress as packages compile.
-fn build(module: &Path, out_dir: &Path, log_path: &Path) -> Result<()> {
-    let started = Instant::now();
-    let total = Command::new("go")
-        .args(["list", "-deps", "./cmd/..."])
-        .current_dir(module)
-        .stderr(Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| o.stdout.iter().filter(|b| **b == b'\n').count())
-        .unwrap_or(0);
-    tracing::info!(
-        version = KUBERNETES_VERSION,
-        packages = total,
-        log = %log_path.display(),
-        "building the control plane from Go modules (first time only; takes several minutes)"
-    );
-    let staging = out_dir.with_extension("partial");
-    let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging).map_err(Error::io("creating", &staging))?;
-    let mut log = File::create(log_path).map_err(Error::io("creating the build log", log_path))?;
-    let mut child = Command::new("go")
-        .args(["build", "-v", "-trimpath", "-ldflags", &ldflags(), "-o"])
-        .arg(&staging)
-        .arg("./cmd/...")
-        .current_dir(module)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|_| Error::GoMissing {
-            module: module.to_owned(),
-        })?;
-    let stderr = child.stderr.take().expect("stderr is piped");
-    let mut compiled = 0usize;
-    let mut reported = 0usize;
-    for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
-        use std::io::Write;
-        let _ = writeln!(log, "{line}");
-        compiled += 1;
-        let percent = (compiled * 100).checked_div(total).unwrap_or(0).min(99);
-        if percent >= reported + 10 {
-            reported = percent - percent % 10;
-            tracing::info!(
-                compiled,
-                total,
-                elapsed_s = started.elapsed().as_secs(),
-                "building the control plane: {percent}%"
-            );
+/// Where toxiproxy-server is: the Toxiproxy build that
+/// [`FaultProxy`](crate::FaultProxy) runs.
+#[derive(Debug, Clone)]
+pub struct ToxiproxyBinary {
+    path: PathBuf,
+}
+
+impl ToxiproxyBinary {
+    /// Finds toxiproxy-server, building it first (about a minute) if the cache
+    /// has none for the current sources of `toxiproxy/`.
+    ///
+    /// A `toxiproxy-server` in `KUBE_TESTENV_BIN_DIR` is used instead of the
+    /// cache; `KUBE_TESTENV_CACHE_DIR` moves the cache, as for [`Binaries`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GoMissing`] without a Go toolchain, [`Error::BuildFailed`]
+    /// naming the build log when `go build` fails.
+    pub fn ensure() -> Result<Self> {
+        const BINARY: &str = "toxiproxy-server";
+        if let Some(dir) = std::env::var_os("KUBE_TESTENV_BIN_DIR") {
+            let path = PathBuf::from(dir).join(BINARY);
+            if path.is_file() {
+                return Ok(Self { path });
+            }
         }
+        let build = GoBuild {
+            what: "Toxiproxy",
+            takes: "about a minute",
+            module: TOXIPROXY_MODULE,
+            // The module holds no Go source of its own (go.mod names the server
+            // as a tool), but any added later changes what is built.
+            sources: &["."],
+            packages: &["github.com/Shopify/toxiproxy/v2/cmd/server"],
+            binary: Some(BINARY),
+            name: format!("toxiproxy-{TOXIPROXY_VERSION}"),
+            file_prefix: "toxiproxy-",
+            // Without the version, toxiproxy-server reports itself as "git".
+            ldflags: format!(
+                "-s -w -X github.com/Shopify/toxiproxy/v2.Version={TOXIPROXY_VERSION}"
+            ),
+        };
+        Ok(Self {
+            path: build.ensure()?.join(BINARY),
+        })
     }
-    let status = child
-        .wait()
-        .map_err(Error::io("waiting for go build in", module))?;
-    if !status.success() {
-        return Err(Error::BuildFailed {
-            status: status.to_string(),
-            log: log_path.to_owned(),
-        });
+
+    /// The path of toxiproxy-server.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
-    fs::write(staging.join(".complete"), KUBERNETES_VERSION)
-        .map_err(Error::io("writing", staging.join(".complete")))?;
-    let _ = fs::remove_dir_all(out_dir);
-    fs::rename(&staging, out_dir).map_err(Error::io("moving the build to", out_dir))?;
-    tracing::info!(
-        dir = %out_dir.display(),
-        elapsed_s = started.elapsed().as_secs(),
-        "control plane built"
-    );
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_toxiproxy_version_is_the_one_go_mod_requires() {
+        let go_mod = include_str!("../toxiproxy/go.mod");
+        let required = format!("github.com/Shopify/toxiproxy/v2 {TOXIPROXY_VERSION}");
+        assert!(
+            go_mod
+                .lines()
+                .any(|line| line.trim().starts_with(&required)),
+            "toxiproxy/go.mod does not require {required}"
+        );
+    }
 }

@@ -1,6 +1,7 @@
 //! [`TestEnv`]: one running control plane.
 
 use std::{
+    net::{Ipv4Addr, SocketAddr},
     path::{Path, PathBuf},
     sync::{
         Mutex,
@@ -13,7 +14,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube_client::{Api, api::PostParams};
 
 use crate::{
-    Binaries, Error, Result,
+    Binaries, Error, FaultProxy, Result,
     apiserver::{self, ApiServerSpec},
     certs::Credentials,
     controller_manager,
@@ -76,7 +77,7 @@ impl Builder {
         let binaries = tokio::task::spawn_blocking(Binaries::ensure)
             .await
             .expect("the binary build does not panic")?;
-        let dir = env_dir()?;
+        let dir = scratch_dir(None)?;
         let creds = Credentials::generate(dir.path())?;
         let etcd = Etcd::start(&binaries.etcd(), dir.path(), self.start_timeout).await?;
         let spec = ApiServerSpec::new(
@@ -118,6 +119,7 @@ impl Builder {
             spec,
             kubeconfig_path,
             binaries,
+            creds,
             start_timeout: self.start_timeout,
             dir,
         })
@@ -153,6 +155,7 @@ pub struct TestEnv {
     spec: ApiServerSpec,
     kubeconfig_path: PathBuf,
     binaries: Binaries,
+    creds: Credentials,
     start_timeout: Duration,
     dir: tempfile::TempDir,
 }
@@ -222,6 +225,49 @@ impl TestEnv {
     /// The API server's URL, e.g. `https://127.0.0.1:41234`.
     pub fn server_url(&self) -> String {
         self.spec.url()
+    }
+
+    /// The API server's address, e.g. `127.0.0.1:41234`: what a
+    /// [`FaultProxy`] forwards to. It stays the same across
+    /// [`restart_apiserver`](Self::restart_apiserver).
+    pub fn apiserver_addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.spec.port))
+    }
+
+    /// The admin client configuration, but with the server at `proxy`'s
+    /// address, for tests that tune it (timeouts, retries) before building a
+    /// client.
+    ///
+    /// TLS passes through the proxy as plain TCP, and the serving certificate
+    /// covers `127.0.0.1`, so the client verifies the API server as usual.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Client`] or [`Error::Io`] if the credentials cannot be read.
+    pub async fn config_via(&self, proxy: &FaultProxy) -> Result<kube_client::Config> {
+        kubeconfig::admin_config(&proxy_url(proxy), &self.creds).await
+    }
+
+    /// A new admin client whose every connection goes through `proxy`, so the
+    /// faults it injects hit this client and no other.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Client`] if the client cannot be built.
+    pub async fn client_via(&self, proxy: &FaultProxy) -> Result<kube_client::Client> {
+        let config = self.config_via(proxy).await?;
+        kube_client::Client::try_from(config).map_err(|e| Error::Client(e.to_string()))
+    }
+
+    /// Writes an admin kubeconfig whose server is `proxy`'s address to
+    /// `path`, for a program under test that takes a kubeconfig (kubectl, a
+    /// Go controller).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Io`] if the file cannot be written.
+    pub fn kubeconfig_via(&self, proxy: &FaultProxy, path: &Path) -> Result<()> {
+        kubeconfig::write_admin(path, &proxy_url(proxy), &self.creds)
     }
 
     /// etcd's client URL, e.g. `http://127.0.0.1:42345`.
@@ -376,10 +422,14 @@ impl TestEnv {
     }
 }
 
-/// A fresh directory under `$TMPDIR/kube-testenv`, named after this process,
-/// after removing those left by processes that no longer exist (a shared
-/// environment lives in a static and is never dropped).
-fn env_dir() -> Result<tempfile::TempDir> {
+fn proxy_url(proxy: &FaultProxy) -> String {
+    format!("https://{}", proxy.listen_addr())
+}
+
+/// A fresh directory under `$TMPDIR/kube-testenv`, named after this process
+/// and `label`, after removing those left by processes that no longer exist
+/// (a shared environment lives in a static and is never dropped).
+pub(crate) fn scratch_dir(label: Option<&str>) -> Result<tempfile::TempDir> {
     let base = std::env::temp_dir().join("kube-testenv");
     std::fs::create_dir_all(&base).map_err(Error::io("creating", &base))?;
     if let Ok(entries) = std::fs::read_dir(&base) {
@@ -397,8 +447,12 @@ fn env_dir() -> Result<tempfile::TempDir> {
             }
         }
     }
+    let prefix = match label {
+        Some(label) => format!("{}-{label}-", std::process::id()),
+        None => format!("{}-", std::process::id()),
+    };
     tempfile::Builder::new()
-        .prefix(&format!("{}-", std::process::id()))
+        .prefix(&prefix)
         .tempdir_in(&base)
         .map_err(Error::io("creating a directory in", base))
 }

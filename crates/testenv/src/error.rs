@@ -8,20 +8,25 @@ use std::path::PathBuf;
 /// because the reason is almost always in there.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The Go toolchain is needed to build the control plane but is not on `PATH`.
+    /// The Go toolchain is needed to build a Go module but is not on `PATH`.
     #[error(
-        "the Go toolchain (`go`) was not found on PATH; it is needed once to build etcd, \
-         kube-apiserver, kube-controller-manager and kubectl from {module}. Install Go 1.26 or \
-         newer, or point KUBE_TESTENV_BIN_DIR at a directory holding those binaries"
+        "the Go toolchain (`go`) was not found on PATH; it is needed once to build {what} from \
+         {module}. Install Go 1.26 or newer, or point KUBE_TESTENV_BIN_DIR at a directory of \
+         prebuilt binaries (etcd, kube-apiserver, kube-controller-manager, kubectl and, for \
+         FaultProxy, toxiproxy-server)"
     )]
     GoMissing {
+        /// What would have been built: "the control plane" or "Toxiproxy".
+        what: &'static str,
         /// The Go module that would have been built.
         module: PathBuf,
     },
 
     /// `go build` failed.
-    #[error("building the control plane failed ({status}); the build log is {log}")]
+    #[error("building {what} failed ({status}); the build log is {log}")]
     BuildFailed {
+        /// What was built: "the control plane" or "Toxiproxy".
+        what: &'static str,
         /// How `go build` exited.
         status: String,
         /// The full output of the build.
@@ -81,6 +86,18 @@ pub enum Error {
         /// What went wrong.
         reason: String,
         /// Where etcd's output went.
+        log: PathBuf,
+    },
+
+    /// Toxiproxy's HTTP API refused or did not answer a request of a
+    /// [`FaultProxy`](crate::FaultProxy).
+    #[error("Toxiproxy: {action} failed: {reason}; its log is {log}")]
+    Toxiproxy {
+        /// What was asked of it, e.g. "adding toxic stall_upstream".
+        action: String,
+        /// The HTTP status and body it answered, or why there was no answer.
+        reason: String,
+        /// Where toxiproxy-server's output went.
         log: PathBuf,
     },
 

@@ -6,9 +6,6 @@ use std::{
 };
 
 use base64::Engine;
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 
 use crate::{Error, Result, ports::free_port, process::Supervised};
 
@@ -116,25 +113,15 @@ impl Etcd {
     }
 
     async fn request(&self, path: &'static str, body: Option<String>) -> Result<String> {
-        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let method = if body.is_some() {
+            http::Method::POST
+        } else {
+            http::Method::GET
+        };
         let uri = format!("{}{path}", self.url());
-        let request = match body {
-            Some(body) => http::Request::post(uri).body(Full::new(Bytes::from(body))),
-            None => http::Request::get(uri).body(Full::new(Bytes::new())),
-        }
-        .map_err(|e| self.error(path, e.to_string()))?;
-        let response = tokio::time::timeout(Duration::from_secs(10), client.request(request))
+        let (status, text) = crate::http::request(method, &uri, body, Duration::from_secs(10))
             .await
-            .map_err(|_| self.error(path, "no answer within 10s".to_owned()))?
-            .map_err(|e| self.error(path, e.to_string()))?;
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| self.error(path, e.to_string()))?
-            .to_bytes();
-        let text = String::from_utf8_lossy(&bytes).into_owned();
+            .map_err(|reason| self.error(path, reason))?;
         if !status.is_success() {
             return Err(self.error(path, format!("{status}: {text}")));
         }

@@ -6,6 +6,10 @@
 //! [`TestEnv`] then runs them on free loopback ports with freshly generated
 //! certificates, and hands out admin clients and a kubeconfig.
 //!
+//! A [`FaultProxy`] puts a real Toxiproxy (built the same way, from
+//! `toxiproxy/`) between chosen clients and the API server, to reset, stall,
+//! cut, slow or throttle their connections.
+//!
 //! ```no_run
 //! # async fn demo() -> kube_testenv::Result<()> {
 //! let env = kube_testenv::TestEnv::shared().await;
@@ -25,12 +29,16 @@ mod env;
 mod error;
 mod etcd;
 mod etcd_server;
+mod fault_proxy;
+mod go_build;
+mod http;
 mod kubeconfig;
 mod ports;
 mod process;
 
-pub use binaries::{Binaries, KUBERNETES_VERSION};
+pub use binaries::{Binaries, KUBERNETES_VERSION, TOXIPROXY_VERSION, ToxiproxyBinary};
 pub use env::{Builder, TestEnv};
 pub use error::{Error, Result};
 pub use etcd_server::EtcdServer;
+pub use fault_proxy::FaultProxy;
 pub use kubeconfig::CONTEXT;

@@ -9,7 +9,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use kube_testenv::{Binaries, TestEnv};
+use kube_testenv::{Binaries, TestEnv, ToxiproxyBinary};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -33,7 +33,8 @@ enum Command {
         #[arg(long)]
         kubeconfig: Option<PathBuf>,
     },
-    /// Build the binaries (if the cache lacks them) and print their directory.
+    /// Build the binaries (if the cache lacks them) and print the control
+    /// plane's directory, then the path of toxiproxy-server.
     Build,
 }
 
@@ -63,6 +64,12 @@ async fn run(cli: Cli) -> Result<(), kube_testenv::Error> {
                 .await
                 .expect("the build does not panic")?;
             println!("{}", binaries.dir().display());
+            // Second, so the control plane's directory stays the first line
+            // for scripts that read it.
+            let toxiproxy = tokio::task::spawn_blocking(ToxiproxyBinary::ensure)
+                .await
+                .expect("the build does not panic")?;
+            println!("{}", toxiproxy.path().display());
             Ok(())
         }
         Command::Up {

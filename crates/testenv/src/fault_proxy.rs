@@ -1,0 +1,515 @@
+//! [`FaultProxy`]: network faults between clients and a server, injected by a
+//! real Toxiproxy rather than simulated in the client.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use http::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::{
+    Error, Result, TestEnv, ToxiproxyBinary, env::scratch_dir, ports::free_port,
+    process::Supervised,
+};
+
+/// The name of the one proxy each toxiproxy-server holds.
+const PROXY: &str = "kube-testenv";
+
+/// How long toxiproxy-server may take to answer its API after it starts.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long one request to Toxiproxy's API may take; it answers in
+/// milliseconds, so hitting this means it hangs.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A TCP proxy in front of a server (usually the API server of a
+/// [`TestEnv`]) that injects network faults on command: connections reset,
+/// stalled or refused, latency, limited bandwidth.
+///
+/// It runs its own toxiproxy-server (built once from the Go module
+/// `toxiproxy/` beside this crate, like the control plane) on free loopback
+/// ports. Only clients that connect through [`listen_addr`](Self::listen_addr)
+/// see the faults: build them with [`TestEnv::client_via`] or
+/// [`TestEnv::kubeconfig_via`], while the environment's own clients keep a
+/// direct path to the API server.
+///
+/// Faults act on new connections and on connections already open, as
+/// Toxiproxy applies them; they stay until [`clear`](Self::clear),
+/// [`restore`](Self::restore) or [`reset`](Self::reset) lifts them. Dropping
+/// the proxy stops toxiproxy-server and so closes every connection through it.
+///
+/// ```no_run
+/// # async fn demo() -> kube_testenv::Result<()> {
+/// use k8s_openapi::api::core::v1::Namespace;
+/// use kube_client::{Api, api::ListParams};
+/// use kube_testenv::{FaultProxy, TestEnv};
+///
+/// let env = TestEnv::shared().await;
+/// let proxy = FaultProxy::for_apiserver(env).await?;
+/// let namespaces: Api<Namespace> = Api::all(env.client_via(&proxy).await?);
+/// proxy.cut().await?;
+/// assert!(namespaces.list(&ListParams::default()).await.is_err());
+/// proxy.restore().await?;
+/// namespaces.list(&ListParams::default()).await.expect("reachable again");
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct FaultProxy {
+    // Field order: toxiproxy-server stops before its directory is removed.
+    process: Supervised,
+    api: Api,
+    listen: SocketAddr,
+    upstream: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl FaultProxy {
+    /// Starts toxiproxy-server, building it first if the cache lacks it, and
+    /// a proxy in it that forwards a free loopback port to `upstream`, with
+    /// no fault yet.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GoMissing`] or [`Error::BuildFailed`] if it cannot be built;
+    /// [`Error::Spawn`], [`Error::Exited`] or [`Error::NotReady`] if it does
+    /// not come up; [`Error::Toxiproxy`] if it refuses the proxy.
+    pub async fn start(upstream: SocketAddr) -> Result<Self> {
+        let started = Instant::now();
+        let binary = tokio::task::spawn_blocking(ToxiproxyBinary::ensure)
+            .await
+            .expect("the toxiproxy build does not panic")?;
+        let dir = scratch_dir(Some("toxiproxy"))?;
+        let log = dir.path().join("toxiproxy.log");
+        let api_port = free_port()?;
+        let args = vec!["-host=127.0.0.1".to_owned(), format!("-port={api_port}")];
+        let mut process = Supervised::start("toxiproxy-server", binary.path(), &args, &log)?;
+        let api = Api {
+            base: format!("http://127.0.0.1:{api_port}"),
+            log,
+        };
+        api.wait_ready(&mut process).await?;
+        // Port 0 lets Toxiproxy bind the listener itself, leaving no window in
+        // which another process could take a port picked here; it binds the
+        // same port again when the proxy is re-enabled after a cut.
+        let created = api
+            .call(
+                Method::POST,
+                "/proxies",
+                Some(json!({
+                    "name": PROXY,
+                    "listen": "127.0.0.1:0",
+                    "upstream": upstream.to_string(),
+                    "enabled": true,
+                })),
+                || format!("creating the proxy to {upstream}"),
+            )
+            .await?;
+        let listen = serde_json::from_str::<Value>(&created)
+            .ok()
+            .and_then(|proxy| proxy["listen"].as_str()?.parse::<SocketAddr>().ok())
+            .ok_or_else(|| {
+                api.error(
+                    format!("creating the proxy to {upstream}"),
+                    format!("no listen address in its answer {created}"),
+                )
+            })?;
+        tracing::info!(
+            %listen,
+            %upstream,
+            api = %api.base,
+            pid = process.pid(),
+            elapsed_ms = started.elapsed().as_millis(),
+            "fault proxy ready"
+        );
+        Ok(Self {
+            process,
+            api,
+            listen,
+            upstream,
+            _dir: dir,
+        })
+    }
+
+    /// [`start`](Self::start) in front of `env`'s API server.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn for_apiserver(env: &TestEnv) -> Result<Self> {
+        Self::start(env.apiserver_addr()).await
+    }
+
+    /// The address clients connect to instead of the upstream's.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen
+    }
+
+    /// The address the proxy forwards to.
+    pub fn upstream_addr(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// The base URL of Toxiproxy's HTTP API, e.g. `http://127.0.0.1:43210`,
+    /// for faults this type has no method for. The proxy is named
+    /// `kube-testenv`.
+    pub fn api_url(&self) -> &str {
+        &self.api.base
+    }
+
+    /// toxiproxy-server's log file.
+    pub fn log_path(&self) -> &Path {
+        &self.api.log
+    }
+
+    /// toxiproxy-server's process id.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Resets every connection that carries a byte from now on, in either
+    /// direction: a new connection is reset (`RST`) as soon as the client
+    /// sends its TLS hello, an open one is closed when either side next
+    /// sends (Toxiproxy can close those only with a `FIN`).
+    ///
+    /// Toxics `reset_peer` with `timeout` 0, upstream and downstream.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn reset_connections(&self) -> Result<()> {
+        for stream in [Stream::Upstream, Stream::Downstream] {
+            self.add_toxic(Toxic {
+                name: stream.name("reset_peer"),
+                kind: "reset_peer",
+                stream,
+                attributes: json!({ "timeout": 0 }),
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Stalls every connection: no byte passes in either direction and none
+    /// is closed, so a request hangs until the client's own timeout, the way
+    /// a dead peer behind a silent network looks. New connections are
+    /// accepted and stall too.
+    ///
+    /// Toxics `timeout` with `timeout` 0, upstream and downstream. Lifting
+    /// them ([`clear`](Self::clear)) closes the stalled connections, as
+    /// Toxiproxy does.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn stall(&self) -> Result<()> {
+        for stream in [Stream::Upstream, Stream::Downstream] {
+            self.add_toxic(Toxic {
+                name: stream.name("timeout"),
+                kind: "timeout",
+                stream,
+                attributes: json!({ "timeout": 0 }),
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Makes the upstream unreachable: closes every open connection and
+    /// stops listening, so a new connection is refused at once. Toxics stay
+    /// configured for when [`restore`](Self::restore) listens again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn cut(&self) -> Result<()> {
+        self.set_enabled(false).await
+    }
+
+    /// Listens again after [`cut`](Self::cut), on the same port.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses, e.g. because another
+    /// process took the port in between.
+    pub async fn restore(&self) -> Result<()> {
+        self.set_enabled(true).await
+    }
+
+    /// Delays everything the upstream sends by `latency`, give or take up to
+    /// `jitter`, so each request-response round trip takes that much longer
+    /// (a TLS handshake on a new connection adds another round trip).
+    /// Toxiproxy counts in whole milliseconds.
+    ///
+    /// Toxic `latency`, downstream. Calling it again replaces the delay.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn latency(&self, latency: Duration, jitter: Duration) -> Result<()> {
+        self.add_toxic(Toxic {
+            name: Stream::Downstream.name("latency"),
+            kind: "latency",
+            stream: Stream::Downstream,
+            attributes: json!({
+                "latency": millis(latency),
+                "jitter": millis(jitter),
+            }),
+        })
+        .await
+    }
+
+    /// Limits what the upstream sends to `kb_per_s` kilobytes (1000 bytes) a
+    /// second per connection, e.g. to make a large list or a watch's events
+    /// arrive slowly.
+    ///
+    /// Toxic `bandwidth`, downstream. Calling it again replaces the rate.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn bandwidth(&self, kb_per_s: u64) -> Result<()> {
+        self.add_toxic(Toxic {
+            name: Stream::Downstream.name("bandwidth"),
+            kind: "bandwidth",
+            stream: Stream::Downstream,
+            attributes: json!({ "rate": kb_per_s }),
+        })
+        .await
+    }
+
+    /// Removes every toxic (reset, stall, latency, bandwidth), so data flows
+    /// freely again; a proxy that is [`cut`](Self::cut) stays cut.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn clear(&self) -> Result<()> {
+        for name in self.toxics().await? {
+            let path = format!("/proxies/{PROXY}/toxics/{name}");
+            self.api
+                .call(Method::DELETE, &path, None, || {
+                    format!("removing toxic {name}")
+                })
+                .await?;
+            tracing::info!(proxy = %self.listen, toxic = %name, "toxic removed");
+        }
+        Ok(())
+    }
+
+    /// [`clear`](Self::clear) and [`restore`](Self::restore) at once: the
+    /// proxy as it started.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn reset(&self) -> Result<()> {
+        self.api
+            .call(Method::POST, "/reset", None, || "resetting".to_owned())
+            .await?;
+        tracing::info!(proxy = %self.listen, "fault proxy reset");
+        Ok(())
+    }
+
+    /// The names of the toxics in force, e.g. `latency_downstream`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses or answers something else
+    /// than a list of toxics.
+    pub async fn toxics(&self) -> Result<Vec<String>> {
+        let path = format!("/proxies/{PROXY}/toxics");
+        let what = || "listing toxics".to_owned();
+        let body = self.api.call(Method::GET, &path, None, what).await?;
+        let toxics: Vec<Value> = serde_json::from_str(&body)
+            .map_err(|e| self.api.error(what(), format!("{e} in {body}")))?;
+        toxics
+            .iter()
+            .map(|toxic| {
+                toxic["name"].as_str().map(str::to_owned).ok_or_else(|| {
+                    self.api
+                        .error(what(), format!("a toxic without a name: {body}"))
+                })
+            })
+            .collect()
+    }
+
+    async fn set_enabled(&self, enabled: bool) -> Result<()> {
+        let path = format!("/proxies/{PROXY}");
+        let (doing, done) = if enabled {
+            ("restoring", "restored")
+        } else {
+            ("cutting", "cut")
+        };
+        self.api
+            .call(
+                Method::POST,
+                &path,
+                Some(json!({ "enabled": enabled })),
+                || format!("{doing} the proxy"),
+            )
+            .await?;
+        tracing::info!(
+            proxy = %self.listen,
+            upstream = %self.upstream,
+            enabled,
+            "fault proxy {done}"
+        );
+        Ok(())
+    }
+
+    /// Adds `toxic`, or updates its attributes if one of its name is in
+    /// force already, so that calling a fault twice is not an error.
+    async fn add_toxic(&self, toxic: Toxic) -> Result<()> {
+        let body = toxic.to_json();
+        let path = format!("/proxies/{PROXY}/toxics");
+        let what = || format!("adding toxic {}", toxic.name);
+        let (status, text) = self
+            .api
+            .send(Method::POST, &path, Some(&body), what)
+            .await?;
+        if status == StatusCode::CONFLICT {
+            let path = format!("/proxies/{PROXY}/toxics/{}", toxic.name);
+            let what = || format!("updating toxic {}", toxic.name);
+            self.api.call(Method::POST, &path, Some(body), what).await?;
+        } else if !status.is_success() {
+            return Err(self.api.error(what(), format!("{status}: {text}")));
+        }
+        tracing::info!(
+            proxy = %self.listen,
+            toxic = %toxic.name,
+            kind = toxic.kind,
+            stream = toxic.stream.as_str(),
+            attributes = %toxic.attributes,
+            "toxic in force"
+        );
+        Ok(())
+    }
+}
+
+/// Toxiproxy's HTTP API on one toxiproxy-server.
+#[derive(Debug)]
+struct Api {
+    base: String,
+    log: PathBuf,
+}
+
+impl Api {
+    /// Polls `/version` until it answers, failing early if the process exits.
+    async fn wait_ready(&self, process: &mut Supervised) -> Result<()> {
+        let started = Instant::now();
+        let mut last_problem = String::from("no probe yet");
+        while started.elapsed() < START_TIMEOUT {
+            process.check_running()?;
+            let uri = format!("{}/version", self.base);
+            match crate::http::request(Method::GET, &uri, None, API_TIMEOUT).await {
+                Ok((status, version)) if status.is_success() => {
+                    tracing::debug!(
+                        %version,
+                        elapsed_ms = started.elapsed().as_millis(),
+                        "toxiproxy-server ready"
+                    );
+                    return Ok(());
+                }
+                Ok((status, body)) => last_problem = format!("/version answered {status}: {body}"),
+                Err(reason) => last_problem = reason,
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(Error::NotReady {
+            component: "toxiproxy-server",
+            waited: START_TIMEOUT,
+            last_problem,
+            log: self.log.clone(),
+        })
+    }
+
+    /// Sends a request and returns the body of a successful answer.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        action: impl Fn() -> String,
+    ) -> Result<String> {
+        let (status, text) = self.send(method, path, body.as_ref(), &action).await?;
+        if !status.is_success() {
+            return Err(self.error(action(), format!("{status}: {text}")));
+        }
+        Ok(text)
+    }
+
+    /// Sends a request and returns whatever status it answers.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        action: impl Fn() -> String,
+    ) -> Result<(StatusCode, String)> {
+        let uri = format!("{}{path}", self.base);
+        crate::http::request(method, &uri, body.map(Value::to_string), API_TIMEOUT)
+            .await
+            .map_err(|reason| self.error(action(), reason))
+    }
+
+    fn error(&self, action: String, reason: String) -> Error {
+        Error::Toxiproxy {
+            action,
+            reason,
+            log: self.log.clone(),
+        }
+    }
+}
+
+/// Which way a toxic acts: on what the client sends (upstream) or on what
+/// the server sends back (downstream).
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Upstream,
+    Downstream,
+}
+
+impl Stream {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stream::Upstream => "upstream",
+            Stream::Downstream => "downstream",
+        }
+    }
+
+    /// `<kind>_<stream>`, the name Toxiproxy itself gives an unnamed toxic.
+    fn name(self, kind: &str) -> String {
+        format!("{kind}_{}", self.as_str())
+    }
+}
+
+/// One toxic as Toxiproxy's `POST /proxies/{proxy}/toxics` takes it.
+#[derive(Debug)]
+struct Toxic {
+    name: String,
+    kind: &'static str,
+    stream: Stream,
+    attributes: Value,
+}
+
+impl Toxic {
+    fn to_json(&self) -> Value {
+        json!({
+            "name": self.name,
+            "type": self.kind,
+            "stream": self.stream.as_str(),
+            // Every connection, not a random share of them: tests must be
+            // deterministic.
+            "toxicity": 1.0,
+            "attributes": self.attributes,
+        })
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
