@@ -1,6 +1,7 @@
 //! The informer against a real control plane: paged lists, handler events, indexes, a 410
 //! after etcd compaction, an apiserver restart, a blocked handler, typed / dynamic /
-//! metadata-only informers, RBAC and decode errors, divergence checks. Also the exact requests the `Api`
+//! metadata-only informers, RBAC and decode errors, divergence checks, network faults
+//! through Toxiproxy. Also the exact requests the `Api`
 //! list-watch sends, read back from the apiserver's audit log.
 //!
 //! One test binary, so its tests share one control plane ([`kube_testenv::TestEnv::shared`]);
@@ -13,4 +14,5 @@ mod faults;
 mod indexes;
 mod kinds;
 mod lists;
+mod network;
 mod watch;
