@@ -239,41 +239,23 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
             }
             if let Some(period) = inner.resync {
                 let processor = inner.processor.clone();
-                let token = token.clone();
-                tracker.spawn(async move {
-                    let mut ticks =
-                        tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    loop {
-                        tokio::select! {
-                            biased;
-                            () = token.cancelled() => break,
-                            _ = ticks.tick() => processor.resync(),
-                        }
-                    }
-                });
+                tracker.spawn(every(period, token.clone(), move || {
+                    processor.resync();
+                    std::future::ready(())
+                }));
             }
             if let Some(divergence) = inner.divergence.clone()
                 && let Some(period) = divergence.check.interval()
             {
                 let processor = inner.processor.clone();
-                let token = token.clone();
-                tracker.spawn(async move {
-                    let mut ticks =
-                        tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-                    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                    loop {
-                        tokio::select! {
-                            biased;
-                            () = token.cancelled() => break,
-                            _ = ticks.tick() => {
-                                if let Err(error) = divergence.run_once(&processor).await {
-                                    warn!(%error, "divergence check failed; next one at the next interval");
-                                }
-                            }
+                tracker.spawn(every(period, token.clone(), move || {
+                    let (divergence, processor) = (divergence.clone(), processor.clone());
+                    async move {
+                        if let Err(error) = divergence.run_once(&processor).await {
+                            warn!(%error, "divergence check failed; next one at the next interval");
                         }
                     }
-                });
+                }));
             }
             tracker.spawn(starter(token.clone()));
             token.cancelled().await;
@@ -486,6 +468,24 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 }
             }),
         ))
+    }
+}
+
+/// Runs `tick` every `period`, the first time one period from now, until `token` fires.
+/// A tick that overruns delays the next rather than bunching them.
+async fn every<F, Fut>(period: Duration, token: CancellationToken, mut tick: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            () = token.cancelled() => break,
+            _ = ticks.tick() => tick().await,
+        }
     }
 }
 
