@@ -436,3 +436,42 @@ async fn a_periodic_divergence_check_repairs_the_cache_by_a_consistent_relist() 
     );
     informer.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_handler_resyncs_at_its_own_period() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    let informer = SharedInformer::builder(fake.clone()).build();
+    let resyncs = |informer: &SharedInformer<ConfigMap>, period: Option<Duration>| {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let handler = handler_fn().on_update(move |_, _| {
+            let _ = tx.send(Instant::now());
+        });
+        match period {
+            Some(period) => informer.add_handler_with_resync(handler, period),
+            None => informer.add_handler(handler),
+        };
+        rx
+    };
+    let mut fast = resyncs(&informer, Some(Duration::from_secs(7)));
+    let mut slow = resyncs(&informer, Some(Duration::from_secs(20)));
+    let mut none = resyncs(&informer, None);
+    let started = Instant::now();
+    let informer = informer.spawn(CancellationToken::new());
+    within("the sync", informer.wait_synced()).await;
+    for _ in 0..2 {
+        within("a slow resync", slow.recv()).await.expect("open");
+    }
+    assert_eq!(started.elapsed(), Duration::from_secs(40));
+    let mut fast_times = Vec::new();
+    while let Ok(at) = fast.try_recv() {
+        fast_times.push(at - started);
+    }
+    let expected: Vec<Duration> = (1..=5).map(|n| Duration::from_secs(7 * n)).collect();
+    assert_eq!(
+        fast_times, expected,
+        "every 7 s, independently of the other handlers"
+    );
+    assert!(none.try_recv().is_err(), "no period, no resync");
+    informer.stop().await;
+}

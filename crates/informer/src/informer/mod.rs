@@ -189,7 +189,22 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
     /// [`InformerHandle::add_handler`], this cannot fail: the informer has not stopped.
     pub fn add_handler(&self, handler: impl EventHandler<K>) -> HandlerRegistration {
         self.handle
-            .register(handler)
+            .register(handler, self.handle.inner.resync)
+            .expect("an informer that has not started has not stopped")
+    }
+
+    /// Registers a handler with a resync period of its own (client-go's
+    /// `AddEventHandlerWithResyncPeriod`): every cached object is re-delivered to it as
+    /// `on_update(obj, obj)` that often, whatever the informer's
+    /// [`resync_period`](InformerBuilder::resync_period). Zero turns resyncs off for it;
+    /// periods under [`MIN_RESYNC_PERIOD`] are raised to it.
+    pub fn add_handler_with_resync(
+        &self,
+        handler: impl EventHandler<K>,
+        period: Duration,
+    ) -> HandlerRegistration {
+        self.handle
+            .register(handler, resync_period(period))
             .expect("an informer that has not started has not stopped")
     }
 
@@ -237,12 +252,24 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
                     }
                 }
             }
-            if let Some(period) = inner.resync {
+            {
+                // Sleeps until the next handler's resync is due, or a handler with a
+                // period is added; costs nothing while no handler has one.
                 let processor = inner.processor.clone();
-                tracker.spawn(every(period, token.clone(), move || {
-                    processor.resync();
-                    std::future::ready(())
-                }));
+                let token = token.clone();
+                tracker.spawn(async move {
+                    loop {
+                        let now = tokio::time::Instant::now();
+                        let due = processor.resync_due(now);
+                        let wake = due.unwrap_or(now + Duration::from_secs(3600));
+                        tokio::select! {
+                            biased;
+                            () = token.cancelled() => break,
+                            () = processor.resync_changed.notified() => {}
+                            () = tokio::time::sleep_until(wake) => {}
+                        }
+                    }
+                });
             }
             if let Some(divergence) = inner.divergence.clone()
                 && let Some(period) = divergence.check.interval()
@@ -432,10 +459,28 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     ///
     /// [`Error::InformerStopped`] once the informer has stopped: the handler would never run.
     pub fn add_handler(&self, handler: impl EventHandler<K>) -> Result<HandlerRegistration, Error> {
-        self.register(handler)
+        self.register(handler, self.inner.resync)
     }
 
-    fn register(&self, handler: impl EventHandler<K>) -> Result<HandlerRegistration, Error> {
+    /// Registers a handler with a resync period of its own; see
+    /// [`SharedInformer::add_handler_with_resync`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InformerStopped`] once the informer has stopped.
+    pub fn add_handler_with_resync(
+        &self,
+        handler: impl EventHandler<K>,
+        period: Duration,
+    ) -> Result<HandlerRegistration, Error> {
+        self.register(handler, resync_period(period))
+    }
+
+    fn register(
+        &self,
+        handler: impl EventHandler<K>,
+        resync: Option<Duration>,
+    ) -> Result<HandlerRegistration, Error> {
         let mut lifecycle = lock(&self.inner.lifecycle);
         if matches!(*lifecycle, Lifecycle::Stopped) {
             return Err(Error::InformerStopped);
@@ -444,7 +489,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (synced_tx, synced_rx) = watch::channel(false);
         let own_token = CancellationToken::new();
-        let id = processor.add_listener(tx);
+        let id = processor.add_listener(tx, resync);
         let task = run_listener(Box::new(handler), rx, synced_tx, own_token.clone()).boxed();
         match &mut *lifecycle {
             Lifecycle::NotStarted { pending } => pending.push(task),
@@ -469,6 +514,13 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
             }),
         ))
     }
+}
+
+/// A handler's resync period as given: zero is none, and none is shorter than the minimum.
+fn resync_period(period: Duration) -> Option<Duration> {
+    Some(period)
+        .filter(|p| !p.is_zero())
+        .map(|p| p.max(MIN_RESYNC_PERIOD))
 }
 
 /// Runs `tick` every `period`, the first time one period from now, until `token` fires.

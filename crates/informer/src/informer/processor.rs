@@ -7,10 +7,14 @@ use std::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use kube_core::Resource;
-use tokio::sync::{mpsc, watch};
+use tokio::{
+    sync::{Notify, mpsc, watch},
+    time::Instant,
+};
 use tracing::debug;
 
 use super::handler::{DeletedFinalStateUnknown, DeletedObject, Notification};
@@ -30,6 +34,8 @@ pub(super) struct Processor<K> {
     /// The latest list/watch error that retrying cannot fix, until a list completes.
     permanent_error: PermanentError,
     next_id: AtomicU64,
+    /// Wakes the resync timer: a listener with a resync period was added.
+    pub(super) resync_changed: Notify,
 }
 
 /// Where the latest permanent list/watch error is published (see [`Error::permanent_copy`]).
@@ -55,6 +61,13 @@ struct Listener<K> {
     id: u64,
     tx: mpsc::UnboundedSender<Notification<K>>,
     initial_done: bool,
+    resync: Option<Resync>,
+}
+
+/// A listener's resync period, and when its next resync is due.
+struct Resync {
+    period: Duration,
+    next: Instant,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -87,22 +100,35 @@ fn same_version<K: Resource>(a: &K, b: &K) -> bool {
 }
 
 impl<K: Resource + Send + Sync + 'static> Processor<K> {
-    pub(super) fn resync(&self) {
+    /// Sends every cached object, as an update, to each listener whose resync is due at
+    /// `now` (not before the first sync), and schedules its next one. Returns when the
+    /// next resync of any listener is due; `None` if no listener has a period.
+    pub(super) fn resync_due(&self, now: Instant) -> Option<Instant> {
         let mut dist = lock(&self.dist);
-        if !dist.synced {
-            return;
+        let synced = dist.synced;
+        let mut objects: Option<Vec<Arc<K>>> = None;
+        let mut next_due = None;
+        for listener in &mut dist.listeners {
+            let Some(resync) = &mut listener.resync else {
+                continue;
+            };
+            if resync.next <= now {
+                if synced {
+                    let objects = objects.get_or_insert_with(|| self.store.list());
+                    debug!(listener = listener.id, objects = objects.len(), "resync");
+                    for object in objects.iter() {
+                        // A closed channel means the handler task ended (stopped or removed).
+                        let _ = listener.tx.send(Notification::Update {
+                            old: object.clone(),
+                            new: object.clone(),
+                        });
+                    }
+                }
+                resync.next = now + resync.period;
+            }
+            next_due = Some(next_due.map_or(resync.next, |due: Instant| due.min(resync.next)));
         }
-        let notes: Vec<_> = self
-            .store
-            .list()
-            .into_iter()
-            .map(|o| Notification::Update {
-                old: o.clone(),
-                new: o,
-            })
-            .collect();
-        debug!(objects = notes.len(), "resync");
-        Self::broadcast(&mut dist, &notes);
+        next_due
     }
 }
 
@@ -202,6 +228,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
             synced,
             permanent_error,
             next_id: AtomicU64::new(0),
+            resync_changed: Notify::new(),
         }
     }
 
@@ -209,7 +236,14 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
     /// add (also while the first list is still arriving: the rest of it follows as adds),
     /// then, once the informer has synced, the sync mark. All under the distributor's lock,
     /// so no event slips between the replay and the live events.
-    pub(super) fn add_listener(&self, tx: mpsc::UnboundedSender<Notification<K>>) -> u64 {
+    ///
+    /// With a `resync` period, the listener is sent every cached object as an update that
+    /// often (see [`resync_due`](Self::resync_due)).
+    pub(super) fn add_listener(
+        &self,
+        tx: mpsc::UnboundedSender<Notification<K>>,
+        resync: Option<Duration>,
+    ) -> u64 {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut dist = lock(&self.dist);
         let initial_done = dist.synced;
@@ -219,11 +253,21 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         if initial_done {
             let _ = tx.send(Notification::Synced);
         }
+        let resync = resync.map(|period| Resync {
+            period,
+            next: Instant::now() + period,
+        });
+        let wake = resync.is_some();
         dist.listeners.push(Listener {
             id,
             tx,
             initial_done,
+            resync,
         });
+        drop(dist);
+        if wake {
+            self.resync_changed.notify_one();
+        }
         id
     }
 
