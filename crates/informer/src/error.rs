@@ -358,6 +358,15 @@ impl Error {
     }
 }
 
+/// What a caught panic said, when it said it in text.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-string panic payload")
+}
+
 /// client-go's `isTooLargeResourceVersionError`: a timeout (504) whose cause is
 /// `ResourceVersionTooLarge`, or the message older servers send without the cause.
 fn is_too_large_status(status: &Status) -> bool {

@@ -1,7 +1,6 @@
 //! The workers: take a key, call the sync function, apply the error rule.
 
 use std::{
-    any::Any,
     fmt,
     future::Future,
     panic::AssertUnwindSafe,
@@ -15,7 +14,7 @@ use futures::FutureExt;
 use tracing::{debug, error, warn};
 
 use super::config::ControllerConfig;
-use crate::{key::ObjectKey, workqueue::RateLimitingQueue};
+use crate::{error::panic_message, key::ObjectKey, workqueue::RateLimitingQueue};
 
 /// Counts of what a controller's workers did, readable while it runs.
 #[derive(Debug, Default)]
@@ -113,12 +112,4 @@ fn handle_failure(
             queue.add_rate_limited(key.clone());
         }
     }
-}
-
-fn panic_message(panic: &(dyn Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a non-string panic payload")
 }

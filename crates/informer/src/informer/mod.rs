@@ -407,9 +407,6 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     ///
     /// The permanent error, e.g. [`Error::Forbidden`] naming the resource, verb and namespace.
     pub async fn wait_synced_or_fatal(&self) -> Result<(), Error> {
-        if self.has_synced() {
-            return Ok(());
-        }
         let mut errors = self.inner.permanent_error.clone();
         // An error from before this call counts too (a complete list clears it).
         errors.mark_changed();

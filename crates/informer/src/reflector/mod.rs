@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::{
-    error::{Error, StreamingRefusal, Verb},
+    error::{Error, StreamingRefusal, Verb, panic_message},
     key::ObjectKey,
     list_watch::{ListWatch, Undecodable},
     store::{TransformFn, Writer},
@@ -361,11 +361,7 @@ where
         match AssertUnwindSafe(step).catch_unwind().await {
             Ok(done) => Ok(done),
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "a panic with a non-string payload".to_owned());
+                let message = panic_message(&*panic).to_owned();
                 error!(%message, "panic while listing or watching; relisting after a backoff");
                 self.report(&Error::Panicked {
                     resource: self.resource.clone(),
