@@ -50,6 +50,25 @@ async fn until(what: &str, mut condition: impl FnMut() -> bool) {
 struct HeldPages {
     fake: Fake,
     permits: Arc<Semaphore>,
+    /// Later pages asked for so far (served or held).
+    asked: Arc<AtomicUsize>,
+}
+
+impl HeldPages {
+    fn new(fake: &Fake, permits: usize) -> Self {
+        Self {
+            fake: fake.clone(),
+            permits: Arc::new(Semaphore::new(permits)),
+            asked: Arc::default(),
+        }
+    }
+
+    async fn hold(&self, options: &ListOptions) {
+        if options.continue_token.is_some() {
+            self.asked.fetch_add(1, Ordering::SeqCst);
+            self.permits.acquire().await.expect("open").forget();
+        }
+    }
 }
 
 impl ListWatch<ConfigMap> for HeldPages {
@@ -58,16 +77,12 @@ impl ListWatch<ConfigMap> for HeldPages {
     }
 
     async fn list(&self, options: &ListOptions) -> Result<ListPage<ConfigMap>, Error> {
-        if options.continue_token.is_some() {
-            self.permits.acquire().await.expect("open").forget();
-        }
+        self.hold(options).await;
         self.fake.list(options).await
     }
 
     async fn list_stream(&self, options: &ListOptions) -> Result<ListStream<ConfigMap>, Error> {
-        if options.continue_token.is_some() {
-            self.permits.acquire().await.expect("open").forget();
-        }
+        self.hold(options).await;
         self.fake.list_stream(options).await
     }
 
@@ -82,10 +97,7 @@ async fn a_handler_added_while_the_first_list_arrives_gets_every_object() {
     for i in 0..1000 {
         fake.add(cm(&format!("o{i:04}")));
     }
-    let held = HeldPages {
-        fake: fake.clone(),
-        permits: Arc::new(Semaphore::new(0)),
-    };
+    let held = HeldPages::new(&fake, 0);
     let informer = SharedInformer::builder(held.clone())
         .paged_list()
         .page_size(500)
@@ -473,5 +485,118 @@ async fn each_handler_resyncs_at_its_own_period() {
         "every 7 s, independently of the other handlers"
     );
     assert!(none.try_recv().is_err(), "no period, no resync");
+    informer.stop().await;
+}
+
+/// What a handler saw: the event, and the store as the handler read it then.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    event: &'static str,
+    name: String,
+    store_len: usize,
+    store_holds_deleted: bool,
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relist_is_applied_atomically_and_its_events_follow_in_a_documented_order() {
+    let fake = Fake::new("configmaps");
+    for i in 0..1000 {
+        fake.add(cm(&format!("o{i:04}")));
+    }
+    let held = HeldPages::new(&fake, 1);
+    let informer = SharedInformer::builder(held.clone())
+        .paged_list()
+        .page_size(500)
+        .build();
+    let store = informer.store();
+    let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
+    let record = |event: &'static str| {
+        let (seen, store) = (seen.clone(), store.clone());
+        move |o: &ConfigMap| {
+            seen.lock().unwrap().push(Seen {
+                event,
+                name: o.metadata.name.clone().unwrap(),
+                store_len: store.len(),
+                store_holds_deleted: store.contains_key("ns/o0999"),
+            })
+        }
+    };
+    let (on_add, on_update, on_delete) = (record("add"), record("update"), record("delete"));
+    informer.add_handler(
+        handler_fn()
+            .on_add(move |o: &Arc<ConfigMap>, initial| {
+                if !initial {
+                    on_add(o)
+                }
+            })
+            .on_update(move |_, new: &Arc<ConfigMap>| on_update(new))
+            .on_delete(move |d| on_delete(d.object())),
+    );
+    let informer = informer.spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    fake.wait_for_calls(|c| c.watches == 1).await;
+
+    // Changes the watch never tells of, then a lost event: the informer must relist.
+    fake.set_broadcast(false);
+    let mut changed = cm("o0000");
+    changed.data = Some([("v".to_owned(), "2".to_owned())].into());
+    fake.update(changed);
+    fake.add(cm("a-new"));
+    fake.delete(Some("ns"), "o0999");
+    let before: Vec<_> = {
+        let mut v: Vec<_> = store
+            .list()
+            .iter()
+            .map(|o| (o.metadata.name.clone(), o.metadata.resource_version.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    fake.inject(Err(decode_error("configmaps", Verb::Watch)));
+    // The relist's first page is in (its second is asked for, and held back).
+    until("the relist's second page asked for", || {
+        held.asked.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    let during: Vec<_> = {
+        let mut v: Vec<_> = store
+            .list()
+            .iter()
+            .map(|o| (o.metadata.name.clone(), o.metadata.resource_version.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    let mixed = during.iter().filter(|o| !before.contains(o)).count();
+    assert!(
+        during == before,
+        "half a relist is not visible: {mixed} of {} objects at new versions",
+        during.len()
+    );
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "no event before the relist is whole"
+    );
+
+    held.permits.add_permits(1);
+    until("the relist's three events", || {
+        seen.lock().unwrap().len() == 3
+    })
+    .await;
+    let whole = |event, name: &str| Seen {
+        event,
+        name: name.to_owned(),
+        store_len: 1000,
+        store_holds_deleted: false,
+    };
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            whole("delete", "o0999"),
+            whole("add", "a-new"),
+            whole("update", "o0000"),
+        ],
+        "deletes first, then adds and updates in list order, each reading the whole new list"
+    );
     informer.stop().await;
 }

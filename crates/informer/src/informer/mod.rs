@@ -58,11 +58,18 @@ pub use sync::{HasSynced, wait_for_cache_sync};
 /// handler sees events in store order, and a handler reading the store from a callback sees
 /// at least the state of the event it was given.
 ///
-/// * A full list is compared with the cache object by object as it arrives: new objects are
-///   adds (`is_initial_list` on the first list), objects with a different resourceVersion
-///   are updates, unchanged ones (same resourceVersion) emit nothing; once the list is
-///   complete ([`finish_list`](crate::ReflectorStore::finish_list)), vanished objects are
-///   deletes carrying a tombstone ([`DeletedObject::FinalStateUnknown`](crate::DeletedObject)).
+/// * The **first list** fills the store as it arrives, each object an add with
+///   `is_initial_list` set; once it is complete, the informer is synced.
+/// * **Every later list** (after a 410 Gone, a failed watch, a repair) is applied
+///   **atomically**, as client-go's is since 1.36: while it arrives the store keeps the
+///   previous state (only the objects that changed are staged); at its end, one write
+///   swaps it in, and only then are its events sent, in this order: first the deletes of
+///   objects it no longer holds, each carrying a tombstone
+///   ([`DeletedObject::FinalStateUnknown`](crate::DeletedObject)); then the adds (new
+///   objects) and updates (a different resourceVersion), in the order the server listed
+///   them. Unchanged objects (same resourceVersion) emit nothing. A reader never sees two
+///   lists mixed, a handler called for any of these events reads the whole new list from
+///   the store, and a relist that fails part-way changes nothing.
 /// * Each handler has its own unbounded buffer and task (see [`EventHandler`]); a handler
 ///   added after the first list first receives the cached objects as initial adds.
 /// * An optional resync period re-delivers every cached object as `on_update(obj, obj)`.

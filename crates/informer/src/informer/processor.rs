@@ -2,7 +2,7 @@
 //! the resulting notifications out to every handler's buffer, under one lock.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{
         Arc, Mutex, MutexGuard, PoisonError,
         atomic::{AtomicU64, Ordering},
@@ -23,7 +23,7 @@ use crate::{
     key::ObjectKey,
     list_watch::ObjectVersion,
     reflector::ReflectorStore,
-    store::{IndexFn, Writer},
+    store::{IndexFn, StoreChange, Writer},
 };
 
 /// Applies the reflector's writes to the store and fans notifications out to handlers.
@@ -92,13 +92,6 @@ impl<K> Processor<K> {
     }
 }
 
-fn same_version<K: Resource>(a: &K, b: &K) -> bool {
-    match (&a.meta().resource_version, &b.meta().resource_version) {
-        (Some(x), Some(y)) => x == y,
-        _ => false,
-    }
-}
-
 impl<K: Resource + Send + Sync + 'static> Processor<K> {
     /// Sends every cached object, as an update, to each listener whose resync is due at
     /// `now` (not before the first sync), and schedules its next one. Returns when the
@@ -147,26 +140,55 @@ impl<K: Resource + Send + Sync + 'static> Sink<K> {
     }
 }
 
+impl<K> Sink<K> {
+    /// The notification for a change of the store.
+    fn notification(dist: &Distributor<K>, change: StoreChange<K>) -> Notification<K> {
+        match change {
+            StoreChange::Added(obj) => Notification::Add {
+                obj,
+                // Objects of the first list are added before the first sync.
+                initial: !dist.synced,
+            },
+            StoreChange::Updated { old, new } => Notification::Update { old, new },
+            StoreChange::Deleted { key, last_known } => {
+                Notification::Delete(DeletedObject::FinalStateUnknown(DeletedFinalStateUnknown {
+                    key,
+                    last_known,
+                }))
+            }
+        }
+    }
+}
+
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
     fn start_list(&self) {
-        lock(&self.0.dist).applied = Applied::Listing;
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        dist.applied = Applied::Listing;
+        p.store.start_list();
+    }
+
+    fn list_object(&self, key: ObjectKey, object: Arc<K>) {
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        if let Some(change) = p.store.list_object(key, object) {
+            let note = Self::notification(&dist, change);
+            Processor::broadcast(&mut dist, &[note]);
+        }
+    }
+
+    fn list_undecodable(&self, key: ObjectKey) {
+        self.0.store.list_undecodable(key);
     }
 
     fn upsert(&self, key: ObjectKey, object: Arc<K>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         dist.applied.advance(&*object);
-        let note = match p.store.insert_keyed(key, object.clone()) {
-            None => Notification::Add {
-                obj: object,
-                // Objects of the first list arrive here before the first sync.
-                initial: !dist.synced,
-            },
-            // A relisted object that did not change.
-            Some(old) if same_version(&*old, &*object) => return,
-            Some(old) => Notification::Update { old, new: object },
-        };
-        Processor::broadcast(&mut dist, &[note]);
+        if let Some(change) = p.store.upsert(key, object) {
+            let note = Self::notification(&dist, change);
+            Processor::broadcast(&mut dist, &[note]);
+        }
     }
 
     fn bookmark(&self, resource_version: &str) {
@@ -175,20 +197,16 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         }
     }
 
-    fn finish_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str) {
+    fn finish_list(&self, resource_version: &str) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         dist.applied = Applied::Version(resource_version.to_owned());
-        let notes: Vec<_> =
-            p.store
-                .retain_keys(listed)
-                .into_iter()
-                .map(|(key, last_known)| {
-                    Notification::Delete(DeletedObject::FinalStateUnknown(
-                        DeletedFinalStateUnknown { key, last_known },
-                    ))
-                })
-                .collect();
+        let notes: Vec<_> = p
+            .store
+            .finish_list()
+            .into_iter()
+            .map(|change| Self::notification(&dist, change))
+            .collect();
         Processor::broadcast(&mut dist, &notes);
         Self::mark_synced(p, &mut dist);
         // A complete list heals whatever permanent error came before it.

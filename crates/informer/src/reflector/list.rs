@@ -1,7 +1,5 @@
 //! The paged list step: every page of a full list, streamed into the store.
 
-use std::collections::HashSet;
-
 use futures::StreamExt;
 use kube_core::Resource;
 use tokio::time::Instant;
@@ -39,7 +37,7 @@ where
             resource_version,
             version_match,
         };
-        let mut listed = HashSet::new();
+        let mut listed = 0usize;
         let mut pages = 0usize;
         self.store.start_list();
         let list_rv = loop {
@@ -50,8 +48,8 @@ where
                 match item? {
                     ListItem::Object(obj) => match self.prepare(obj) {
                         Ok((key, obj)) => {
-                            listed.insert(key.clone());
-                            self.store.upsert(key, obj);
+                            listed += 1;
+                            self.store.list_object(key, obj);
                         }
                         Err(_) => self.report(&Error::MalformedEvent {
                             resource: self.resource.clone(),
@@ -61,7 +59,8 @@ where
                     // Listed, so not gone: its last good state stays in the store.
                     ListItem::Undecodable(undecodable) => {
                         self.report(&self.undecodable(Verb::List, &undecodable));
-                        listed.insert(undecodable.key);
+                        listed += 1;
+                        self.store.list_undecodable(undecodable.key);
                     }
                     ListItem::End {
                         resource_version,
@@ -88,11 +87,11 @@ where
                 None => break page_rv,
             }
         };
-        self.store.finish_list(&listed, &list_rv);
+        self.store.finish_list(&list_rv);
         self.synced.set(&list_rv);
         info!(
             rv = %list_rv,
-            objects = listed.len(),
+            objects = listed,
             pages,
             elapsed_ms = started.elapsed().as_millis() as u64,
             "listed"

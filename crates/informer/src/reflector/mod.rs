@@ -7,7 +7,6 @@ mod state;
 mod watch;
 
 use std::{
-    collections::HashSet,
     future::Future,
     panic::AssertUnwindSafe,
     sync::{Arc, PoisonError, RwLock},
@@ -34,14 +33,21 @@ use watch::StreamingList;
 /// Where a [`Reflector`] writes (client-go's reflector store: `Add`/`Update`, `Delete`,
 /// `Replace`). Implemented by a store's writer and by the shared informer's event processor.
 ///
-/// A full list arrives as one [`upsert`](Self::upsert) per listed object, as the objects
-/// are decoded, followed by [`finish_list`](Self::finish_list) with the keys listed: objects
-/// whose resourceVersion did not change should produce no event.
+/// A full list arrives as [`start_list`](Self::start_list), one
+/// [`list_object`](Self::list_object) per listed object as the objects are decoded, and
+/// [`finish_list`](Self::finish_list); a list that fails part-way is followed by another
+/// `start_list`. Watch events arrive as [`upsert`](Self::upsert),
+/// [`delete`](Self::delete) and [`bookmark`](Self::bookmark). Objects whose
+/// resourceVersion did not change should produce no event.
 pub trait ReflectorStore<K>: Send + Sync + 'static {
-    /// A full list begins: until [`finish_list`](Self::finish_list), the store holds a mix
-    /// of the old state and the new.
-    fn start_list(&self) {}
-    /// An object was added or modified, or listed.
+    /// A full list begins; one in progress, if any, was abandoned.
+    fn start_list(&self);
+    /// An object of the full list in progress.
+    fn list_object(&self, key: ObjectKey, object: Arc<K>);
+    /// An object of the full list in progress that did not decode: it exists, and keeps
+    /// its last good state.
+    fn list_undecodable(&self, key: ObjectKey);
+    /// An object was added or modified.
     fn upsert(&self, key: ObjectKey, object: Arc<K>);
     /// An object was deleted; `object` is its last state.
     fn delete(&self, key: ObjectKey, object: Arc<K>);
@@ -50,12 +56,26 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     fn bookmark(&self, resource_version: &str) {
         let _ = resource_version;
     }
-    /// A full list at `resource_version` is complete: its objects went to
-    /// [`upsert`](Self::upsert); every object whose key is not in `listed` is gone.
-    fn finish_list(&self, listed: &HashSet<ObjectKey>, resource_version: &str);
+    /// The full list in progress is complete, at `resource_version`: every object it did
+    /// not list is gone.
+    fn finish_list(&self, resource_version: &str);
 }
 
+/// A store written directly: the first list fills it as it arrives, later ones are swapped
+/// in whole (see [`Writer`]).
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
+    fn start_list(&self) {
+        Writer::start_list(self);
+    }
+
+    fn list_object(&self, key: ObjectKey, object: Arc<K>) {
+        Writer::list_object(self, key, object);
+    }
+
+    fn list_undecodable(&self, key: ObjectKey) {
+        Writer::list_undecodable(self, key);
+    }
+
     fn upsert(&self, key: ObjectKey, object: Arc<K>) {
         self.insert_keyed(key, object);
     }
@@ -64,8 +84,8 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
         self.remove(key);
     }
 
-    fn finish_list(&self, listed: &HashSet<ObjectKey>, _resource_version: &str) {
-        self.retain_keys(listed);
+    fn finish_list(&self, _resource_version: &str) {
+        Writer::finish_list(self);
     }
 }
 
@@ -180,7 +200,10 @@ impl SyncedVersion {
 ///    ([`ListWatch::list_stream`]): objects go to the store as they are decoded, while the
 ///    server is still sending, and nothing holds a whole page; when the last page is in,
 ///    objects that were not listed are removed ([`finish_list`](ReflectorStore::finish_list)).
-///    As with client-go's `DeltaFIFO`, readers may see a relist half applied.
+///    A relist is applied atomically, as client-go's (1.36) is: the store writes it in
+///    one step at its end (see [`ReflectorStore`] and the
+///    [informer's event order](crate::SharedInformer)), so readers never see two lists
+///    mixed, and a relist that fails part-way leaves the store as it was.
 ///
 ///    With [`ListMode::Streaming`] the list is a *streaming list* instead (client-go's
 ///    watch-list): one watch with `sendInitialEvents=true` delivers the current objects as

@@ -1,7 +1,7 @@
 //! The watch step: one watch call, its events applied to the store, and how it ended. A
 //! streaming list is a watch too: its first events are the current state.
 
-use std::{collections::HashSet, time::Duration};
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube_core::Resource;
@@ -16,7 +16,6 @@ use super::{
 };
 use crate::{
     error::{Error, StreamingRefusal, Verb},
-    key::ObjectKey,
     list_watch::{Change, ListWatch, WatchEvent, WatchOptions},
 };
 
@@ -29,9 +28,9 @@ pub(super) enum StreamingList {
     No,
 }
 
-/// The initial phase of a streaming list: the keys seen so far.
+/// The initial phase of a streaming list: how many objects it sent so far.
 struct InitialPhase {
-    listed: HashSet<ObjectKey>,
+    listed: usize,
     started: Instant,
 }
 
@@ -85,7 +84,7 @@ where
             StreamingList::Yes => {
                 self.store.start_list();
                 Some(InitialPhase {
-                    listed: HashSet::new(),
+                    listed: 0,
                     started: Instant::now(),
                 })
             }
@@ -212,10 +211,10 @@ where
                     initial_events_end,
                 } => {
                     if initial_events_end && let Some(phase) = initial.take() {
-                        self.store.finish_list(&phase.listed, &resource_version);
+                        self.store.finish_list(&resource_version);
                         info!(
                             rv = %resource_version,
-                            objects = phase.listed.len(),
+                            objects = phase.listed,
                             elapsed_ms = phase.started.elapsed().as_millis() as u64,
                             "streamed list"
                         );
@@ -250,7 +249,8 @@ where
                     self.report(&self.undecodable(Verb::Watch, &object));
                     match initial.as_mut() {
                         Some(phase) => {
-                            phase.listed.insert(object.key);
+                            phase.listed += 1;
+                            self.store.list_undecodable(object.key);
                         }
                         None => {
                             if let Some(rv) = object.resource_version.filter(|rv| !rv.is_empty()) {
@@ -273,17 +273,14 @@ where
                     return WatchEnd::Failed { error, events };
                 }
             };
-            if let Some(phase) = initial.as_mut() {
-                if deleted {
-                    phase.listed.remove(&key);
-                } else {
-                    phase.listed.insert(key.clone());
+            match (initial.as_mut(), deleted) {
+                // Only `ADDED`s come before the end bookmark (checked above).
+                (Some(phase), _) => {
+                    phase.listed += 1;
+                    self.store.list_object(key, obj);
                 }
-            }
-            if deleted {
-                self.store.delete(key, obj);
-            } else {
-                self.store.upsert(key, obj);
+                (None, true) => self.store.delete(key, obj),
+                (None, false) => self.store.upsert(key, obj),
             }
             // During a streaming list the objects' versions are not in order; only the
             // end bookmark says which version the whole state has.

@@ -16,6 +16,7 @@ use tracing::{error, warn};
 mod codec;
 mod index;
 mod lister;
+mod relist;
 mod selector;
 
 use crate::{error::Error, key::ObjectKey};
@@ -24,6 +25,7 @@ pub use codec::{Codec, JsonCodec};
 use index::{Index, IndexValues, apply_change, compute_values};
 pub use index::{IndexFn, NAMESPACE_INDEX, label_index, namespace_index, owner_uid_index};
 pub use lister::Lister;
+pub(crate) use relist::StoreChange;
 pub use selector::{Operator, Requirement, Selector, SelectorError};
 
 /// A transform applied to every object before it is stored (and before handlers see it).
@@ -121,17 +123,35 @@ struct State<K> {
     indexes: Vec<Index>,
 }
 
-/// One stored object: shared as decoded, or encoded by the store's codec.
+/// One stored object: shared as decoded, or encoded by the store's codec (with its
+/// resourceVersion beside the bytes, so a relist can tell an unchanged object without
+/// decoding it).
 enum Slot<K> {
     Object(Arc<K>),
-    Packed(Arc<[u8]>),
+    Packed {
+        bytes: Arc<[u8]>,
+        version: Option<Arc<str>>,
+    },
 }
 
 impl<K> Clone for Slot<K> {
     fn clone(&self) -> Self {
         match self {
             Slot::Object(o) => Slot::Object(o.clone()),
-            Slot::Packed(b) => Slot::Packed(b.clone()),
+            Slot::Packed { bytes, version } => Slot::Packed {
+                bytes: bytes.clone(),
+                version: version.clone(),
+            },
+        }
+    }
+}
+
+impl<K: Resource> Slot<K> {
+    /// The stored object's resourceVersion.
+    fn version(&self) -> Option<&str> {
+        match self {
+            Slot::Object(o) => o.meta().resource_version.as_deref(),
+            Slot::Packed { version, .. } => version.as_deref(),
         }
     }
 }
@@ -180,17 +200,30 @@ impl<K> Store<K> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The slot to keep for `obj`: encoded in a compact store, unless encoding fails.
-    fn pack(&self, key: &ObjectKey, obj: Arc<K>) -> Slot<K> {
+    /// The slot to keep for `obj`: encoded in a compact store, unless its bytes do not
+    /// decode back. Checking each encoding once here is what lets every read of a compact
+    /// store return what `len` and the indexes count.
+    fn pack(&self, key: &ObjectKey, obj: Arc<K>) -> Slot<K>
+    where
+        K: Resource,
+    {
         let Some(codec) = &self.shared.codec else {
             return Slot::Object(obj);
         };
-        match codec.encode(&obj) {
-            Ok(bytes) => Slot::Packed(bytes.into()),
+        let bytes = match codec.encode(&obj) {
+            Ok(bytes) => bytes,
             Err(err) => {
                 warn!(%key, %err, "object does not encode; keeping it decoded");
-                Slot::Object(obj)
+                return Slot::Object(obj);
             }
+        };
+        if let Err(err) = codec.decode(&bytes) {
+            warn!(%key, %err, "object's encoding does not decode; keeping it decoded");
+            return Slot::Object(obj);
+        }
+        Slot::Packed {
+            version: obj.meta().resource_version.as_deref().map(Arc::from),
+            bytes: bytes.into(),
         }
     }
 
@@ -198,14 +231,14 @@ impl<K> Store<K> {
     fn unpack(&self, key: &ObjectKey, slot: Slot<K>) -> Option<Arc<K>> {
         match (slot, &self.shared.codec) {
             (Slot::Object(obj), _) => Some(obj),
-            (Slot::Packed(bytes), Some(codec)) => match codec.decode(&bytes) {
+            (Slot::Packed { bytes, .. }, Some(codec)) => match codec.decode(&bytes) {
                 Ok(obj) => Some(Arc::new(obj)),
                 Err(err) => {
                     error!(%key, %err, "stored object does not decode; the codec does not round-trip");
                     None
                 }
             },
-            (Slot::Packed(_), None) => None,
+            (Slot::Packed { .. }, None) => None,
         }
     }
 
@@ -358,6 +391,8 @@ fn find<'a>(indexes: &'a [Index], name: &str) -> Result<&'a Index, Error> {
 /// which keeps every write of an informer's cache in its event processor.
 pub struct Writer<K> {
     store: Store<K>,
+    /// The full list being written, if any (see [`Writer::start_list`]).
+    list: Mutex<relist::ListProgress<K>>,
 }
 
 impl<K> Deref for Writer<K> {
@@ -431,7 +466,10 @@ impl<K: Resource> Writer<K> {
                 codec,
             }),
         };
-        Self { store }
+        Self {
+            store,
+            list: Mutex::default(),
+        }
     }
 
     /// A read-only handle on this store.
@@ -758,18 +796,23 @@ mod tests {
     }
 
     #[test]
-    fn undecodable_bytes_leave_no_stale_index_entries() {
+    fn an_object_whose_encoding_does_not_decode_is_kept_decoded() {
         let store = Writer::<ConfigMap>::with_codec(Arc::new(Broken));
         store.add_indexer("app", label_index("app")).unwrap();
-        store.insert(cm("a", "x", "web")).unwrap();
-        assert!(
-            store.get_by_key("a/x").is_none(),
-            "undecodable: not returned"
+        let web = cm("a", "x", "web");
+        store.insert(web.clone()).unwrap();
+        assert_eq!(store.len(), 1);
+        assert_eq!(
+            store.get_by_key("a/x"),
+            Some(web),
+            "what len counts, get returns"
         );
-        assert_eq!(store.index_keys("app", "web").unwrap().len(), 1);
+        assert_eq!(store.by_index("app", "web").unwrap().len(), 1);
+        assert_eq!(store.list().len(), 1);
+        store.check_invariants().unwrap();
         store.insert(cm("a", "x", "db")).unwrap();
         assert!(store.index_keys("app", "web").unwrap().is_empty());
-        assert_eq!(store.index_keys("app", "db").unwrap().len(), 1);
+        assert_eq!(store.by_index("app", "db").unwrap().len(), 1);
         store.remove("a/x");
         assert!(store.index_keys("app", "db").unwrap().is_empty());
         assert!(store.is_empty());
