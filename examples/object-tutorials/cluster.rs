@@ -67,7 +67,8 @@ impl Cluster {
                 "no cluster configured: pass --kubeconfig, set KUBECONFIG, or run with --demo to start a local control plane",
             )?,
         };
-        Ok(Client::try_from(config)?)
+        // HTTP/2 with pings, as client-go talks: a stalled connection is found in seconds.
+        Ok(kube_informer::client(config)?)
     }
 }
 

@@ -26,10 +26,18 @@ async fn main() -> ExitCode {
         };
     }
     examples::init_tracing();
-    let client = match kube_client::Client::try_default().await {
-        Ok(client) => client,
+    let config = match kube_client::Config::infer().await {
+        Ok(config) => config,
         Err(err) => {
             tracing::error!(error = %err, "no Kubernetes configuration (in-cluster or KUBECONFIG)");
+            return ExitCode::FAILURE;
+        }
+    };
+    // HTTP/2 with pings: a stalled connection to the API server is found in seconds.
+    let client = match kube_informer::client(config) {
+        Ok(client) => client,
+        Err(err) => {
+            tracing::error!(error = %err, "unusable Kubernetes configuration");
             return ExitCode::FAILURE;
         }
     };

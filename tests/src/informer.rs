@@ -121,6 +121,8 @@ pub struct SeenError {
     pub decode: Option<(String, Verb)>,
     /// The key of an [`Error::UndecodableObject`].
     pub undecodable: Option<String>,
+    /// An [`Error::IdleTimeout`]: a watch silent for too long.
+    pub idle: bool,
 }
 
 /// Every error an [`error_log`]'s hook received, in order.
@@ -143,6 +145,7 @@ pub fn error_log() -> (ErrorLog, impl Fn(&Error) + Send + Sync + 'static) {
                 Error::UndecodableObject { key, .. } => Some(key.clone()),
                 _ => None,
             },
+            idle: matches!(e, Error::IdleTimeout { .. }),
         };
         hook_log.send_modify(|v| v.push(seen));
     };

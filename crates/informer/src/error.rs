@@ -159,6 +159,10 @@ pub enum Error {
         detail: String,
     },
 
+    /// The API client could not be built from its configuration (TLS, authentication).
+    #[error("cannot build the API client: {0}")]
+    Client(#[source] BoxError),
+
     /// An object has no `metadata.name`, so it has no key.
     #[error("object has no metadata.name")]
     MissingName,

@@ -21,6 +21,7 @@
 //! - [`Controller`]: the worker loop that ties an informer to a workqueue of keys;
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`).
 
+mod client;
 mod controller;
 mod error;
 mod informer;
@@ -36,6 +37,7 @@ mod store;
 pub mod testing;
 pub mod workqueue;
 
+pub use client::{KeepAlive, client, client_with};
 pub use controller::{Controller, ControllerConfig, ControllerStats, DroppedHook};
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{

@@ -19,12 +19,14 @@ use tests::{
 };
 
 /// A network fault, and how it is lifted.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Fault {
     /// The API server unreachable: connections refused.
     Cut,
     /// Every connection reset.
     Reset,
+    /// Every connection silently stalled: no byte passes, none is closed.
+    Stall,
 }
 
 impl Fault {
@@ -32,13 +34,14 @@ impl Fault {
         match self {
             Fault::Cut => proxy.cut().await,
             Fault::Reset => proxy.reset_connections().await,
+            Fault::Stall => proxy.stall().await,
         }
     }
 
     async fn lift(self, proxy: &FaultProxy) -> kube_testenv::Result<()> {
         match self {
             Fault::Cut => proxy.restore().await,
-            Fault::Reset => proxy.clear().await,
+            Fault::Reset | Fault::Stall => proxy.clear().await,
         }
     }
 }
@@ -61,7 +64,8 @@ async fn survives(prefix: &str, fault: Fault) {
     let proxy = within("the fault proxy", FaultProxy::for_apiserver(env))
         .await
         .unwrap();
-    let through = env.client_via(&proxy).await.unwrap();
+    // The informer's own client: HTTP/2, whose pings find a stalled connection.
+    let through = kube_informer::client(env.config_via(&proxy).await.unwrap()).unwrap();
     let (errors, hook) = error_log();
     let informer = SharedInformer::builder(Api::<ConfigMap>::namespaced(through, &namespace))
         .backoff(BackoffConfig {
@@ -93,8 +97,14 @@ async fn survives(prefix: &str, fault: Fault) {
         .await
         .unwrap();
     // Lifted once the informer has felt it: a reset connection shows when the server
-    // next sends on it, which these changes make it do.
+    // next sends on it, which these changes make it do; a stalled one, when a ping goes
+    // unanswered (long before a silent watch's idle timeout).
     wait_errors(&errors, "the informer to feel the fault", |e| !e.is_empty()).await;
+    let felt = errors.borrow()[0].clone();
+    assert!(
+        !felt.idle,
+        "felt by the connection, not the idle timeout: {felt:?}"
+    );
     fault.lift(&proxy).await.unwrap();
 
     let mut seen = Vec::new();
@@ -137,4 +147,9 @@ async fn the_api_server_unreachable_for_a_while() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_connection_reset() {
     survives("net-reset", Fault::Reset).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_connection_silently_stalled() {
+    survives("net-stall", Fault::Stall).await;
 }

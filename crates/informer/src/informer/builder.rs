@@ -109,7 +109,7 @@ where
         self
     }
 
-    /// Reconnect a watch silent for this long (5 min).
+    /// Reconnect a watch silent for this long (2 min).
     #[must_use]
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.config.idle_timeout = timeout;

@@ -118,7 +118,9 @@ pub struct ReflectorConfig {
     /// (5 min, so 5–10 min).
     pub min_watch_timeout: Duration,
     /// A watch that delivers nothing, not even a bookmark, for this long is reconnected
-    /// (5 min). Servers send bookmarks about once a minute; keep this well above that.
+    /// (2 min). Servers send bookmarks about once a minute, so this is twice that: the
+    /// backstop for a stalled connection on a client without pings (kube-client's
+    /// default); [`client`](crate::client) finds one by its HTTP/2 pings in seconds.
     pub idle_timeout: Duration,
     /// A streaming list whose initial events pause for this long before their end bookmark
     /// is taken for an ordinary watch from a server that ignored `sendInitialEvents`
@@ -134,7 +136,7 @@ impl Default for ReflectorConfig {
             list_mode: ListMode::default(),
             page_size: 500,
             min_watch_timeout: Duration::from_secs(300),
-            idle_timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(120),
             initial_events_timeout: Duration::from_secs(30),
             backoff: BackoffConfig::default(),
         }

@@ -1,0 +1,154 @@
+//! An API client for informers that finds a dead connection in seconds.
+//!
+//! kube-client's default client speaks HTTP/1.1, one connection per watch, and notices a
+//! connection that silently stopped carrying bytes (a load balancer that forgot the flow,
+//! a peer gone behind a silent network) only when the watch's own idle timeout runs out.
+//! [`client`] builds the same stack (kube-client's TLS configuration, authentication,
+//! base URI and headers) on HTTP/2 with keep-alive pings, as client-go does: every request
+//! and watch shares one connection per API server, and a ping that goes unanswered closes
+//! it, so each watch on it ends with an error and reconnects at once.
+
+use std::time::Duration;
+
+use hyper_util::{
+    client::legacy::{Client as HyperClient, connect::HttpConnector},
+    rt::{TokioExecutor, TokioTimer},
+};
+use kube_client::{Client, Config, client::ConfigExt};
+use tower::ServiceBuilder;
+use tracing::warn;
+
+use crate::error::{BoxError, Error};
+
+/// When an HTTP/2 connection is pinged, and how long an answer may take.
+///
+/// The defaults find a dead connection within 25 s (client-go: within 45 s, a ping after
+/// 30 s of silence and 15 s for its answer). A ping is a few bytes, sent only on a
+/// connection that has been silent for [`idle`](Self::idle).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// A connection that received nothing for this long is pinged (15 s).
+    pub idle: Duration,
+    /// A ping unanswered for this long closes the connection (10 s), ending every request
+    /// and watch on it with an error.
+    pub timeout: Duration,
+}
+
+impl Default for KeepAlive {
+    fn default() -> Self {
+        Self {
+            idle: Duration::from_secs(15),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A client for `config` on HTTP/2 with the default [`KeepAlive`] pings.
+///
+/// Use it for the `Api`s informers watch through: a stalled connection is then found by
+/// its pings, in seconds, instead of by the reflector's idle timeout
+/// ([`ReflectorConfig::idle_timeout`](crate::ReflectorConfig::idle_timeout)). A server
+/// that offers no HTTP/2 (no TLS, or no `h2` in its ALPN) is spoken to over HTTP/1.1, and
+/// a configured proxy (`proxy-url`) gets kube-client's own client, both without pings.
+///
+/// ```no_run
+/// use k8s_openapi::api::core::v1::Pod;
+/// use kube_client::{Api, Config};
+/// use kube_informer::SharedInformer;
+///
+/// # async fn doc() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = kube_informer::client(Config::infer().await?)?;
+/// let informer = SharedInformer::new(Api::<Pod>::all(client));
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`Error::Client`] when the configuration's TLS or authentication settings are unusable
+/// (unreadable certificates, an invalid `tls-server-name`, ...).
+pub fn client(config: Config) -> Result<Client, Error> {
+    client_with(config, KeepAlive::default())
+}
+
+/// A client for `config` on HTTP/2, pinged as `keep_alive` says (see [`client`]).
+///
+/// # Errors
+///
+/// [`Error::Client`], as for [`client`].
+pub fn client_with(config: Config, keep_alive: KeepAlive) -> Result<Client, Error> {
+    if config.proxy_url.is_some() {
+        warn!("a proxy is configured: using kube-client's HTTP/1.1 client, without pings");
+        return Client::try_from(config).map_err(|e| Error::Client(e.into()));
+    }
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(config.connect_timeout);
+    let tls = config
+        .rustls_client_config()
+        .map_err(|e| Error::Client(e.into()))?;
+    let mut https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    if let Some(name) = &config.tls_server_name {
+        let name = rustls::pki_types::ServerName::try_from(name.clone())
+            .map_err(|e| Error::Client(format!("tls-server-name {name:?}: {e}").into()))?;
+        https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let https = https.enable_http1().enable_http2().wrap_connector(http);
+    let hyper: HyperClient<_, kube_client::client::Body> =
+        HyperClient::builder(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .http2_keep_alive_interval(keep_alive.idle)
+            .http2_keep_alive_timeout(keep_alive.timeout)
+            .http2_keep_alive_while_idle(true)
+            .build(https);
+    let auth = config.auth_layer().map_err(|e| Error::Client(e.into()))?;
+    let headers = config
+        .extra_headers_layer()
+        .map_err(|e| Error::Client(e.into()))?;
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(auth)
+        .layer(headers)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config::new("https://127.0.0.1:6443".parse().unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_configuration_builds_a_client() {
+        let client = client(config()).expect("a plain configuration is usable");
+        assert_eq!(client.default_namespace(), "default");
+    }
+
+    #[tokio::test]
+    async fn an_invalid_tls_server_name_is_a_clear_error() {
+        let mut config = config();
+        config.tls_server_name = Some("not a host name!".to_owned());
+        let Err(err) = client(config) else {
+            panic!("an invalid name is refused")
+        };
+        assert!(matches!(err, Error::Client(_)), "{err:?}");
+        assert!(err.to_string().contains("tls-server-name"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_certificate_is_a_clear_error() {
+        let mut config = config();
+        config.root_cert = Some(vec![b"not a certificate".to_vec()]);
+        let Err(err) = client(config) else {
+            panic!("a bad certificate is refused")
+        };
+        assert!(matches!(err, Error::Client(_)), "{err:?}");
+    }
+}
