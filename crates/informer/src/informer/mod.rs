@@ -4,6 +4,7 @@
 
 mod builder;
 mod divergence;
+mod factory;
 mod handler;
 mod processor;
 mod sync;
@@ -37,6 +38,7 @@ use processor::{Processor, lock};
 pub use builder::{InformerBuilder, MIN_RESYNC_PERIOD};
 use divergence::Divergence;
 pub use divergence::{DivergenceCheck, DivergenceStats, Drift, OutdatedObject, Repair};
+pub use factory::{FactoryScope, InformerFactory, Scope};
 use handler::run_listener;
 pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,

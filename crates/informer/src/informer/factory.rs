@@ -1,0 +1,376 @@
+//! One informer per resource and scope, shared by everything that asks (client-go's
+//! `SharedInformerFactory`). The full documentation is on [`InformerFactory`].
+
+use std::{
+    any::{Any, TypeId},
+    fmt::{self, Debug},
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use dashmap::{DashMap, mapref::entry::Entry};
+use kube_client::{Api, Client};
+use kube_core::Resource;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::{
+    InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, sync::HasSynced,
+};
+use crate::{error::Error, list_watch::ApiListWatch};
+
+/// Which objects of a resource an informer caches: a namespace (or all), and label and
+/// field selectors. Informers of a factory are shared per resource and scope.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Scope {
+    namespace: Option<String>,
+    labels: Option<String>,
+    fields: Option<String>,
+}
+
+impl Scope {
+    /// Every namespace (or a cluster-scoped resource), no selector.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// One namespace, for a namespaced resource (a cluster-scoped one gets every object).
+    pub fn namespace(namespace: impl Into<String>) -> Self {
+        Self {
+            namespace: Some(namespace.into()).filter(|ns: &String| !ns.is_empty()),
+            ..Self::default()
+        }
+    }
+
+    /// Only objects whose labels match `selector` (e.g. `app=web,tier!=db`).
+    #[must_use]
+    pub fn labels(mut self, selector: impl Into<String>) -> Self {
+        self.labels = Some(selector.into());
+        self
+    }
+
+    /// Only objects whose fields match `selector` (e.g. `spec.nodeName=node-1`).
+    #[must_use]
+    pub fn fields(mut self, selector: impl Into<String>) -> Self {
+        self.fields = Some(selector.into());
+        self
+    }
+
+    /// The namespace, if the scope is one.
+    pub fn namespace_name(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+}
+
+/// The scopes of typed resources a factory builds informers for: namespaced ones (one
+/// namespace, or all) and cluster-scoped ones. Implemented for k8s-openapi's scope types.
+pub trait FactoryScope: sealed::Sealed + Sized {
+    /// Whether objects of this scope live in a namespace.
+    const NAMESPACED: bool;
+
+    /// The `Api` of `K` in `namespace` (ignored for a cluster-scoped resource).
+    fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for k8s_openapi::NamespaceResourceScope {}
+    impl Sealed for k8s_openapi::ClusterResourceScope {}
+}
+
+impl FactoryScope for k8s_openapi::NamespaceResourceScope {
+    const NAMESPACED: bool = true;
+
+    fn api<K>(client: Client, namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        match namespace {
+            Some(namespace) => Api::namespaced(client, namespace),
+            None => Api::all(client),
+        }
+    }
+}
+
+impl FactoryScope for k8s_openapi::ClusterResourceScope {
+    const NAMESPACED: bool = false;
+
+    fn api<K>(client: Client, _namespace: Option<&str>) -> Api<K>
+    where
+        K: Resource<Scope = Self, DynamicType = ()>,
+    {
+        Api::all(client)
+    }
+}
+
+/// Builder adjustments applied to an informer the factory creates.
+type Customize<K> =
+    Box<dyn FnOnce(InformerBuilder<K, ApiListWatch<K>>) -> InformerBuilder<K, ApiListWatch<K>>>;
+
+/// A started informer, whatever its type.
+trait Started: Send + Sync {
+    fn stop(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+impl<K: Resource + Send + Sync + 'static> Started for RunningInformer<K> {
+    fn stop(self: Box<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(RunningInformer::stop(*self))
+    }
+}
+
+/// An informer not started yet, whatever its type.
+type Starter = Box<dyn FnOnce(CancellationToken) -> Box<dyn Started> + Send>;
+
+/// A registered informer: its handle (as `Any`, downcast by type), and its sync signal.
+struct Registered {
+    handle: Box<dyn Any + Send + Sync>,
+    synced: Arc<dyn Syncing>,
+    resource: String,
+}
+
+/// An informer's sync, whatever its type.
+trait Syncing: HasSynced {
+    fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
+}
+
+impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
+    fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>> {
+        Box::pin(InformerHandle::wait_synced_or_fatal(self))
+    }
+}
+
+#[derive(Default)]
+struct Lifecycle {
+    /// Set by `start`: informers registered later start at once.
+    cancel: Option<CancellationToken>,
+    pending: Vec<Starter>,
+    running: Vec<Box<dyn Started>>,
+}
+
+/// One informer per resource type and [`Scope`], shared by every controller that asks
+/// (client-go's `SharedInformerFactory`). Cheap to clone.
+///
+/// [`informer`](Self::informer) returns the existing informer for a type and scope, or
+/// builds one on the factory's client; [`start`](Self::start) starts every informer
+/// registered so far, and any registered later starts at once, so registering after start
+/// is safe (a handler added to a running informer gets its cached objects first);
+/// [`wait_synced`](Self::wait_synced) waits for all of them; [`shutdown`](Self::shutdown)
+/// stops them and waits until they have.
+///
+/// ```no_run
+/// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+/// use kube_informer::{CancellationToken, InformerFactory, Scope};
+///
+/// # async fn doc(client: kube_client::Client) -> Result<(), kube_informer::Error> {
+/// let factory = InformerFactory::new(client);
+/// let deployments = factory.informer::<Deployment>(Scope::namespace("web"));
+/// let config_maps = factory.informer::<ConfigMap>(Scope::namespace("web"));
+/// // A second ask for the same type and scope gets the same informer.
+/// let shared = factory.informer::<ConfigMap>(Scope::namespace("web"));
+/// assert_eq!(factory.len(), 2);
+///
+/// let cancel = CancellationToken::new();
+/// factory.start(&cancel);
+/// factory.wait_synced().await?;
+/// println!("{} deployments", deployments.store().len());
+/// factory.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct InformerFactory {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    registry: DashMap<(TypeId, Scope), Registered>,
+    lifecycle: Mutex<Lifecycle>,
+}
+
+impl Debug for InformerFactory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let informers: Vec<String> = self
+            .inner
+            .registry
+            .iter()
+            .map(|e| format!("{} {:?}", e.resource, e.key().1))
+            .collect();
+        f.debug_struct("InformerFactory")
+            .field("informers", &informers)
+            .finish_non_exhaustive()
+    }
+}
+
+impl InformerFactory {
+    /// A factory whose informers list and watch through `client`.
+    pub fn new(client: Client) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                registry: DashMap::new(),
+                lifecycle: Mutex::default(),
+            }),
+        }
+    }
+
+    /// The client the factory's informers use.
+    pub fn client(&self) -> Client {
+        self.inner.client.clone()
+    }
+
+    /// The informer of `K` in `scope`: the existing one, or a new one with the default
+    /// configuration.
+    pub fn informer<K>(&self, scope: Scope) -> InformerHandle<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::Scope: FactoryScope,
+    {
+        self.informer_with(scope, |builder| builder)
+    }
+
+    /// The informer of `K` in `scope`: the existing one, or a new one whose builder
+    /// `customize` adjusts (indexes, a transform, a compact cache, ...). Only the call that
+    /// creates the informer customizes it; later ones share it as it is.
+    pub fn informer_with<K>(
+        &self,
+        scope: Scope,
+        customize: impl FnOnce(
+            InformerBuilder<K, ApiListWatch<K>>,
+        ) -> InformerBuilder<K, ApiListWatch<K>>
+        + 'static,
+    ) -> InformerHandle<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::Scope: FactoryScope,
+    {
+        let key = (TypeId::of::<K>(), scope);
+        let entry = match self.inner.registry.entry(key) {
+            Entry::Occupied(entry) => return downcast::<K>(&entry.get().handle),
+            Entry::Vacant(entry) => entry,
+        };
+        let scope = &entry.key().1;
+        let informer = self.build::<K>(scope, Box::new(customize));
+        let handle = informer.handle();
+        let resource = format!("{}", K::plural(&()));
+        debug!(%resource, ?scope, "informer registered");
+        entry.insert(Registered {
+            handle: Box::new(handle.clone()),
+            synced: Arc::new(handle.clone()),
+            resource,
+        });
+        // Started outside the registry's shard lock.
+        self.start_or_hold(Box::new(move |cancel| Box::new(informer.spawn(cancel))));
+        handle
+    }
+
+    fn build<K>(&self, scope: &Scope, customize: Customize<K>) -> SharedInformer<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::Scope: FactoryScope,
+    {
+        let api = K::Scope::api::<K>(self.inner.client.clone(), scope.namespace.as_deref());
+        let mut list_watch = ApiListWatch::new(api);
+        if let Some(labels) = &scope.labels {
+            list_watch = list_watch.labels(labels);
+        }
+        if let Some(fields) = &scope.fields {
+            list_watch = list_watch.fields(fields);
+        }
+        customize(SharedInformer::builder(list_watch)).build()
+    }
+
+    fn start_or_hold(&self, starter: Starter) {
+        let mut lifecycle = self.lifecycle();
+        match lifecycle.cancel.clone() {
+            Some(cancel) => {
+                let running = starter(cancel);
+                lifecycle.running.push(running);
+            }
+            None => lifecycle.pending.push(starter),
+        }
+    }
+
+    fn lifecycle(&self) -> std::sync::MutexGuard<'_, Lifecycle> {
+        self.inner
+            .lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts every informer registered so far, each stopped by `cancel` (or by
+    /// [`shutdown`](Self::shutdown)); informers registered later start at once. A second
+    /// call does nothing.
+    pub fn start(&self, cancel: &CancellationToken) {
+        let mut lifecycle = self.lifecycle();
+        if lifecycle.cancel.is_some() {
+            return;
+        }
+        let cancel = cancel.child_token();
+        lifecycle.cancel = Some(cancel.clone());
+        let pending = std::mem::take(&mut lifecycle.pending);
+        for starter in pending {
+            let running = starter(cancel.clone());
+            lifecycle.running.push(running);
+        }
+    }
+
+    /// Whether every informer registered so far has synced.
+    pub fn has_synced(&self) -> bool {
+        self.inner.registry.iter().all(|e| e.synced.has_synced())
+    }
+
+    /// Waits until every informer registered so far has synced.
+    ///
+    /// # Errors
+    ///
+    /// The first error that retrying cannot fix (missing RBAC, an unknown resource) from
+    /// an informer's list or watch, while that informer has not synced.
+    pub async fn wait_synced(&self) -> Result<(), Error> {
+        let informers: Vec<Arc<dyn Syncing>> = self
+            .inner
+            .registry
+            .iter()
+            .map(|e| e.synced.clone())
+            .collect();
+        for informer in informers {
+            informer.wait_synced_or_fatal().await?;
+        }
+        Ok(())
+    }
+
+    /// Stops every informer and waits until each has stopped. Informers registered
+    /// afterwards start again only after another [`start`](Self::start).
+    pub async fn shutdown(&self) {
+        let running = {
+            let mut lifecycle = self.lifecycle();
+            if let Some(cancel) = lifecycle.cancel.take() {
+                cancel.cancel();
+            }
+            std::mem::take(&mut lifecycle.running)
+        };
+        for informer in running {
+            informer.stop().await;
+        }
+    }
+
+    /// The number of informers registered.
+    pub fn len(&self) -> usize {
+        self.inner.registry.len()
+    }
+
+    /// Whether no informer is registered.
+    pub fn is_empty(&self) -> bool {
+        self.inner.registry.is_empty()
+    }
+}
+
+fn downcast<K: 'static>(handle: &(dyn Any + Send + Sync)) -> InformerHandle<K> {
+    handle
+        .downcast_ref::<InformerHandle<K>>()
+        .expect("the registry is keyed by type")
+        .clone()
+}
