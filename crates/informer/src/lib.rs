@@ -38,13 +38,17 @@ pub mod testing;
 pub mod workqueue;
 
 pub use client::{KeepAlive, client, client_with};
-pub use controller::{Controller, ControllerConfig, ControllerStats, DroppedHook};
+pub use controller::{
+    Action, Controller, ControllerBuilder, ControllerConfig, ControllerStats, DroppedHook,
+    ErrorAction, Failure, Predicate, ReconcileError, ReconcileRequest, retry_up_to,
+    retry_with_backoff,
+};
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, DivergenceCheck, DivergenceStats, Drift, EventHandler,
-    HandlerFn, HandlerRegistration, HasSynced, InformerBuilder, InformerHandle, KeyHandler,
-    MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, SharedInformer, handler_fn,
-    key_handler, wait_for_cache_sync,
+    FactoryScope, HandlerFn, HandlerRegistration, HasSynced, InformerBuilder, InformerFactory,
+    InformerHandle, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, Scope,
+    SharedInformer, handler_fn, key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;

@@ -21,6 +21,7 @@ pub struct ControllerConfig {
     pub(super) metrics: Option<Arc<dyn MetricsProvider>>,
     pub(super) on_dropped: Option<DroppedHook>,
     pub(super) startup_grace: Duration,
+    pub(super) shutdown_timeout: Duration,
 }
 
 impl ControllerConfig {
@@ -36,7 +37,16 @@ impl ControllerConfig {
             metrics: None,
             on_dropped: None,
             startup_grace: Duration::from_secs(10),
+            shutdown_timeout: Duration::from_secs(30),
         }
+    }
+
+    /// How long [`Controller::run`](crate::Controller::run), once cancelled, waits for the
+    /// syncs running to finish before dropping them (default 30 s).
+    #[must_use]
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
     }
 
     /// How long the first sync may keep failing with an error that retrying cannot fix
@@ -97,6 +107,7 @@ impl fmt::Debug for ControllerConfig {
             .field("max_requeues", &self.max_requeues)
             .field("metrics", &self.metrics.is_some())
             .field("startup_grace", &self.startup_grace)
+            .field("shutdown_timeout", &self.shutdown_timeout)
             .finish_non_exhaustive()
     }
 }

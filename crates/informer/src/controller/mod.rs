@@ -3,6 +3,8 @@
 //! The full documentation is on [`Controller`].
 
 mod config;
+mod predicate;
+mod reconciler;
 mod worker;
 
 use std::{fmt, future::Future, sync::Arc};
@@ -20,6 +22,11 @@ use crate::{
 };
 
 pub use config::{ControllerConfig, DroppedHook};
+pub use predicate::Predicate;
+pub use reconciler::{
+    Action, ControllerBuilder, ErrorAction, Failure, ReconcileError, ReconcileRequest, retry_up_to,
+    retry_with_backoff,
+};
 pub use worker::ControllerStats;
 use worker::run_worker;
 
@@ -131,9 +138,10 @@ where
     /// Runs the informer and the workers until `cancel` fires, calling `sync`
     /// with each key taken from the queue.
     ///
-    /// Workers start once the cache has synced. On cancellation the queue
-    /// shuts down, each worker finishes the key it holds, and the informer
-    /// stops; then `run` returns.
+    /// Workers start once the cache has synced. On cancellation the workers
+    /// take no new key (keys still queued are left), the syncs running get up to
+    /// the [shutdown timeout](ControllerConfig::shutdown_timeout) to finish
+    /// (then they are dropped), and the informer stops; then `run` returns.
     ///
     /// # Errors
     ///
@@ -173,27 +181,42 @@ where
             }
         };
 
-        let mut workers = Vec::new();
-        if synced {
-            registration.wait_synced().await;
+        let mut workers = tokio::task::JoinSet::new();
+        // The handler has its initial keys queued soon after the cache syncs, unless the
+        // informer stops first: cancellation must end this wait too.
+        let handler_synced = synced
+            && tokio::select! {
+                biased;
+                () = cancel.cancelled() => false,
+                () = registration.wait_synced() => true,
+            };
+        if handler_synced {
             info!(controller = %name, workers = config.workers, objects = informer.store().len(), "cache synced; starting workers");
             let sync = Arc::new(sync);
             for worker in 0..config.workers {
-                workers.push(tokio::spawn(run_worker(
+                workers.spawn(run_worker(
                     worker,
                     queue.clone(),
                     sync.clone(),
                     config.clone(),
                     stats.clone(),
-                )));
+                    cancel.clone(),
+                ));
             }
         }
 
         cancel.cancelled().await;
         debug!(controller = %name, "shutting down");
         queue.shutdown();
-        for worker in workers {
-            let _ = worker.await;
+        // Workers take no new key now; the syncs running get until the deadline.
+        let finished = tokio::time::timeout(config.shutdown_timeout, async {
+            while workers.join_next().await.is_some() {}
+        })
+        .await;
+        if finished.is_err() {
+            warn!(controller = %name, timeout = ?config.shutdown_timeout, running = workers.len(), "syncs still running at the shutdown deadline; dropped");
+            workers.abort_all();
+            while workers.join_next().await.is_some() {}
         }
         registration.remove();
         informer.stop().await;

@@ -11,6 +11,7 @@ use std::{
 };
 
 use futures::FutureExt;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
 use super::config::ControllerConfig;
@@ -45,6 +46,21 @@ impl ControllerStats {
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
+
+    pub(super) fn record_synced(&self) {
+        self.synced.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn record_failed(&self, panicked: bool) {
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        if panicked {
+            self.panicked.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(super) fn record_dropped(&self) {
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 pub(super) async fn run_worker<F, Fut, E>(
@@ -53,12 +69,22 @@ pub(super) async fn run_worker<F, Fut, E>(
     sync: Arc<F>,
     config: ControllerConfig,
     stats: Arc<ControllerStats>,
+    cancel: CancellationToken,
 ) where
     F: Fn(ObjectKey) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: fmt::Display + Send + 'static,
 {
-    while let Some(key) = queue.get().await {
+    loop {
+        // No new key once cancelled, even with keys still queued.
+        let key = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            key = queue.get() => match key {
+                Some(key) => key,
+                None => break,
+            },
+        };
         // The sync function may panic while building its future or while it runs.
         let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| sync(key.clone()))) {
             Ok(future) => AssertUnwindSafe(future).catch_unwind().await,

@@ -1,0 +1,423 @@
+//! The reconciling controller on in-memory informers under paused time: requeue-after,
+//! error policies, predicates, deleted objects with their last state, reconcile timeouts,
+//! and a shutdown that takes no new key.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube_informer::{
+    Action, CancellationToken, Controller, ControllerBuilder, ControllerConfig, ErrorAction,
+    InformerHandle, ObjectKey, Predicate, ReconcileError, ReconcileRequest, RunningInformer,
+    SharedInformer, retry_with_backoff, testing::FakeListWatch,
+};
+use tokio::{sync::mpsc, time::Instant};
+
+type Fake = FakeListWatch<ConfigMap>;
+
+const PATIENCE: Duration = Duration::from_secs(3600);
+
+fn cm(name: &str) -> ConfigMap {
+    Fake::object(Some("ns"), name)
+}
+
+fn informer<K>(fake: FakeListWatch<K>) -> RunningInformer<K>
+where
+    K: kube_core::Resource + Clone + Send + Sync + 'static,
+    FakeListWatch<K>: kube_informer::ListWatch<K>,
+{
+    SharedInformer::builder(fake)
+        .paged_list()
+        .build()
+        .spawn(CancellationToken::new())
+}
+
+/// What a reconcile was called with: the key, whether the object was present, and when.
+#[derive(Debug, Clone)]
+struct Call {
+    key: String,
+    present: bool,
+    at: Instant,
+}
+
+type Calls = Arc<Mutex<Vec<Call>>>;
+
+fn record(calls: &Calls, request: &ReconcileRequest<ConfigMap>) {
+    calls.lock().unwrap().push(Call {
+        key: request.key().to_string(),
+        present: matches!(request, ReconcileRequest::Present(_)),
+        at: Instant::now(),
+    });
+}
+
+async fn until(what: &str, mut condition: impl FnMut() -> bool) {
+    tokio::time::timeout(PATIENCE, async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"));
+}
+
+fn handle(running: &RunningInformer<ConfigMap>) -> InformerHandle<ConfigMap> {
+    running.handle()
+}
+
+#[tokio::test(start_paused = true)]
+async fn requeue_after_reconciles_again_after_its_delay() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    let run = tokio::spawn(ControllerBuilder::new("requeue", handle(&running)).run(
+        move |request, _: Arc<()>, _| {
+            record(&seen, &request);
+            async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(30))) }
+        },
+        retry_with_backoff(),
+        Arc::new(()),
+        cancel.clone(),
+    ));
+    until("three reconciles", || calls.lock().unwrap().len() == 3).await;
+    let calls = calls.lock().unwrap().clone();
+    let gaps: Vec<Duration> = calls.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert_eq!(gaps, [Duration::from_secs(30); 2], "{calls:?}");
+    assert!(
+        calls.iter().all(|c| c.present && c.key == "ns/a"),
+        "{calls:?}"
+    );
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_error_policy_decides_backoff_requeue_after_or_give_up() {
+    let fake = Fake::new("configmaps");
+    for name in ["backoff", "later", "hopeless"] {
+        fake.add(cm(name));
+    }
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    // A requeue after a delay resets the key's backoff (and its retry count), so the
+    // policy counts `later`'s failures itself.
+    let later_failures = AtomicUsize::new(0);
+    let policy = move |failure: &kube_informer::Failure<'_, std::io::Error>, _: &()| match failure
+        .key
+        .as_str()
+    {
+        "ns/backoff" if failure.retries < 3 => ErrorAction::Backoff,
+        "ns/later" if later_failures.fetch_add(1, Ordering::SeqCst) == 0 => {
+            ErrorAction::RequeueAfter(Duration::from_secs(60))
+        }
+        _ => ErrorAction::GiveUp,
+    };
+    let run = tokio::spawn(ControllerBuilder::new("policy", handle(&running)).run(
+        move |request, _: Arc<()>, _| {
+            record(&seen, &request);
+            async { Err::<Action, _>(std::io::Error::other("backend down")) }
+        },
+        policy,
+        Arc::new(()),
+        cancel.clone(),
+    ));
+    // backoff: 1 + 3 retries, then given up; later: 1 + 1 after 60 s, then given up;
+    // hopeless: given up at once.
+    until("every attempt", || calls.lock().unwrap().len() == 4 + 2 + 1).await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let calls = calls.lock().unwrap().clone();
+    let count = |key: &str| calls.iter().filter(|c| c.key == key).count();
+    assert_eq!(count("ns/backoff"), 4, "{calls:?}");
+    assert_eq!(count("ns/later"), 2, "{calls:?}");
+    assert_eq!(count("ns/hopeless"), 1, "{calls:?}");
+    let later: Vec<_> = calls.iter().filter(|c| c.key == "ns/later").collect();
+    assert_eq!(later[1].at - later[0].at, Duration::from_secs(60));
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_predicate_skips_updates_it_rejects_and_a_deletion_carries_the_last_state() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("a"));
+    let running = informer(fake.clone());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(
+        ControllerBuilder::new("predicate", handle(&running))
+            .predicate(Predicate::labels_changed())
+            .run(
+                move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                    let seen = match &request {
+                        ReconcileRequest::Present(o) => (true, o.metadata.labels.clone()),
+                        ReconcileRequest::Deleted { last_known, .. } => (
+                            false,
+                            last_known.as_ref().and_then(|o| o.metadata.labels.clone()),
+                        ),
+                    };
+                    let _ = tx.send(seen);
+                    async { Ok::<_, std::io::Error>(Action::done()) }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    assert_eq!(rx.recv().await.unwrap(), (true, None), "the initial add");
+    // Data only: no reconcile. Then a label: one.
+    let mut data_only = cm("a");
+    data_only.data = Some([("k".to_owned(), "v".to_owned())].into());
+    fake.update(data_only.clone());
+    let mut labelled = data_only;
+    let labels = Some([("app".to_owned(), "web".to_owned())].into());
+    labelled.metadata.labels = labels.clone();
+    fake.update(labelled);
+    assert_eq!(rx.recv().await.unwrap(), (true, labels.clone()));
+    fake.delete(Some("ns"), "a");
+    assert_eq!(
+        rx.recv().await.unwrap(),
+        (false, labels),
+        "deleted, with its last state"
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(rx.try_recv().is_err(), "nothing for the data-only update");
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn owned_children_and_watched_objects_enqueue_their_primaries() {
+    let primaries = Fake::new("configmaps");
+    primaries.add(cm("owner"));
+    primaries.add(cm("named"));
+    let secrets = FakeListWatch::<Secret>::new("secrets");
+    let running = informer(primaries.clone());
+    let secrets_running = informer(secrets.clone());
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    let run = tokio::spawn(
+        ControllerBuilder::new("sources", handle(&running))
+            .owns(secrets_running.handle())
+            .watches(secrets_running.handle(), |secret: &Secret| {
+                secret
+                    .metadata
+                    .annotations
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| *k == "for")
+                    .map(|(_, v)| ObjectKey::new(Some("ns"), v))
+                    .collect()
+            })
+            .run(
+                move |request, _: Arc<()>, _| {
+                    record(&seen, &request);
+                    async { Ok::<_, std::io::Error>(Action::done()) }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    until("the initial reconciles", || {
+        calls.lock().unwrap().len() == 2
+    })
+    .await;
+    let mut child = FakeListWatch::<Secret>::object(Some("ns"), "child");
+    child.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: "owner".into(),
+        uid: "u1".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    secrets.add(child);
+    until("the owner reconciled", || {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.key == "ns/owner")
+            .count()
+            == 2
+    })
+    .await;
+    let mut pointer = FakeListWatch::<Secret>::object(Some("ns"), "pointer");
+    pointer.metadata.annotations = Some([("for".to_owned(), "named".to_owned())].into());
+    secrets.add(pointer);
+    until("the named primary reconciled", || {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.key == "ns/named")
+            .count()
+            == 2
+    })
+    .await;
+    // Not a controller reference: nothing.
+    let mut loose = FakeListWatch::<Secret>::object(Some("ns"), "loose");
+    loose.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: "named".into(),
+        uid: "u2".into(),
+        controller: None,
+        ..Default::default()
+    }]);
+    secrets.add(loose);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        calls.lock().unwrap().len(),
+        4,
+        "{:?}",
+        calls.lock().unwrap()
+    );
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+    secrets_running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reconcile_past_its_timeout_is_cancelled_and_reported() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("slow"));
+    let running = informer(fake.clone());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let cancelled = Arc::new(Mutex::new(false));
+    let cancel = CancellationToken::new();
+    let saw_cancel = cancelled.clone();
+    let run = tokio::spawn(
+        ControllerBuilder::new("timeout", handle(&running))
+            .reconcile_timeout(Duration::from_secs(5))
+            .run(
+                move |_, _: Arc<()>, token: CancellationToken| {
+                    let saw_cancel = saw_cancel.clone();
+                    async move {
+                        let watcher = tokio::spawn(async move {
+                            token.cancelled().await;
+                            *saw_cancel.lock().unwrap() = true;
+                        });
+                        std::future::pending::<()>().await;
+                        drop(watcher);
+                        Ok::<_, std::io::Error>(Action::done())
+                    }
+                },
+                move |failure: &kube_informer::Failure<'_, std::io::Error>, _: &()| {
+                    let timed_out = matches!(failure.error, ReconcileError::TimedOut(d) if *d == Duration::from_secs(5));
+                    let _ = tx.send(timed_out);
+                    ErrorAction::GiveUp
+                },
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    assert!(rx.recv().await.unwrap(), "the policy saw a timeout of 5 s");
+    until("the reconcile's token cancelled", || {
+        *cancelled.lock().unwrap()
+    })
+    .await;
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_takes_no_new_key_and_cancels_the_running_reconciles() {
+    let fake = Fake::new("configmaps");
+    for i in 0..500 {
+        fake.add(cm(&format!("o{i:03}")));
+    }
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let finished = Arc::new(Mutex::new(0usize));
+    let cancel = CancellationToken::new();
+    let (seen, done) = (calls.clone(), finished.clone());
+    let run = tokio::spawn(
+        ControllerBuilder::new("shutdown", handle(&running))
+            .workers(2)
+            .shutdown_timeout(Duration::from_secs(10))
+            .run(
+                move |request, _: Arc<()>, token: CancellationToken| {
+                    record(&seen, &request);
+                    let done = done.clone();
+                    async move {
+                        // A long reconcile that stops early when told to.
+                        tokio::select! {
+                            () = token.cancelled() => {}
+                            () = tokio::time::sleep(Duration::from_secs(600)) => {}
+                        }
+                        *done.lock().unwrap() += 1;
+                        Ok::<_, std::io::Error>(Action::done())
+                    }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    until("both workers busy", || calls.lock().unwrap().len() == 2).await;
+    let started = Instant::now();
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "within the deadline"
+    );
+    assert_eq!(calls.lock().unwrap().len(), 2, "no queued key was taken");
+    assert_eq!(
+        *finished.lock().unwrap(),
+        2,
+        "the running ones were cancelled and ended"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_key_controller_takes_no_new_key_once_cancelled() {
+    let fake = Fake::new("configmaps");
+    for i in 0..500 {
+        fake.add(cm(&format!("o{i:03}")));
+    }
+    let controller = Controller::new(
+        SharedInformer::builder(fake.clone()).paged_list().build(),
+        ControllerConfig::named("keys").shutdown_timeout(Duration::from_secs(10)),
+    );
+    let synced = Arc::new(Mutex::new(0usize));
+    let cancel = CancellationToken::new();
+    let count = synced.clone();
+    let run = tokio::spawn(controller.run(cancel.clone(), move |_key: ObjectKey| {
+        *count.lock().unwrap() += 1;
+        async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<(), std::io::Error>(())
+        }
+    }));
+    until("the first sync", || *synced.lock().unwrap() == 1).await;
+    cancel.cancel();
+    tokio::time::timeout(PATIENCE, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        *synced.lock().unwrap(),
+        1,
+        "no queued key was synced after the cancel"
+    );
+}
