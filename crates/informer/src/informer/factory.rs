@@ -249,7 +249,7 @@ impl InformerFactory {
     {
         let key = (TypeId::of::<K>(), scope);
         let entry = match self.inner.registry.entry(key) {
-            Entry::Occupied(entry) => return downcast::<K>(&entry.get().handle),
+            Entry::Occupied(entry) => return downcast::<K>(&*entry.get().handle),
             Entry::Vacant(entry) => entry,
         };
         let scope = &entry.key().1;
@@ -373,4 +373,45 @@ fn downcast<K: 'static>(handle: &(dyn Any + Send + Sync)) -> InformerHandle<K> {
         .downcast_ref::<InformerHandle<K>>()
         .expect("the registry is keyed by type")
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ConfigMap, Node};
+    use kube_client::Config;
+
+    use super::*;
+
+    fn factory() -> InformerFactory {
+        // Never contacted: nothing here starts an informer.
+        let config = Config::new("http://127.0.0.1:9".parse().unwrap());
+        InformerFactory::new(Client::try_from(config).unwrap())
+    }
+
+    #[tokio::test]
+    async fn one_informer_per_type_and_scope() {
+        let factory = factory();
+        let first = factory.informer::<ConfigMap>(Scope::namespace("a"));
+        let again = factory.informer::<ConfigMap>(Scope::namespace("a"));
+        assert_eq!(factory.len(), 1);
+        assert!(!first.has_synced() && !again.has_synced());
+        factory.informer::<ConfigMap>(Scope::namespace("b"));
+        factory.informer::<ConfigMap>(Scope::namespace("a").labels("app=web"));
+        factory.informer::<Node>(Scope::all());
+        assert_eq!(factory.len(), 4);
+        assert!(!factory.has_synced());
+        let customized = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        for _ in 0..2 {
+            let calls = customized.clone();
+            factory.informer_with::<Node>(Scope::all().labels("role=edge"), move |b| {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                b
+            });
+        }
+        assert_eq!(
+            customized.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "only the creating call customizes"
+        );
+    }
 }
