@@ -38,6 +38,8 @@ pub mod testing;
 pub mod workqueue;
 
 pub use client::{KeepAlive, client, client_with};
+#[cfg(feature = "prometheus")]
+pub use controller::ControllerMetrics;
 pub use controller::{
     Action, Controller, ControllerBuilder, ControllerConfig, ControllerStats, DroppedHook,
     ErrorAction, Failure, Predicate, ReconcileError, ReconcileRequest, retry_up_to,

@@ -421,3 +421,58 @@ async fn the_key_controller_takes_no_new_key_once_cancelled() {
         "no queued key was synced after the cancel"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn reconciles_are_counted_under_controller_runtime_names() {
+    use prometheus_client::{encoding::text::encode, registry::Registry};
+
+    let fake = Fake::new("configmaps");
+    for name in ["fine", "again", "broken"] {
+        fake.add(cm(name));
+    }
+    let running = informer(fake.clone());
+    let mut registry = Registry::default();
+    let metrics = kube_informer::ControllerMetrics::new(&mut registry);
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    let run = tokio::spawn(
+        ControllerBuilder::new("counted", handle(&running))
+            .workers(3)
+            .reconcile_metrics(metrics)
+            .run(
+                move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                    record(&seen, &request);
+                    let key = request.key();
+                    async move {
+                        match key.as_str() {
+                            "ns/fine" => Ok(Action::done()),
+                            "ns/again" => Ok(Action::requeue_after(Duration::from_secs(3600))),
+                            _ => Err(std::io::Error::other("no")),
+                        }
+                    }
+                },
+                |_: &kube_informer::Failure<'_, std::io::Error>, _: &()| ErrorAction::GiveUp,
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    until("three reconciles", || calls.lock().unwrap().len() == 3).await;
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    let mut text = String::new();
+    encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"controller_runtime_reconcile_total{controller="counted",result="success"} 1"#,
+        r#"controller_runtime_reconcile_total{controller="counted",result="requeue_after"} 1"#,
+        r#"controller_runtime_reconcile_total{controller="counted",result="error"} 1"#,
+        r#"controller_runtime_reconcile_errors_total{controller="counted"} 1"#,
+        r#"controller_runtime_terminal_reconcile_errors_total{controller="counted"} 1"#,
+        r#"controller_runtime_reconcile_time_seconds_count{controller="counted"} 3"#,
+        r#"controller_runtime_active_workers{controller="counted"} 0"#,
+        r#"controller_runtime_max_concurrent_reconciles{controller="counted"} 3"#,
+    ] {
+        assert!(text.contains(line), "{line} in:\n{text}");
+    }
+    running.stop().await;
+}

@@ -3,6 +3,8 @@
 //! The full documentation is on [`Controller`].
 
 mod config;
+#[cfg(feature = "prometheus")]
+mod metrics;
 mod predicate;
 mod reconciler;
 mod worker;
@@ -22,6 +24,9 @@ use crate::{
 };
 
 pub use config::{ControllerConfig, DroppedHook};
+#[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+pub use metrics::ControllerMetrics;
 pub use predicate::Predicate;
 pub use reconciler::{
     Action, ControllerBuilder, ErrorAction, Failure, ReconcileError, ReconcileRequest, retry_up_to,

@@ -13,6 +13,8 @@ use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+#[cfg(feature = "prometheus")]
+use super::metrics::{ControllerMetrics, Outcome, Recorder};
 use super::{predicate::Predicate, worker::ControllerStats};
 use crate::{
     error::{Error, panic_message},
@@ -259,6 +261,8 @@ pub struct ControllerBuilder<K> {
     shutdown_timeout: Duration,
     rate_limiter: Option<Arc<dyn RateLimiter<ObjectKey>>>,
     metrics: Option<Arc<dyn MetricsProvider>>,
+    #[cfg(feature = "prometheus")]
+    reconcile_metrics: Option<ControllerMetrics>,
     stats: Arc<ControllerStats>,
 }
 
@@ -303,6 +307,8 @@ where
             shutdown_timeout: Duration::from_secs(30),
             rate_limiter: None,
             metrics: None,
+            #[cfg(feature = "prometheus")]
+            reconcile_metrics: None,
             stats: Arc::default(),
         }
     }
@@ -473,6 +479,16 @@ where
         self
     }
 
+    /// Records controller-runtime's reconcile metrics (`controller_runtime_*`) in
+    /// `metrics`.
+    #[cfg(feature = "prometheus")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+    #[must_use]
+    pub fn reconcile_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.reconcile_metrics = Some(metrics);
+        self
+    }
+
     /// What the workers have done so far (readable while the controller runs).
     pub fn stats(&self) -> Arc<ControllerStats> {
         self.stats.clone()
@@ -510,6 +526,8 @@ where
             shutdown_timeout,
             rate_limiter,
             metrics,
+            #[cfg(feature = "prometheus")]
+            reconcile_metrics,
             stats,
         } = self;
         let queue_config = QueueConfig {
@@ -576,6 +594,8 @@ where
             context,
             reconcile_timeout,
             stats,
+            #[cfg(feature = "prometheus")]
+            recorder: reconcile_metrics.map(|m| m.for_controller(&name, workers)),
             cancel: cancel.clone(),
         });
         let mut tasks = tokio::task::JoinSet::new();
@@ -673,6 +693,8 @@ struct Worker<K, Ctx, R, P> {
     context: Arc<Ctx>,
     reconcile_timeout: Option<Duration>,
     stats: Arc<ControllerStats>,
+    #[cfg(feature = "prometheus")]
+    recorder: Option<Recorder>,
     cancel: CancellationToken,
 }
 
@@ -719,9 +741,30 @@ where
             },
         };
         let token = self.cancel.child_token();
+        #[cfg(feature = "prometheus")]
+        let started = {
+            if let Some(recorder) = &self.recorder {
+                recorder.started();
+            }
+            tokio::time::Instant::now()
+        };
         let outcome = self.call(request, token.clone()).await;
         // Whatever it did, its work is over; anything it spawned under the token stops.
         token.cancel();
+        #[cfg(feature = "prometheus")]
+        if let Some(recorder) = &self.recorder {
+            let result = match &outcome {
+                Ok(action) if action.requeue_after.is_some() => Outcome::RequeueAfter,
+                Ok(_) => Outcome::Success,
+                Err(error) => {
+                    if matches!(error, ReconcileError::Panicked(_)) {
+                        recorder.panicked();
+                    }
+                    Outcome::Error
+                }
+            };
+            recorder.finished(result, started.elapsed());
+        }
         match outcome {
             Ok(action) => {
                 self.stats.record_synced();
@@ -756,6 +799,10 @@ where
                     ErrorAction::GiveUp => {
                         error!(controller = %self.name, %key, error = %message, retries = failure.retries, "reconcile failed; giving up on this key until it changes");
                         self.stats.record_dropped();
+                        #[cfg(feature = "prometheus")]
+                        if let Some(recorder) = &self.recorder {
+                            recorder.gave_up();
+                        }
                         self.queue.forget(key);
                     }
                 }
