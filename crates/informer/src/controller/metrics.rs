@@ -27,16 +27,20 @@ use prometheus_client::{
 /// | `controller_runtime_active_workers` | gauge | workers reconciling now |
 /// | `controller_runtime_max_concurrent_reconciles` | gauge | workers configured |
 ///
-/// ```
-/// use kube_informer::ControllerMetrics;
+/// ```no_run
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{ControllerBuilder, ControllerMetrics, InformerFactory, Scope};
 /// use prometheus_client::{encoding::text::encode, registry::Registry};
 ///
+/// # fn doc(factory: InformerFactory) {
 /// let mut registry = Registry::default();
 /// let metrics = ControllerMetrics::new(&mut registry);
-/// # let _ = metrics;
+/// let controller = ControllerBuilder::new("config-maps", factory.informer::<ConfigMap>(Scope::all()))
+///     .reconcile_metrics(metrics.clone());
+/// // ... run it; then, on a scrape:
 /// let mut text = String::new();
 /// encode(&mut text, &registry).unwrap();
-/// assert!(text.contains("controller_runtime_reconcile_total"));
+/// # }
 /// ```
 #[derive(Clone, Debug)]
 pub struct ControllerMetrics {
