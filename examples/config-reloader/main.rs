@@ -1,0 +1,155 @@
+//! config-reloader: a Deployment that names a ConfigMap in the annotation
+//! `config-reloader.example.com/configmap` gets a hash of that ConfigMap's data in its pod
+//! template, so editing the ConfigMap rolls the Deployment out.
+//!
+//! ```text
+//! cargo run -p examples --bin config-reloader -- --namespace web
+//! ```
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use clap::Parser;
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use kube_client::{
+    Api, Config,
+    api::{Patch, PatchParams},
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use kube_informer::{
+    Action, CancellationToken, ControllerBuilder, InformerFactory, InformerHandle, Predicate,
+    ReconcileRequest, Scope, retry_with_backoff,
+};
+use serde_json::json;
+
+/// The annotation on a Deployment that names its ConfigMap.
+const NAMES: &str = "config-reloader.example.com/configmap";
+/// The pod-template annotation that carries the hash of the ConfigMap's data.
+const HASH: &str = "config-reloader.example.com/config-hash";
+
+/// Rolls Deployments out when the ConfigMap they name changes.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// The namespace to watch.
+    #[arg(long, default_value = "default")]
+    namespace: String,
+    /// The kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// How often each Deployment is checked even when nothing changes, in seconds.
+    #[arg(long, default_value_t = 300)]
+    resync: u64,
+}
+
+/// What every reconcile shares.
+struct Context {
+    deployments: Api<Deployment>,
+    config_maps: InformerHandle<ConfigMap>,
+    resync: Duration,
+}
+
+fn annotation<'a>(meta: &'a kube_client::api::ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// FNV-1a over the ConfigMap's keys and values, in key order: stable across runs.
+fn hash_of(cm: &ConfigMap) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let binary = cm.binary_data.iter().flatten().map(|(k, v)| (k, &v.0[..]));
+    let text = cm.data.iter().flatten().map(|(k, v)| (k, v.as_bytes()));
+    for (key, value) in text.chain(binary) {
+        for byte in key
+            .bytes()
+            .chain([0])
+            .chain(value.iter().copied())
+            .chain([0])
+        {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{hash:016x}")
+}
+
+async fn reconcile(
+    request: ReconcileRequest<Deployment>,
+    ctx: Arc<Context>,
+    _cancel: CancellationToken,
+) -> Result<Action, kube_client::Error> {
+    let ReconcileRequest::Present(deployment) = request else {
+        return Ok(Action::done());
+    };
+    let (Some(name), Some(config_map)) = (
+        deployment.metadata.name.as_deref(),
+        annotation(&deployment.metadata, NAMES),
+    ) else {
+        return Ok(Action::done());
+    };
+    let namespace = deployment.metadata.namespace.as_deref().unwrap_or_default();
+    let hash = match ctx
+        .config_maps
+        .store()
+        .get_by_key(format!("{namespace}/{config_map}"))
+    {
+        Some(cm) => hash_of(&cm),
+        None => "absent".to_owned(),
+    };
+    let template = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref());
+    if template.and_then(|m| annotation(m, HASH)) != Some(hash.as_str()) {
+        tracing::info!(deployment = name, config_map, %hash, "rolling out");
+        let patch =
+            json!({ "spec": { "template": { "metadata": { "annotations": { HASH: hash } } } } });
+        ctx.deployments
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    Ok(Action::requeue_after(ctx.resync))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let options = KubeConfigOptions::default();
+            Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
+        }
+        None => Config::infer().await?,
+    };
+    let client = kube_informer::client(config)?;
+    let factory = InformerFactory::new(client.clone());
+    let scope = Scope::namespace(&args.namespace);
+    // Each Deployment indexed by the ConfigMap it names, so a ConfigMap change finds them.
+    let deployments = factory.informer_with::<Deployment>(scope.clone(), |builder| {
+        builder.indexer("configmap", |d: &Deployment| {
+            let namespace = d.metadata.namespace.as_deref().unwrap_or_default();
+            annotation(&d.metadata, NAMES)
+                .map(|cm| vec![format!("{namespace}/{cm}")])
+                .unwrap_or_default()
+        })
+    });
+    let config_maps = factory.informer::<ConfigMap>(scope);
+    let controller = ControllerBuilder::new("config-reloader", deployments)
+        .predicate(Predicate::generation_changed().or(Predicate::annotations_changed()))
+        .watches_by_index(config_maps.clone(), "configmap");
+    let context = Arc::new(Context {
+        deployments: Api::namespaced(client, &args.namespace),
+        config_maps,
+        resync: Duration::from_secs(args.resync),
+    });
+    let cancel = CancellationToken::new();
+    examples::cancel_on_signal(cancel.clone());
+    factory.start(&cancel);
+    tracing::info!(namespace = %args.namespace, "watching Deployments and ConfigMaps");
+    controller
+        .run(reconcile, retry_with_backoff(), context, cancel)
+        .await?;
+    factory.shutdown().await;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    examples::init_tracing();
+    run(Args::parse()).await
+}
