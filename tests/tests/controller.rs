@@ -308,3 +308,146 @@ async fn a_shutdown_with_500_keys_queued_takes_none_and_cancels_the_running() {
         .collect();
     assert_eq!(names.len(), 500);
 }
+
+/// `GET path` on `addr`, HTTP/1.1 by hand: the status code and the body.
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "ctrl-manager").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    create_all(
+        &api,
+        (0..3).map(|i| labelled(&format!("cm-{i}"), &[])).collect(),
+    )
+    .await;
+    let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut manager = kube_informer::Manager::new(client)
+        .probe_address(loopback)
+        .metrics_address(loopback)
+        .shutdown_timeout(Duration::from_secs(30));
+    let informer = manager
+        .factory()
+        .informer::<ConfigMap>(Scope::namespace(&namespace));
+    let controller = ControllerBuilder::new("managed", informer)
+        .metrics(manager.workqueue_metrics())
+        .reconcile_metrics(manager.controller_metrics());
+    let reconciled = Arc::new(Mutex::new(0usize));
+    let count = reconciled.clone();
+    manager.add("managed", move |cancel| {
+        controller.run(
+            move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                *count.lock().unwrap() += 1;
+                async { Ok::<_, std::io::Error>(Action::done()) }
+            },
+            retry_with_backoff(),
+            Arc::new(()),
+            cancel,
+        )
+    });
+    let stopped_by_cancel = Arc::new(Mutex::new(false));
+    let stopped = stopped_by_cancel.clone();
+    manager.add("waiter", move |cancel: CancellationToken| async move {
+        cancel.cancelled().await;
+        *stopped.lock().unwrap() = true;
+        Ok::<_, std::io::Error>(())
+    });
+    let bound = manager.bind().await.unwrap();
+    let (probes, metrics) = (
+        bound.probe_address().unwrap(),
+        bound.metrics_address().unwrap(),
+    );
+    assert_eq!(
+        probes.ip(),
+        std::net::Ipv4Addr::LOCALHOST,
+        "loopback by default"
+    );
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(bound.run(cancel.clone()));
+
+    assert_eq!(get(probes, "/healthz").await.0, 200);
+    tests::eventually_some("ready once the caches synced", || async {
+        (get(probes, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    eventually("three reconciles", || *reconciled.lock().unwrap() == 3).await;
+    let (status, body) = get(metrics, "/metrics").await;
+    assert_eq!(status, 200);
+    for line in [
+        r#"controller_runtime_reconcile_total{controller="managed",result="success"} 3"#.to_owned(),
+        r#"workqueue_adds_total{name="managed"} 3"#.to_owned(),
+        format!(
+            r#"informer_objects{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector=""}} 3"#
+        ),
+        r#"controller_runtime_max_concurrent_reconciles{controller="managed"} 1"#.to_owned(),
+    ] {
+        assert!(body.contains(&line), "{line} in:\n{body}");
+    }
+    assert_eq!(
+        get(metrics, "/healthz").await.0,
+        404,
+        "probes only on the probe address"
+    );
+    assert_eq!(get(probes, "/nothing").await.0, 404);
+
+    cancel.cancel();
+    within("the manager to stop", run).await.unwrap().unwrap();
+    assert!(
+        *stopped_by_cancel.lock().unwrap(),
+        "its tasks were cancelled"
+    );
+    assert!(
+        tokio::net::TcpStream::connect(probes).await.is_err(),
+        "the endpoints are closed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_task_stops_the_manager_with_its_error() {
+    let env = TestEnv::shared().await;
+    let client = env.client().await.unwrap();
+    let mut manager = kube_informer::Manager::new(client)
+        .probe_address(None)
+        .metrics_address(None);
+    let cancelled = Arc::new(Mutex::new(false));
+    let flag = cancelled.clone();
+    manager.add("patient", move |cancel: CancellationToken| async move {
+        cancel.cancelled().await;
+        *flag.lock().unwrap() = true;
+        Ok::<_, std::io::Error>(())
+    });
+    manager.add("broken", |_| async {
+        Err::<(), _>(std::io::Error::other("the backend refused"))
+    });
+    let result = within(
+        "the manager to stop",
+        manager.bind().await.unwrap().run(CancellationToken::new()),
+    )
+    .await;
+    match result {
+        Err(kube_informer::ManagerError::Task { task, source }) => {
+            assert_eq!(task, "broken");
+            assert_eq!(source.to_string(), "the backend refused");
+        }
+        other => panic!("expected the broken task's error, got {other:?}"),
+    }
+    assert!(*cancelled.lock().unwrap(), "the other task was cancelled");
+}

@@ -30,6 +30,9 @@ mod key;
 #[cfg_attr(docsrs, doc(cfg(feature = "leader-election")))]
 pub mod leader_election;
 mod list_watch;
+#[cfg(feature = "manager")]
+#[cfg_attr(docsrs, doc(cfg(feature = "manager")))]
+mod manager;
 mod reflector;
 mod store;
 #[cfg(any(test, feature = "testing"))]
@@ -49,8 +52,8 @@ pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, DivergenceCheck, DivergenceStats, Drift, EventHandler,
     FactoryScope, HandlerFn, HandlerRegistration, HasSynced, InformerBuilder, InformerFactory,
-    InformerHandle, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, Scope,
-    SharedInformer, handler_fn, key_handler, wait_for_cache_sync,
+    InformerHandle, InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject, Repair,
+    RunningInformer, Scope, SharedInformer, handler_fn, key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;
@@ -59,6 +62,8 @@ pub use list_watch::{
     ListWatch, ObjectVersion, ProtobufError, Undecodable, VersionPage, WatchEvent, WatchOptions,
     WatchStream, WireFormat,
 };
+#[cfg(feature = "manager")]
+pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};
 pub use reflector::{
     Backoff, BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStore,
     SyncedVersion,

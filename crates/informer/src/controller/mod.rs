@@ -28,6 +28,8 @@ pub use config::{ControllerConfig, DroppedHook};
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use metrics::ControllerMetrics;
 pub use predicate::Predicate;
+#[cfg(feature = "manager")]
+pub(crate) use reconciler::error_chain;
 pub use reconciler::{
     Action, ControllerBuilder, ErrorAction, Failure, ReconcileError, ReconcileRequest, retry_up_to,
     retry_with_backoff,

@@ -62,6 +62,16 @@ impl Scope {
     pub fn namespace_name(&self) -> Option<&str> {
         self.namespace.as_deref()
     }
+
+    /// The label selector, if any.
+    pub fn label_selector(&self) -> Option<&str> {
+        self.labels.as_deref()
+    }
+
+    /// The field selector, if any.
+    pub fn field_selector(&self) -> Option<&str> {
+        self.fields.as_deref()
+    }
 }
 
 /// The scopes of typed resources a factory builds informers for: namespaced ones (one
@@ -135,12 +145,31 @@ struct Registered {
 /// An informer's sync, whatever its type.
 trait Syncing: HasSynced {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
+    fn objects(&self) -> usize;
 }
 
 impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>> {
         Box::pin(InformerHandle::wait_synced_or_fatal(self))
     }
+
+    fn objects(&self) -> usize {
+        self.store().len()
+    }
+}
+
+/// One informer of a factory, as [`InformerFactory::informers`] reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InformerStatus {
+    /// The resource's plural name.
+    pub resource: String,
+    /// Its scope.
+    pub scope: Scope,
+    /// Objects cached.
+    pub objects: usize,
+    /// Whether it has synced.
+    pub synced: bool,
 }
 
 #[derive(Default)]
@@ -355,6 +384,21 @@ impl InformerFactory {
         for informer in running {
             informer.stop().await;
         }
+    }
+
+    /// Every informer registered: its resource and scope, objects cached, and whether it
+    /// has synced.
+    pub fn informers(&self) -> Vec<InformerStatus> {
+        self.inner
+            .registry
+            .iter()
+            .map(|e| InformerStatus {
+                resource: e.resource.clone(),
+                scope: e.key().1.clone(),
+                objects: e.synced.objects(),
+                synced: e.synced.has_synced(),
+            })
+            .collect()
     }
 
     /// The number of informers registered.

@@ -1,0 +1,175 @@
+//! The manager's endpoints: `/healthz` and `/readyz` on the probe address, `/metrics` on
+//! the metrics address, and the informers' gauges on `/metrics`.
+
+use std::{convert::Infallible, sync::Arc, time::Duration};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{
+    Request, Response, StatusCode, body::Incoming, server::conn::http1, service::service_fn,
+};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::informer::InformerFactory;
+
+pub(super) const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
+pub(super) const METRICS_PATHS: &[&str] = &["/metrics"];
+
+/// A slow or idle client gets this long to send its request headers.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the endpoints answer from.
+pub(super) struct State {
+    factory: InformerFactory,
+    registry: Registry,
+}
+
+impl State {
+    pub(super) fn new(factory: InformerFactory, registry: Registry) -> Self {
+        Self { factory, registry }
+    }
+
+    fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
+        const TEXT: &str = "text/plain; charset=utf-8";
+        match path {
+            "/healthz" => (StatusCode::OK, TEXT, "ok".into()),
+            "/readyz" if self.factory.has_synced() => (StatusCode::OK, TEXT, "ok".into()),
+            "/readyz" => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                TEXT,
+                "caches not synced yet".into(),
+            ),
+            "/metrics" => {
+                let mut body = String::new();
+                match encode(&mut body, &self.registry) {
+                    Ok(()) => (
+                        StatusCode::OK,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        body,
+                    ),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, e.to_string()),
+                }
+            }
+            _ => (StatusCode::NOT_FOUND, TEXT, "not found".into()),
+        }
+    }
+}
+
+/// Serves `paths` on `listener` until `cancel` fires; other paths get 404. Accept errors
+/// (out of file descriptors, ...) back off from 5 ms to 1 s instead of spinning.
+pub(super) async fn serve(
+    listener: TcpListener,
+    state: Arc<State>,
+    paths: &'static [&'static str],
+    cancel: CancellationToken,
+) {
+    if let Ok(addr) = listener.local_addr() {
+        info!(%addr, ?paths, "serving");
+    }
+    let mut backoff = Duration::from_millis(5);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = cancel.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    warn!(%error, retry_in = ?backoff, "accept failed");
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+        };
+        backoff = Duration::from_millis(5);
+        let state = state.clone();
+        let service = service_fn(move |request: Request<Incoming>| {
+            let path = request.uri().path();
+            let (status, content_type, body) =
+                state.answer(if paths.contains(&path) { path } else { "" });
+            let response = Response::builder()
+                .status(status)
+                .header("content-type", content_type)
+                .body(Full::new(Bytes::from(body)));
+            async move { Ok::<_, Infallible>(response.unwrap_or_default()) }
+        });
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let connection = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => if let Err(error) = result {
+                    debug!(%peer, %error, "connection ended with an error");
+                },
+                () = cancel.cancelled() => connection.as_mut().graceful_shutdown(),
+            }
+        });
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InformerLabels {
+    resource: String,
+    namespace: String,
+    label_selector: String,
+    field_selector: String,
+}
+
+/// The informers' gauges, read from the factory at each scrape.
+#[derive(Debug)]
+struct InformerCollector {
+    factory: InformerFactory,
+}
+
+impl Collector for InformerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let objects: Family<InformerLabels, Gauge> = Family::default();
+        let synced: Family<InformerLabels, Gauge> = Family::default();
+        for state in self.factory.informers() {
+            let labels = InformerLabels {
+                resource: state.resource,
+                namespace: state.scope.namespace_name().unwrap_or_default().to_owned(),
+                label_selector: state.scope.label_selector().unwrap_or_default().to_owned(),
+                field_selector: state.scope.field_selector().unwrap_or_default().to_owned(),
+            };
+            objects
+                .get_or_create(&labels)
+                .set(i64::try_from(state.objects).unwrap_or(i64::MAX));
+            synced.get_or_create(&labels).set(i64::from(state.synced));
+        }
+        for (name, help, family) in [
+            (
+                "informer_objects",
+                "Objects in the informer's cache",
+                &objects,
+            ),
+            (
+                "informer_synced",
+                "Whether the informer has synced (1) or not (0)",
+                &synced,
+            ),
+        ] {
+            let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+            family.encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn register_informer_metrics(registry: &mut Registry, factory: InformerFactory) {
+    registry.register_collector(Box::new(InformerCollector { factory }));
+}

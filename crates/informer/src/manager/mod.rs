@@ -1,0 +1,386 @@
+//! The manager: runs a factory's informers, controllers and other tasks, serves probes and
+//! metrics, and shuts all of it down within a deadline (controller-runtime's `Manager`).
+//! The full documentation is on [`Manager`].
+
+mod http;
+
+use std::{
+    error::Error as StdError, future::Future, net::SocketAddr, pin::Pin, sync::Arc, time::Duration,
+};
+
+use kube_client::Client;
+use prometheus_client::registry::Registry;
+use tokio::{net::TcpListener, task::JoinSet};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::{
+    controller::{ControllerMetrics, error_chain},
+    informer::InformerFactory,
+    workqueue::PrometheusMetrics,
+};
+
+/// Why a manager could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagerError {
+    /// The probe or metrics address could not be bound.
+    #[error("cannot serve {what} on {addr}: {source}")]
+    Bind {
+        /// `health probes` or `metrics`.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A task (a controller, a runnable) ended with an error, which stopped the others.
+    #[error("{task} failed: {source}")]
+    Task {
+        /// The task's name.
+        task: String,
+        /// Its error.
+        #[source]
+        source: TaskError,
+    },
+}
+
+/// A task's error, whatever its type.
+type TaskError = Box<dyn StdError + Send + Sync>;
+type Task = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
+type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
+
+/// Runs a factory's informers and any number of controllers and other tasks, with
+/// controller-runtime's endpoints and shutdown (controller-runtime's `Manager`).
+///
+/// - **Probes** on [`probe_address`](Self::probe_address) (default `127.0.0.1:8081`):
+///   `/healthz` answers 200 while the manager runs; `/readyz` answers 200 once every
+///   informer of the factory has synced, 503 before.
+/// - **Metrics** on [`metrics_address`](Self::metrics_address) (default
+///   `127.0.0.1:8080`): `/metrics` in the OpenMetrics text format, with the workqueue
+///   metrics ([`workqueue_metrics`](Self::workqueue_metrics)), the reconcile metrics
+///   ([`controller_metrics`](Self::controller_metrics)), the informers' objects and sync
+///   state, and whatever is added to the [`registry`](Self::registry). Both bind to
+///   loopback unless told otherwise, and read request headers within 10 s.
+/// - **Tasks** ([`add`](Self::add)) start after the factory's informers, each with a
+///   child of the manager's token; one that fails stops the others, and
+///   [`run`](BoundManager::run) returns its error, logged with its whole source chain.
+/// - **Shutdown**: on cancellation (e.g. [`cancel_on_signals`]) every task is cancelled
+///   and gets until the [shutdown timeout](Self::shutdown_timeout) (30 s) to end; then
+///   the informers stop.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{
+///     Action, ControllerBuilder, Manager, ReconcileRequest, Scope, cancel_on_signals,
+///     retry_with_backoff,
+/// };
+///
+/// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut manager = Manager::new(client);
+/// let informer = manager.factory().informer::<ConfigMap>(Scope::namespace("web"));
+/// let controller = ControllerBuilder::new("config-maps", informer)
+///     .metrics(manager.workqueue_metrics())
+///     .reconcile_metrics(manager.controller_metrics());
+/// manager.add("config-maps", move |cancel| {
+///     controller.run(
+///         |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| async {
+///             Ok::<_, kube_client::Error>(Action::done())
+///         },
+///         retry_with_backoff(),
+///         Arc::new(()),
+///         cancel,
+///     )
+/// });
+/// let cancel = cancel_on_signals();
+/// manager.bind().await?.run(cancel).await?;
+/// # Ok(()) }
+/// ```
+pub struct Manager {
+    factory: InformerFactory,
+    registry: Registry,
+    workqueue_metrics: PrometheusMetrics,
+    controller_metrics: ControllerMetrics,
+    tasks: Vec<(String, TaskFn)>,
+    probe_address: Option<SocketAddr>,
+    metrics_address: Option<SocketAddr>,
+    shutdown_timeout: Duration,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("factory", &self.factory)
+            .field(
+                "tasks",
+                &self.tasks.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
+            .field("probe_address", &self.probe_address)
+            .field("metrics_address", &self.metrics_address)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Manager {
+    /// A manager whose factory's informers use `client`.
+    pub fn new(client: Client) -> Self {
+        let mut registry = Registry::default();
+        let workqueue_metrics = PrometheusMetrics::new(&mut registry);
+        let controller_metrics = ControllerMetrics::new(&mut registry);
+        let factory = InformerFactory::new(client);
+        http::register_informer_metrics(&mut registry, factory.clone());
+        Self {
+            factory,
+            registry,
+            workqueue_metrics,
+            controller_metrics,
+            tasks: Vec::new(),
+            probe_address: Some(SocketAddr::from(([127, 0, 0, 1], 8081))),
+            metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            shutdown_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// The informer factory whose informers the manager starts and stops.
+    pub fn factory(&self) -> &InformerFactory {
+        &self.factory
+    }
+
+    /// The registry served on `/metrics`, to add metrics of your own.
+    pub fn registry(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
+    /// The workqueue metrics, for [`ControllerBuilder::metrics`](crate::ControllerBuilder::metrics)
+    /// and queues of your own.
+    pub fn workqueue_metrics(&self) -> PrometheusMetrics {
+        self.workqueue_metrics.clone()
+    }
+
+    /// The reconcile metrics, for
+    /// [`ControllerBuilder::reconcile_metrics`](crate::ControllerBuilder::reconcile_metrics).
+    pub fn controller_metrics(&self) -> ControllerMetrics {
+        self.controller_metrics.clone()
+    }
+
+    /// Where `/healthz` and `/readyz` are served; `None` serves none.
+    #[must_use]
+    pub fn probe_address(mut self, address: Option<SocketAddr>) -> Self {
+        self.probe_address = address;
+        self
+    }
+
+    /// Where `/metrics` is served; `None` serves none.
+    #[must_use]
+    pub fn metrics_address(mut self, address: Option<SocketAddr>) -> Self {
+        self.metrics_address = address;
+        self
+    }
+
+    /// How long tasks get to end once the manager is cancelled (default 30 s).
+    #[must_use]
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// Adds a task (a controller's `run`, a periodic job, ...), started with a child of
+    /// the manager's token once the informers have been started.
+    pub fn add<F, Fut, E>(&mut self, name: impl Into<String>, task: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), E>> + Send + 'static,
+        E: StdError + Send + Sync + 'static,
+    {
+        let task: TaskFn = Box::new(move |cancel| {
+            Box::pin(async move { task(cancel).await.map_err(|e| Box::new(e) as _) })
+        });
+        self.tasks.push((name.into(), task));
+    }
+
+    /// Binds the probe and metrics addresses (so a port in use fails here, before
+    /// anything starts).
+    ///
+    /// # Errors
+    ///
+    /// [`ManagerError::Bind`] when an address cannot be bound.
+    pub async fn bind(self) -> Result<BoundManager, ManagerError> {
+        let bind = |what, addr| async move {
+            match addr {
+                None => Ok(None),
+                Some(addr) => TcpListener::bind(addr)
+                    .await
+                    .map(Some)
+                    .map_err(|source| ManagerError::Bind { what, addr, source }),
+            }
+        };
+        let probes = bind("health probes", self.probe_address).await?;
+        let metrics = bind("metrics", self.metrics_address).await?;
+        Ok(BoundManager {
+            manager: self,
+            probes,
+            metrics,
+        })
+    }
+}
+
+/// A [`Manager`] whose addresses are bound, ready to [`run`](Self::run).
+#[derive(Debug)]
+pub struct BoundManager {
+    manager: Manager,
+    probes: Option<TcpListener>,
+    metrics: Option<TcpListener>,
+}
+
+impl BoundManager {
+    /// The address the probes are served on (with the port the system chose for port 0).
+    pub fn probe_address(&self) -> Option<SocketAddr> {
+        self.probes.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// The address the metrics are served on.
+    pub fn metrics_address(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves the endpoints, starts the informers and the tasks, and runs until `cancel`
+    /// fires or a task fails; then cancels every task, waits for them up to the shutdown
+    /// timeout, and stops the informers.
+    ///
+    /// # Errors
+    ///
+    /// [`ManagerError::Task`]: the first task that failed.
+    pub async fn run(self, cancel: CancellationToken) -> Result<(), ManagerError> {
+        let Self {
+            manager,
+            probes,
+            metrics,
+        } = self;
+        let Manager {
+            factory,
+            registry,
+            tasks,
+            shutdown_timeout,
+            ..
+        } = manager;
+        let state = Arc::new(http::State::new(factory.clone(), registry));
+        let servers = CancellationToken::new();
+        let mut server_tasks = JoinSet::new();
+        for (listener, paths) in [(probes, http::PROBE_PATHS), (metrics, http::METRICS_PATHS)] {
+            if let Some(listener) = listener {
+                server_tasks.spawn(http::serve(listener, state.clone(), paths, servers.clone()));
+            }
+        }
+
+        let tasks_cancel = cancel.child_token();
+        factory.start(&tasks_cancel);
+        let mut running = JoinSet::new();
+        for (name, task) in tasks {
+            let future = task(tasks_cancel.child_token());
+            running.spawn(async move { (name, future.await) });
+        }
+        info!(tasks = running.len(), "manager started");
+
+        let mut failure = None;
+        tokio::select! {
+            () = cancel.cancelled() => info!("manager shutting down"),
+            Some(first) = running.join_next() => {
+                failure = ended(first);
+            }
+        }
+        tasks_cancel.cancel();
+        let drained = tokio::time::timeout(shutdown_timeout, async {
+            while let Some(done) = running.join_next().await {
+                if let Some(error) = ended(done) {
+                    failure.get_or_insert(error);
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            warn!(timeout = ?shutdown_timeout, running = running.len(), "tasks still running at the shutdown deadline; dropped");
+            running.abort_all();
+            while running.join_next().await.is_some() {}
+        }
+        factory.shutdown().await;
+        servers.cancel();
+        while server_tasks.join_next().await.is_some() {}
+        match failure {
+            Some(error) => {
+                error!(error = %error_chain(&error), "manager stopped");
+                Err(error)
+            }
+            None => {
+                info!("manager stopped");
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The error of a task that ended, if it failed (a panic counts as a failure).
+fn ended(
+    done: Result<(String, Result<(), TaskError>), tokio::task::JoinError>,
+) -> Option<ManagerError> {
+    match done {
+        Ok((name, Ok(()))) => {
+            info!(task = %name, "task ended");
+            None
+        }
+        Ok((task, Err(source))) => Some(ManagerError::Task { task, source }),
+        Err(join) if join.is_cancelled() => None,
+        Err(join) => Some(ManagerError::Task {
+            task: "a task".to_owned(),
+            source: format!("panicked: {join}").into(),
+        }),
+    }
+}
+
+/// A token cancelled by the first Ctrl-C or `SIGTERM`; a second one exits the process at
+/// once (status 130), for a shutdown that hangs.
+pub fn cancel_on_signals() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let token = cancel.clone();
+    tokio::spawn(async move {
+        let mut signals = Signals::new();
+        signals.next().await;
+        info!("signal received; shutting down (a second signal exits at once)");
+        token.cancel();
+        signals.next().await;
+        warn!("second signal; exiting now");
+        std::process::exit(130);
+    });
+    cancel
+}
+
+/// Ctrl-C and, on Unix, `SIGTERM`.
+struct Signals {
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Self {
+        Self {
+            #[cfg(unix)]
+            terminate: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|error| warn!(%error, "no SIGTERM handler; Ctrl-C still works"))
+                .ok(),
+        }
+    }
+
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if let Some(terminate) = &mut self.terminate {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+            return;
+        }
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
