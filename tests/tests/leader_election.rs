@@ -172,3 +172,69 @@ async fn a_candidate_without_rbac_gets_a_clear_error() {
 fn config_for_rbac(namespace: &str) -> LeaderElectionConfig {
     config(namespace, "nobody")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_stops_working_before_another_can_acquire() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lease-fence").await;
+    let proxy = within(
+        "the fault proxy",
+        kube_testenv::FaultProxy::for_apiserver(env),
+    )
+    .await
+    .unwrap();
+    let timing = |identity| {
+        LeaderElectionConfig::new(&namespace, "the-lease", identity).timing(
+            Duration::from_secs(4),
+            Duration::from_secs(2),
+            Duration::from_millis(500),
+        )
+    };
+    let through = env.client_via(&proxy).await.unwrap();
+    let a = Arc::new(LeaderElector::new(through, timing("a")).unwrap());
+    // A's work ignores its token, as a reconcile stuck in a call would: only fencing
+    // can stop it.
+    let worked: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let a_task = {
+        let (a, worked) = (a.clone(), worked.clone());
+        tokio::spawn(async move {
+            a.run(CancellationToken::new(), |_leading| async move {
+                loop {
+                    worked.lock().unwrap().push(Instant::now());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+        })
+    };
+    eventually("a to lead", || a.is_leader()).await;
+    let b = Arc::new(LeaderElector::new(client, timing("b")).unwrap());
+    let b_acquired: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let b_task = {
+        let (b, acquired) = (b.clone(), b_acquired.clone());
+        tokio::spawn(async move {
+            b.run(CancellationToken::new(), |leading| async move {
+                *acquired.lock().unwrap() = Some(Instant::now());
+                leading.cancelled().await;
+            })
+            .await
+        })
+    };
+
+    proxy.cut().await.unwrap();
+    let a_result = within("a to give up leading", a_task).await.unwrap();
+    assert!(
+        matches!(a_result, Err(LeaderElectionError::Lost { .. })),
+        "{a_result:?}"
+    );
+    assert!(!a.is_leader());
+    eventually("b to acquire", || b_acquired.lock().unwrap().is_some()).await;
+    let acquired = b_acquired.lock().unwrap().unwrap();
+    let last_work = *worked.lock().unwrap().last().unwrap();
+    assert!(
+        last_work < acquired,
+        "a worked until {:?} after b acquired",
+        last_work - acquired
+    );
+    b_task.abort();
+}

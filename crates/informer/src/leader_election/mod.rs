@@ -13,8 +13,16 @@
 //! duration) stops leading before anyone else may start.
 //!
 //! [`LeaderElector::run`] waits for the lease, then runs your leading future with a
-//! cancellation token that fires when leadership is lost; on a graceful stop it releases
-//! the lease, so another replica takes over at once instead of after the lease expires.
+//! cancellation token that fires when leadership is lost; on a graceful stop it keeps
+//! renewing until that future has finished, then releases the lease, so another replica
+//! takes over at once instead of after the lease expires, and never mid-reconcile.
+//!
+//! **Fencing.** The renew deadline counts from the moment the last successful renewal was
+//! sent, so a leader that cannot renew knows it is no longer leading before any other
+//! replica can have acquired the lease (which takes a whole lease duration after it last
+//! saw the record change). At that moment [`is_leader`](LeaderElector::is_leader) turns
+//! false and the leading token is cancelled; a leading future that has not finished by the
+//! time another replica could acquire is dropped.
 //!
 //! ```no_run
 //! use kube_informer::leader_election::{LeaderElectionConfig, LeaderElector};
@@ -110,6 +118,13 @@ impl LeaderElectionConfig {
         if self.identity.is_empty() || self.name.is_empty() || self.namespace.is_empty() {
             return invalid("namespace, name and identity must not be empty".into());
         }
+        // The Lease holds whole seconds: what the others read is what must be checked.
+        if self.lease_duration.subsec_nanos() != 0 {
+            return invalid(format!(
+                "lease_duration ({:?}) must be whole seconds: the Lease records seconds",
+                self.lease_duration
+            ));
+        }
         if self.lease_duration <= self.renew_deadline {
             return invalid(format!(
                 "lease_duration ({:?}) must be longer than renew_deadline ({:?})",
@@ -172,6 +187,8 @@ pub struct LeaderElector {
     config: LeaderElectionConfig,
     observed: Mutex<Observed>,
     leading: watch::Sender<bool>,
+    /// When the last successful acquisition or renewal was sent.
+    renewed: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -204,7 +221,40 @@ impl LeaderElector {
                 at: Instant::now(),
             }),
             leading: watch::channel(false).0,
+            renewed: Mutex::new(None),
         })
+    }
+
+    fn last_renewed(&self) -> Option<Instant> {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_renewed(&self, at: Instant) {
+        *self.renewed.lock().unwrap_or_else(PoisonError::into_inner) = Some(at);
+    }
+
+    /// client-go's `HealthzAdaptor`: healthy unless this replica leads and has not renewed
+    /// for longer than the lease duration plus `tolerance` (its renewals have stalled,
+    /// e.g. a task that blocks the runtime).
+    ///
+    /// # Errors
+    ///
+    /// A message saying how long the renewals have stalled.
+    pub fn check_health(&self, tolerance: Duration) -> Result<(), String> {
+        if !self.is_leader() {
+            return Ok(());
+        }
+        let Some(renewed) = self.last_renewed() else {
+            return Ok(());
+        };
+        let since = renewed.elapsed();
+        if since > self.config.lease_duration + tolerance {
+            return Err(format!(
+                "leading, but the lease {} was last renewed {since:?} ago",
+                self.lease()
+            ));
+        }
+        Ok(())
     }
 
     /// Whether this replica leads right now.
@@ -218,11 +268,13 @@ impl LeaderElector {
     }
 
     /// Waits to acquire the lease, then runs `lead` with a token that is cancelled when
-    /// leadership is lost or `cancel` fires, while renewing the lease in the background.
+    /// leadership is lost or `cancel` fires, while renewing the lease, until `lead` has
+    /// finished (so a graceful stop keeps the lease while `lead` winds down).
     ///
-    /// Returns `Ok(Some(output))` when `lead` finished (the lease is released first if
+    /// Returns `Ok(Some(output))` when `lead` finished (the lease is released then, if
     /// [`release_on_cancel`](LeaderElectionConfig::release_on_cancel)), `Ok(None)` when
-    /// `cancel` fired before the lease was acquired.
+    /// `cancel` fired before the lease was acquired. When leadership is lost, `lead` gets
+    /// until another replica could acquire the lease to finish, and is dropped then.
     ///
     /// # Errors
     ///
@@ -245,28 +297,35 @@ impl LeaderElector {
         info!(lease = %self.lease(), identity = %self.config.identity, "acquired the lease; leading");
         let lead = lead(leading.clone());
         tokio::pin!(lead);
-        let renew = self.renew_until_lost(&leading);
+        // Renewals go on while `lead` runs, a graceful wind-down included.
+        let renew = self.renew_until_lost();
         tokio::pin!(renew);
         let outcome = tokio::select! {
             output = &mut lead => Ok(output),
             lost = &mut renew => Err(lost),
         };
-        let result = match outcome {
+        match outcome {
             Ok(output) => {
+                self.leading.send_replace(false);
                 if self.config.release_on_cancel {
                     self.release().await;
                 }
                 Ok(Some(output))
             }
             Err(lost) => {
-                warn!(lease = %self.lease(), error = %lost, "leadership lost; stopping");
+                // Fenced first: no longer the leader, work told to stop.
+                self.leading.send_replace(false);
                 leading.cancel();
-                lead.await;
+                let fence = self
+                    .last_renewed()
+                    .map_or_else(Instant::now, |at| at + self.config.lease_duration);
+                warn!(lease = %self.lease(), error = %lost, "leadership lost; stopping");
+                if tokio::time::timeout_at(fence, &mut lead).await.is_err() {
+                    warn!(lease = %self.lease(), "the leading work did not stop before another replica could lead; dropped");
+                }
                 Err(lost)
             }
-        };
-        self.leading.send_replace(false);
-        result
+        }
     }
 
     fn lease(&self) -> String {
@@ -293,8 +352,13 @@ impl LeaderElector {
     async fn acquire(&self, cancel: &CancellationToken) -> Result<bool, LeaderElectionError> {
         let mut logged_holder = None;
         loop {
+            let sent = Instant::now();
             match self.try_acquire_or_renew().await {
-                Ok(Attempt::Held) => return Ok(true),
+                Ok(Attempt::Held) => {
+                    self.set_renewed(sent);
+                    return Ok(true);
+                }
+                Ok(Attempt::Conflict) => {}
                 Ok(Attempt::HeldBy(holder)) => {
                     if logged_holder.as_ref() != Some(&holder) {
                         info!(lease = %self.lease(), %holder, "lease held by another replica; waiting");
@@ -314,20 +378,26 @@ impl LeaderElector {
         }
     }
 
-    /// Renews every retry period; returns why leadership was lost. Returns early (with a
-    /// placeholder reason, unused) once `leading` is cancelled, so `run` can finish.
-    async fn renew_until_lost(&self, leading: &CancellationToken) -> LeaderElectionError {
+    /// Renews every retry period; returns why leadership was lost: another holder, or no
+    /// renewal within the renew deadline of the last one sent that succeeded.
+    async fn renew_until_lost(&self) -> LeaderElectionError {
         loop {
-            tokio::select! {
-                () = leading.cancelled() => std::future::pending::<()>().await,
-                () = tokio::time::sleep(self.config.retry_period) => {}
-            }
-            let deadline = Instant::now() + self.config.renew_deadline;
+            tokio::time::sleep(self.config.retry_period).await;
+            let deadline =
+                self.last_renewed().unwrap_or_else(Instant::now) + self.config.renew_deadline;
             loop {
+                let sent = Instant::now();
                 match tokio::time::timeout_at(deadline, self.try_acquire_or_renew()).await {
-                    Ok(Ok(Attempt::Held)) => break,
+                    Ok(Ok(Attempt::Held)) => {
+                        self.set_renewed(sent);
+                        break;
+                    }
                     Ok(Ok(Attempt::HeldBy(holder))) => {
                         return self.lost(format!("the lease is now held by {holder}"));
+                    }
+                    // Our own renewal raced another write of the record: retried.
+                    Ok(Ok(Attempt::Conflict)) => {
+                        debug!(lease = %self.lease(), "renewal conflicted; retrying")
                     }
                     Ok(Err(err)) => {
                         debug!(lease = %self.lease(), error = %err, "renewal failed; retrying")
@@ -340,10 +410,8 @@ impl LeaderElector {
                         self.config.renew_deadline
                     ));
                 }
-                tokio::select! {
-                    () = leading.cancelled() => std::future::pending::<()>().await,
-                    () = tokio::time::sleep_until(deadline.min(Instant::now() + self.config.retry_period)) => {}
-                }
+                tokio::time::sleep_until(deadline.min(Instant::now() + self.config.retry_period))
+                    .await;
             }
         }
     }
@@ -422,6 +490,7 @@ impl LeaderElector {
                 self.observe(replaced.spec);
                 Ok(Attempt::Held)
             }
+            Err(err) if is_conflict(&err) && held_by_me => Ok(Attempt::Conflict),
             Err(err) if is_conflict(&err) => Ok(Attempt::HeldBy(
                 holder.unwrap_or_else(|| "another replica".into()),
             )),
@@ -439,14 +508,41 @@ impl LeaderElector {
         observed.at
     }
 
-    /// Gives the lease up if we hold it, so another replica can take it at once.
+    /// Gives the lease up if we hold it, so another replica can take it at once; retries
+    /// a conflict (a renewal in flight) and gives up after the renew deadline (the lease
+    /// then expires on its own).
     async fn release(&self) {
-        let Ok(Some(lease)) = self.api.get_opt(&self.config.name).await else {
-            return;
+        let attempts = async {
+            loop {
+                match self.try_release().await {
+                    Ok(released) => return released,
+                    Err(err) if is_conflict(&err) => {
+                        debug!(lease = %self.lease(), "release conflicted; retrying")
+                    }
+                    Err(err) => {
+                        warn!(lease = %self.lease(), error = %err, "could not release the lease; retrying")
+                    }
+                }
+                tokio::time::sleep(self.config.retry_period).await;
+            }
+        };
+        match tokio::time::timeout(self.config.renew_deadline, attempts).await {
+            Ok(true) => info!(lease = %self.lease(), "released the lease"),
+            Ok(false) => {}
+            Err(_) => {
+                warn!(lease = %self.lease(), "could not release the lease in time; it will expire")
+            }
+        }
+    }
+
+    /// One release attempt: `Ok(false)` when the lease is not ours (nothing to release).
+    async fn try_release(&self) -> Result<bool, kube_client::Error> {
+        let Some(lease) = self.api.get_opt(&self.config.name).await? else {
+            return Ok(false);
         };
         let spec = lease.spec.clone().unwrap_or_default();
         if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
-            return;
+            return Ok(false);
         }
         let mut released = lease;
         released.spec = Some(LeaseSpec {
@@ -456,20 +552,18 @@ impl LeaderElector {
             acquire_time: Some(now()),
             ..spec
         });
-        match self
-            .api
+        self.api
             .replace(&self.config.name, &PostParams::default(), &released)
-            .await
-        {
-            Ok(_) => info!(lease = %self.lease(), "released the lease"),
-            Err(err) => warn!(lease = %self.lease(), error = %err, "could not release the lease"),
-        }
+            .await?;
+        Ok(true)
     }
 }
 
 enum Attempt {
     Held,
     HeldBy(String),
+    /// Our own write lost a race on the record (its resourceVersion moved): try again.
+    Conflict,
 }
 
 fn is_conflict(err: &kube_client::Error) -> bool {
@@ -507,6 +601,18 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("retry_period")
+        );
+        let bad = base.clone().timing(
+            Duration::from_millis(10_900),
+            Duration::from_millis(10_500),
+            Duration::from_secs(2),
+        );
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("whole seconds"),
+            "10.9 s is written as 10 s, shorter than the renew deadline"
         );
         let mut bad = base;
         bad.identity.clear();
