@@ -451,3 +451,88 @@ async fn a_failing_task_stops_the_manager_with_its_error() {
     }
     assert!(*cancelled.lock().unwrap(), "the other task was cancelled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over() {
+    use kube_informer::leader_election::LeaderElectionConfig;
+
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "ctrl-leader").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    create_all(&api, vec![labelled("watched", &[])]).await;
+    let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let reconciles: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let start = |identity: &'static str| {
+        let mut manager = kube_informer::Manager::new(client.clone())
+            .probe_address(loopback)
+            .metrics_address(None)
+            .leader_election(
+                LeaderElectionConfig::new(&namespace, "managers", identity).timing(
+                    Duration::from_secs(4),
+                    Duration::from_secs(2),
+                    Duration::from_millis(500),
+                ),
+            );
+        let informer = manager
+            .factory()
+            .informer::<ConfigMap>(Scope::namespace(&namespace));
+        let seen = reconciles.clone();
+        manager.add("leader-only", move |cancel| {
+            ControllerBuilder::new("leader-only", informer).run(
+                move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                    seen.lock().unwrap().push(identity);
+                    async { Ok::<_, std::io::Error>(Action::done()) }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel,
+            )
+        });
+        manager
+    };
+    let first = start("first").bind().await.unwrap();
+    let first_cancel = CancellationToken::new();
+    let first_run = tokio::spawn(first.run(first_cancel.clone()));
+    eventually("the first to reconcile", || {
+        reconciles.lock().unwrap().as_slice() == ["first"]
+    })
+    .await;
+    let second = start("second").bind().await.unwrap();
+    let second_probes = second.probe_address().unwrap();
+    let second_cancel = CancellationToken::new();
+    let second_run = tokio::spawn(second.run(second_cancel.clone()));
+    // A standby is ready (its cache is warm) but does not reconcile.
+    tests::eventually_some("the standby ready", || async {
+        (get(second_probes, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(get(second_probes, "/healthz").await.0, 200);
+    api.patch(
+        "watched",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": { "v": "2" } })),
+    )
+    .await
+    .unwrap();
+    eventually("the leader to reconcile the change", || {
+        reconciles.lock().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(reconciles.lock().unwrap().as_slice(), ["first", "first"]);
+
+    // A graceful stop releases the lease: the standby leads and reconciles at once.
+    first_cancel.cancel();
+    within("the first to stop", first_run)
+        .await
+        .unwrap()
+        .unwrap();
+    eventually("the second to reconcile", || {
+        reconciles.lock().unwrap().last() == Some(&"second")
+    })
+    .await;
+    second_cancel.cancel();
+    within("the second to stop", second_run)
+        .await
+        .unwrap()
+        .unwrap();
+}

@@ -27,21 +27,47 @@ pub(super) const METRICS_PATHS: &[&str] = &["/metrics"];
 /// A slow or idle client gets this long to send its request headers.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long past the lease duration a leader's stalled renewals are tolerated before
+/// `/healthz` fails (client-go's `HealthzAdaptor` timeout).
+#[cfg(feature = "leader-election")]
+const LEADER_STALL_TOLERANCE: Duration = Duration::from_secs(20);
+
 /// What the endpoints answer from.
 pub(super) struct State {
     factory: InformerFactory,
     registry: Registry,
+    elector: Option<Arc<super::LeaderElector>>,
 }
 
 impl State {
-    pub(super) fn new(factory: InformerFactory, registry: Registry) -> Self {
-        Self { factory, registry }
+    pub(super) fn new(
+        factory: InformerFactory,
+        registry: Registry,
+        elector: Option<Arc<super::LeaderElector>>,
+    ) -> Self {
+        Self {
+            factory,
+            registry,
+            elector,
+        }
+    }
+
+    /// `/healthz`: failing while a leader's renewals have stalled.
+    fn health(&self) -> Result<(), String> {
+        match &self.elector {
+            #[cfg(feature = "leader-election")]
+            Some(elector) => elector.check_health(LEADER_STALL_TOLERANCE),
+            _ => Ok(()),
+        }
     }
 
     fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
         const TEXT: &str = "text/plain; charset=utf-8";
         match path {
-            "/healthz" => (StatusCode::OK, TEXT, "ok".into()),
+            "/healthz" => match self.health() {
+                Ok(()) => (StatusCode::OK, TEXT, "ok".into()),
+                Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, why),
+            },
             "/readyz" if self.factory.has_synced() => (StatusCode::OK, TEXT, "ok".into()),
             "/readyz" => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -14,11 +14,21 @@ use tokio::{net::TcpListener, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+#[cfg(feature = "leader-election")]
+use crate::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use crate::{
     controller::{ControllerMetrics, error_chain},
     informer::InformerFactory,
     workqueue::PrometheusMetrics,
 };
+
+/// Without the `leader-election` feature, nothing to configure or run.
+#[cfg(not(feature = "leader-election"))]
+type LeaderElectionConfig = std::convert::Infallible;
+#[cfg(not(feature = "leader-election"))]
+type LeaderElector = std::convert::Infallible;
+#[cfg(not(feature = "leader-election"))]
+type LeaderElectionError = std::convert::Infallible;
 
 /// Why a manager could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +45,10 @@ pub enum ManagerError {
         #[source]
         source: std::io::Error,
     },
+    /// Leader election could not start (an invalid configuration) or this replica lost
+    /// the lease.
+    #[error(transparent)]
+    LeaderElection(LeaderElectionError),
     /// A task (a controller, a runnable) ended with an error, which stopped the others.
     #[error("{task} failed: {source}")]
     Task {
@@ -107,6 +121,7 @@ pub struct Manager {
     probe_address: Option<SocketAddr>,
     metrics_address: Option<SocketAddr>,
     shutdown_timeout: Duration,
+    leader_election: Option<LeaderElectionConfig>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -141,7 +156,22 @@ impl Manager {
             probe_address: Some(SocketAddr::from(([127, 0, 0, 1], 8081))),
             metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             shutdown_timeout: Duration::from_secs(30),
+            leader_election: None,
         }
+    }
+
+    /// Runs the tasks only while this replica holds the Lease `config` names (the
+    /// informers run on every replica, so a standby takes over with a warm cache). A
+    /// replica that loses the lease stops its tasks before another can acquire it, and
+    /// [`run`](BoundManager::run) returns [`ManagerError::LeaderElection`] (restart it as a
+    /// candidate, as controller-runtime's managers do); `/healthz` fails while the
+    /// leader's renewals are stalled.
+    #[cfg(feature = "leader-election")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "leader-election")))]
+    #[must_use]
+    pub fn leader_election(mut self, config: LeaderElectionConfig) -> Self {
+        self.leader_election = Some(config);
+        self
     }
 
     /// The informer factory whose informers the manager starts and stops.
@@ -217,12 +247,21 @@ impl Manager {
                     .map_err(|source| ManagerError::Bind { what, addr, source }),
             }
         };
+        let elector = match &self.leader_election {
+            #[cfg(feature = "leader-election")]
+            Some(config) => Some(Arc::new(
+                LeaderElector::new(self.factory.client(), config.clone())
+                    .map_err(ManagerError::LeaderElection)?,
+            )),
+            _ => None,
+        };
         let probes = bind("health probes", self.probe_address).await?;
         let metrics = bind("metrics", self.metrics_address).await?;
         Ok(BoundManager {
             manager: self,
             probes,
             metrics,
+            elector,
         })
     }
 }
@@ -233,6 +272,7 @@ pub struct BoundManager {
     manager: Manager,
     probes: Option<TcpListener>,
     metrics: Option<TcpListener>,
+    elector: Option<Arc<LeaderElector>>,
 }
 
 impl BoundManager {
@@ -258,6 +298,7 @@ impl BoundManager {
             manager,
             probes,
             metrics,
+            elector,
         } = self;
         let Manager {
             factory,
@@ -266,7 +307,8 @@ impl BoundManager {
             shutdown_timeout,
             ..
         } = manager;
-        let state = Arc::new(http::State::new(factory.clone(), registry));
+        let elector: Option<Arc<LeaderElector>> = elector;
+        let state = Arc::new(http::State::new(factory.clone(), registry, elector.clone()));
         let servers = CancellationToken::new();
         let mut server_tasks = JoinSet::new();
         for (listener, paths) in [(probes, http::PROBE_PATHS), (metrics, http::METRICS_PATHS)] {
@@ -275,36 +317,22 @@ impl BoundManager {
             }
         }
 
-        let tasks_cancel = cancel.child_token();
-        factory.start(&tasks_cancel);
-        let mut running = JoinSet::new();
-        for (name, task) in tasks {
-            let future = task(tasks_cancel.child_token());
-            running.spawn(async move { (name, future.await) });
-        }
-        info!(tasks = running.len(), "manager started");
-
-        let mut failure = None;
-        tokio::select! {
-            () = cancel.cancelled() => info!("manager shutting down"),
-            Some(first) = running.join_next() => {
-                failure = ended(first);
-            }
-        }
-        tasks_cancel.cancel();
-        let drained = tokio::time::timeout(shutdown_timeout, async {
-            while let Some(done) = running.join_next().await {
-                if let Some(error) = ended(done) {
-                    failure.get_or_insert(error);
+        // Every replica's caches start at once (a standby is warm when it takes over);
+        // the tasks run only while leading, when leader election is on.
+        factory.start(&cancel);
+        let failure = match elector {
+            #[cfg(feature = "leader-election")]
+            Some(elector) => {
+                info!("waiting to lead before starting the tasks");
+                let work = |leading| run_tasks(tasks, leading, shutdown_timeout);
+                match elector.run(cancel.clone(), work).await {
+                    Ok(Some(failure)) => failure,
+                    Ok(None) => None,
+                    Err(lost) => Some(ManagerError::LeaderElection(lost)),
                 }
             }
-        })
-        .await;
-        if drained.is_err() {
-            warn!(timeout = ?shutdown_timeout, running = running.len(), "tasks still running at the shutdown deadline; dropped");
-            running.abort_all();
-            while running.join_next().await.is_some() {}
-        }
+            _ => run_tasks(tasks, cancel.child_token(), shutdown_timeout).await,
+        };
         factory.shutdown().await;
         servers.cancel();
         while server_tasks.join_next().await.is_some() {}
@@ -319,6 +347,52 @@ impl BoundManager {
             }
         }
     }
+}
+
+/// Runs `tasks` until `cancel` fires or one fails; then cancels the others and waits for
+/// them up to `shutdown_timeout`. Returns the first failure.
+async fn run_tasks(
+    tasks: Vec<(String, TaskFn)>,
+    cancel: CancellationToken,
+    shutdown_timeout: Duration,
+) -> Option<ManagerError> {
+    let mut running = JoinSet::new();
+    for (name, task) in tasks {
+        let future = task(cancel.child_token());
+        running.spawn(async move { (name, future.await) });
+    }
+    info!(tasks = running.len(), "tasks started");
+    let mut failure = None;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => {
+                info!("shutting down the tasks");
+                break;
+            }
+            Some(done) = running.join_next() => {
+                // A task that ends without an error leaves the others running.
+                if let Some(error) = ended(done) {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+    }
+    cancel.cancel();
+    let drained = tokio::time::timeout(shutdown_timeout, async {
+        while let Some(done) = running.join_next().await {
+            if let Some(error) = ended(done) {
+                failure.get_or_insert(error);
+            }
+        }
+    })
+    .await;
+    if drained.is_err() {
+        warn!(timeout = ?shutdown_timeout, running = running.len(), "tasks still running at the shutdown deadline; dropped");
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+    }
+    failure
 }
 
 /// The error of a task that ended, if it failed (a panic counts as a failure).
