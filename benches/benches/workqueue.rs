@@ -8,7 +8,8 @@
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_main};
 
 use benches::workqueue_cases::{
-    ITEMS, WORKERS, add_after_fire_1ms, add_after_schedule, add_get_done, names, numbers, runtime,
+    ITEMS, WORKERS, add_after_fire_1ms, add_after_schedule, add_get_done,
+    add_get_done_mixed_priority, names, numbers, runtime,
 };
 
 fn queue(c: &mut Criterion) {
@@ -33,6 +34,31 @@ fn queue(c: &mut Criterion) {
     group.finish();
 }
 
+fn priority(c: &mut Criterion) {
+    let rt = runtime();
+    let names = names();
+    let mut group = c.benchmark_group("workqueue/priority");
+    group.throughput(Throughput::Elements(ITEMS as u64));
+    for workers in WORKERS {
+        group.bench_with_input(
+            BenchmarkId::new("plain", workers),
+            &workers,
+            |b, &workers| {
+                b.to_async(&rt).iter(|| add_get_done(&names, workers));
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("half_low", workers),
+            &workers,
+            |b, &workers| {
+                b.to_async(&rt)
+                    .iter(|| add_get_done_mixed_priority(&names, workers));
+            },
+        );
+    }
+    group.finish();
+}
+
 fn delaying(c: &mut Criterion) {
     let rt = runtime();
     let mut group = c.benchmark_group("workqueue/add_after");
@@ -49,7 +75,7 @@ fn delaying(c: &mut Criterion) {
 /// The group `criterion_main!` runs; the macro cannot document the function it generates.
 #[allow(missing_docs)]
 mod group {
-    criterion::criterion_group!(benches, super::queue, super::delaying);
+    criterion::criterion_group!(benches, super::queue, super::priority, super::delaying);
 }
 
 criterion_main!(group::benches);

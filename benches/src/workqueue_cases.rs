@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use kube_informer::ObjectKey;
-use kube_informer::workqueue::{DelayingQueue, Queue};
+use kube_informer::workqueue::{DelayingQueue, Priority, Queue};
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Runtime;
 
@@ -71,6 +71,38 @@ where
         .collect();
     for key in keys {
         queue.add(key.clone());
+    }
+    queue.shutdown();
+    for handle in handles {
+        handle.await.expect("worker");
+    }
+}
+
+/// [`add_get_done`] with every other key added at [`Priority::Low`]: the cost of the
+/// priority queue's second lane beside the plain queue.
+pub async fn add_get_done_mixed_priority<T>(keys: &[T], workers: usize)
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    let queue = Queue::new();
+    let handles: Vec<_> = (0..workers)
+        .map(|_| {
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                while let Some(key) = queue.get().await {
+                    black_box(&key);
+                    queue.done(&key);
+                }
+            })
+        })
+        .collect();
+    for (i, key) in keys.iter().enumerate() {
+        let priority = if i % 2 == 0 {
+            Priority::Low
+        } else {
+            Priority::Normal
+        };
+        queue.add_with_priority(key.clone(), priority);
     }
     queue.shutdown();
     for handle in handles {

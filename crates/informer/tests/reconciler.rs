@@ -476,3 +476,48 @@ async fn reconciles_are_counted_under_controller_runtime_names() {
     }
     running.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_live_change_is_reconciled_before_the_replayed_initial_list() {
+    let fake = Fake::new("configmaps");
+    for i in 0..500 {
+        fake.add(cm(&format!("o{i:03}")));
+    }
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    let run = tokio::spawn(ControllerBuilder::new("priority", handle(&running)).run(
+        move |request, _: Arc<()>, _| {
+            record(&seen, &request);
+            async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                Ok::<_, std::io::Error>(Action::done())
+            }
+        },
+        retry_with_backoff(),
+        Arc::new(()),
+        cancel.clone(),
+    ));
+    until("the first reconcile", || calls.lock().unwrap().len() == 1).await;
+    let mut edited = cm("o400");
+    edited.data = Some([("edited".to_owned(), "yes".to_owned())].into());
+    fake.update(edited);
+    until("the edit reconciled", || {
+        calls.lock().unwrap().iter().any(|c| c.key == "ns/o400")
+    })
+    .await;
+    let position = calls
+        .lock()
+        .unwrap()
+        .iter()
+        .position(|c| c.key == "ns/o400")
+        .unwrap();
+    assert!(
+        position <= 2,
+        "the edit waited behind {position} replayed keys"
+    );
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+}

@@ -23,7 +23,7 @@ use crate::{
     },
     key::ObjectKey,
     workqueue::{
-        MetricsProvider, QueueConfig, RateLimiter, RateLimitingQueue,
+        MetricsProvider, Priority, QueueConfig, RateLimiter, RateLimitingQueue,
         default_controller_rate_limiter,
     },
 };
@@ -185,10 +185,30 @@ struct Enqueue {
 }
 
 impl Enqueue {
-    fn keys(&self, keys: impl IntoIterator<Item = ObjectKey>) {
+    fn keys(&self, keys: impl IntoIterator<Item = ObjectKey>, priority: Priority) {
         for key in keys {
-            self.queue.add(key);
+            self.queue.add_with_priority(key, priority);
         }
+    }
+}
+
+/// Replays (the initial list, a handler's first objects, a resync) go behind live changes
+/// (controller-runtime's priority queue).
+fn add_priority(initial: bool) -> Priority {
+    if initial {
+        Priority::Low
+    } else {
+        Priority::Normal
+    }
+}
+
+/// A resync's update carries the same object twice: a replay, not a change.
+fn update_priority<K: Resource>(old: &K, new: &K) -> Priority {
+    let (old, new) = (&old.meta().resource_version, &new.meta().resource_version);
+    if old.is_some() && old == new {
+        Priority::Low
+    } else {
+        Priority::Normal
     }
 }
 
@@ -205,6 +225,10 @@ impl Enqueue {
 /// - [`watches`](Self::watches): any object, mapped to keys by a function, or
 ///   [`watches_by_index`](Self::watches_by_index): every primary whose index holds the
 ///   object's key (every Deployment that names this ConfigMap).
+///
+/// Keys from replays (the initial list, a resync) are queued at [`Priority::Low`], behind
+/// live changes, so an edit is not stuck behind thousands of replayed objects (for at most
+/// [`LOW_PRIORITY_MAX_WAIT`](crate::workqueue::LOW_PRIORITY_MAX_WAIT), so none starves).
 ///
 /// Workers take each key once at a time (a key is never reconciled twice at once) and call
 /// the reconcile function with the [`ReconcileRequest`], the shared context and a
@@ -422,15 +446,17 @@ where
             let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
             let (map_add, map_update, map_delete) = (map.clone(), map.clone(), map);
             let handler = handler_fn::<O>()
-                .on_add(move |obj, _| on_add.keys(map_add(obj)))
+                .on_add(move |obj, initial| on_add.keys(map_add(obj), add_priority(initial)))
                 .on_update(move |old, new| {
                     if predicate.accepts(old, new) {
                         let keys: HashSet<ObjectKey> =
                             map_update(old).into_iter().chain(map_update(new)).collect();
-                        on_update.keys(keys);
+                        on_update.keys(keys, update_priority(&**old, &**new));
                     }
                 })
-                .on_delete(move |deleted| on_delete.keys(map_delete(deleted.object())));
+                .on_delete(move |deleted| {
+                    on_delete.keys(map_delete(deleted.object()), Priority::Normal)
+                });
             let registration = informer.add_handler(handler)?;
             let synced = registration_synced(informer, &registration);
             Ok(Registered {
@@ -661,17 +687,17 @@ where
     Box::new(move |enqueue: Enqueue| {
         let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
         let handler = handler_fn::<K>()
-            .on_add(move |obj, _| on_add.keys(key_of(&**obj)))
+            .on_add(move |obj, initial| on_add.keys(key_of(&**obj), add_priority(initial)))
             .on_update(move |old, new| {
                 if predicate.accepts(old, new) {
-                    on_update.keys(key_of(&**new));
+                    on_update.keys(key_of(&**new), update_priority(&**old, &**new));
                 }
             })
             .on_delete(move |gone: &DeletedObject<K>| {
                 let last = gone.object();
                 if let Some(key) = key_of(&**last) {
                     deleted.insert(key.clone(), last.clone());
-                    on_delete.keys([key]);
+                    on_delete.keys([key], Priority::Normal);
                 }
             });
         let registration = primary.add_handler(handler)?;

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::{
     config::QueueConfig,
-    queue::{DoneGuard, Queue},
+    queue::{DoneGuard, Priority, Queue},
 };
 
 /// A [`Queue`] with [`add_after`](Self::add_after): client-go's delaying queue.
@@ -146,6 +146,11 @@ where
     /// See [`Queue::add`].
     pub fn add(&self, item: T) {
         self.queue.add(item);
+    }
+
+    /// See [`Queue::add_with_priority`].
+    pub fn add_with_priority(&self, item: T, priority: Priority) {
+        self.queue.add_with_priority(item, priority);
     }
 
     /// See [`Queue::get`].

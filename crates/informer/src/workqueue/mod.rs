@@ -57,7 +57,7 @@ pub use metrics::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::PrometheusMetrics;
-pub use queue::{DoneGuard, Queue};
+pub use queue::{DoneGuard, LOW_PRIORITY_MAX_WAIT, Priority, Queue};
 pub use rate_limited::RateLimitingQueue;
 pub use rate_limiter::{
     RateLimiter, bucket::Bucket, default_controller_rate_limiter,

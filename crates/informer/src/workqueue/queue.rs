@@ -96,9 +96,12 @@ struct Inner<T> {
 }
 
 struct State<T> {
-    /// Items waiting for a worker, oldest first, each with its slot so that handing one out
-    /// needs no hashing.
+    /// Items waiting for a worker at [`Priority::Normal`], oldest first, each with its slot
+    /// so that handing one out needs no hashing.
     queue: VecDeque<(T, u32)>,
+    /// Items waiting at [`Priority::Low`], oldest first, with when they were queued: taken
+    /// when no normal item waits, or once the oldest has waited [`LOW_PRIORITY_MAX_WAIT`].
+    low: VecDeque<(T, u32, Instant)>,
     /// Every item that is waiting or processing, with its slot: client-go's `dirty` and
     /// `processing` sets in one table, so that each `add` and `done` looks the item up once,
     /// with a hash computed before the lock is taken.
@@ -155,10 +158,33 @@ impl ItemHash {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Phase {
     Waiting,
+    /// Waiting at low priority.
+    WaitingLow,
     Processing,
     /// Added again while processing: it goes back in the queue at `done`.
     ProcessingDirty,
+    /// Added again while processing, only at low priority.
+    ProcessingDirtyLow,
 }
+
+/// How urgent an added item is (controller-runtime's priority queue, in two levels).
+///
+/// Items at [`Low`](Self::Low) priority, such as the keys of an informer's initial list or
+/// of a resync, go behind every [`Normal`](Self::Normal) one, so a live edit is not stuck
+/// behind thousands of replayed objects; one that has waited [`LOW_PRIORITY_MAX_WAIT`]
+/// goes first, so low-priority items are never starved. An item added at both priorities
+/// waits at the higher.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Priority {
+    /// Behind every normal item, for a bounded time.
+    Low,
+    /// In the order added (the default).
+    #[default]
+    Normal,
+}
+
+/// The longest a low-priority item waits behind normal ones before it goes first.
+pub const LOW_PRIORITY_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A slot's instants, for metrics.
 #[derive(Clone, Copy, Default)]
@@ -217,6 +243,7 @@ impl<T: Clone + Eq + Hash> State<T> {
     fn new() -> Self {
         Self {
             queue: VecDeque::new(),
+            low: VecDeque::new(),
             items: HashTable::new(),
             room: 0,
             phases: Vec::new(),
@@ -232,7 +259,13 @@ impl<T: Clone + Eq + Hash> State<T> {
     /// Adds `item`, whose hash is `hash`; `now` is set when the queue reports metrics.
     /// Returns what happened, and `item` back when the queue did not keep it, so that the
     /// caller drops it after releasing the lock.
-    fn add(&mut self, item: T, hash: ItemHash, now: Option<Instant>) -> (Added, Option<T>) {
+    fn add(
+        &mut self,
+        item: T,
+        hash: ItemHash,
+        now: Option<Instant>,
+        priority: Priority,
+    ) -> (Added, Option<T>) {
         if self.shutting_down {
             return (Added::Ignored, Some(item));
         }
@@ -254,15 +287,19 @@ impl<T: Clone + Eq + Hash> State<T> {
             .entry(hash.table(), |e| e.item == item, |e| e.hash.table())
         {
             hash_table::Entry::Vacant(vacant) => {
+                let phase = match priority {
+                    Priority::Normal => Phase::Waiting,
+                    Priority::Low => Phase::WaitingLow,
+                };
                 let index = match self.free.pop() {
                     Some(index) => {
-                        self.phases[index as usize] = Phase::Waiting;
+                        self.phases[index as usize] = phase;
                         index
                     }
                     None => {
                         let index = u32::try_from(self.phases.len())
                             .expect("a queue holds fewer than 2^32 items");
-                        self.phases.push(Phase::Waiting);
+                        self.phases.push(phase);
                         index
                     }
                 };
@@ -276,7 +313,13 @@ impl<T: Clone + Eq + Hash> State<T> {
                         None => self.times.push(times),
                     }
                 }
-                self.queue.push_back((item.clone(), index));
+                match priority {
+                    Priority::Normal => self.queue.push_back((item.clone(), index)),
+                    Priority::Low => {
+                        let queued = now.unwrap_or_else(Instant::now);
+                        self.low.push_back((item.clone(), index, queued));
+                    }
+                }
                 vacant.insert(Entry {
                     item,
                     slot: index,
@@ -285,16 +328,34 @@ impl<T: Clone + Eq + Hash> State<T> {
                 (Added::Queued, None)
             }
             hash_table::Entry::Occupied(occupied) => {
-                let index = occupied.get().slot as usize;
-                let phase = &mut self.phases[index];
-                if *phase != Phase::Processing {
-                    return (Added::Duplicate, Some(item));
+                let index = occupied.get().slot;
+                let phase = &mut self.phases[index as usize];
+                match (*phase, priority) {
+                    (Phase::WaitingLow, Priority::Normal) => {
+                        // Raised: out of the low lane (rare, so a search), into the normal one.
+                        *phase = Phase::Waiting;
+                        if let Some(at) = self.low.iter().position(|(_, i, _)| *i == index) {
+                            self.low.remove(at);
+                        }
+                        self.queue.push_back((item.clone(), index));
+                        (Added::Duplicate, Some(item))
+                    }
+                    (Phase::Processing, _) => {
+                        *phase = match priority {
+                            Priority::Normal => Phase::ProcessingDirty,
+                            Priority::Low => Phase::ProcessingDirtyLow,
+                        };
+                        if now.is_some() {
+                            self.times[index as usize].added = now;
+                        }
+                        (Added::Dirty, Some(item))
+                    }
+                    (Phase::ProcessingDirtyLow, Priority::Normal) => {
+                        *phase = Phase::ProcessingDirty;
+                        (Added::Duplicate, Some(item))
+                    }
+                    _ => (Added::Duplicate, Some(item)),
                 }
-                *phase = Phase::ProcessingDirty;
-                if now.is_some() {
-                    self.times[index].added = now;
-                }
-                (Added::Dirty, Some(item))
             }
         }
     }
@@ -311,7 +372,21 @@ impl<T: Clone + Eq + Hash> State<T> {
     /// the caller will [`Sleep`](IfEmpty::Sleep), counts it among the sleepers: it is about
     /// to wait, registered with `item_queued`.
     fn next(&mut self, now: Option<Instant>, if_empty: IfEmpty) -> Next<(T, Option<Instant>)> {
-        let Some((item, index)) = self.queue.pop_front() else {
+        let low_first = match (self.queue.front(), self.low.front()) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(_), Some((_, _, queued))) => {
+                now.unwrap_or_else(Instant::now)
+                    .saturating_duration_since(*queued)
+                    >= LOW_PRIORITY_MAX_WAIT
+            }
+        };
+        let taken = if low_first {
+            self.low.pop_front().map(|(item, index, _)| (item, index))
+        } else {
+            self.queue.pop_front()
+        };
+        let Some((item, index)) = taken else {
             if self.shutting_down {
                 return Next::ShutDown;
             }
@@ -320,7 +395,10 @@ impl<T: Clone + Eq + Hash> State<T> {
         };
         let index = index as usize;
         let phase = &mut self.phases[index];
-        debug_assert_eq!(*phase, Phase::Waiting, "a queued item must be waiting");
+        debug_assert!(
+            matches!(*phase, Phase::Waiting | Phase::WaitingLow),
+            "a queued item must be waiting"
+        );
         *phase = Phase::Processing;
         self.processing += 1;
         let added = if now.is_some() {
@@ -351,7 +429,13 @@ impl<T: Clone + Eq + Hash> State<T> {
                 self.queue.push_back((occupied.get().item.clone(), index));
                 (true, None)
             }
-            Phase::Waiting => return None,
+            Phase::ProcessingDirtyLow => {
+                *phase = Phase::WaitingLow;
+                let item = occupied.get().item.clone();
+                self.low.push_back((item, index, Instant::now()));
+                (true, None)
+            }
+            Phase::Waiting | Phase::WaitingLow => return None,
         };
         self.processing -= 1;
         Some(Finished {
@@ -405,11 +489,33 @@ where
     /// it is queued again when that processing is [`done`](Self::done)). Ignored once the
     /// queue is shutting down.
     pub fn add(&self, item: T) {
+        self.add_with_priority(item, Priority::Normal);
+    }
+
+    /// [`add`](Self::add) at `priority`: a [`Priority::Low`] item waits behind normal ones
+    /// (for at most [`LOW_PRIORITY_MAX_WAIT`]); an item already waiting at low priority
+    /// that is added at normal priority moves up.
+    ///
+    /// ```
+    /// use kube_informer::workqueue::{Priority, Queue};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let queue = Queue::new();
+    /// for key in ["replayed-1", "replayed-2"] {
+    ///     queue.add_with_priority(key, Priority::Low);
+    /// }
+    /// queue.add("edited");
+    /// assert_eq!(queue.get().await, Some("edited"));
+    /// assert_eq!(queue.get().await, Some("replayed-1"));
+    /// # }
+    /// ```
+    pub fn add_with_priority(&self, item: T, priority: Priority) {
         let hash = ItemHash::of(&item, &self.inner.hasher);
         let now = self.now();
         let (added, unused, wake) = {
             let mut state = self.inner.lock();
-            let (added, unused) = state.add(item, hash, now);
+            let (added, unused) = state.add(item, hash, now, priority);
             let wake = added == Added::Queued && state.wake_sleeper();
             (added, unused, wake)
         };
@@ -508,7 +614,8 @@ where
 
     /// The number of items waiting for a worker (not counting those processing).
     pub fn len(&self) -> usize {
-        self.inner.lock().queue.len()
+        let state = self.inner.lock();
+        state.queue.len() + state.low.len()
     }
 
     /// Whether no item is waiting for a worker.
@@ -643,7 +750,7 @@ impl<T> fmt::Debug for Queue<T> {
         let state = self.inner.lock();
         f.debug_struct("Queue")
             .field("name", &self.inner.name)
-            .field("waiting", &state.queue.len())
+            .field("waiting", &(state.queue.len() + state.low.len()))
             .field("processing", &state.processing)
             .field("shutting_down", &state.shutting_down)
             .finish()
@@ -1015,5 +1122,83 @@ mod tests {
         drop(queue);
         assert!(probe.is_closed());
         assert_eq!(probe.snapshot(), None);
+    }
+
+    async fn drain(queue: &Queue<&'static str>, n: usize) -> Vec<&'static str> {
+        let mut taken = Vec::new();
+        for _ in 0..n {
+            let item = queue.get().await.unwrap();
+            queue.done(&item);
+            taken.push(item);
+        }
+        taken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn low_priority_items_wait_behind_normal_ones_in_order() {
+        let queue = Queue::new();
+        queue.add_with_priority("low-1", Priority::Low);
+        queue.add("normal-1");
+        queue.add_with_priority("low-2", Priority::Low);
+        queue.add("normal-2");
+        assert_eq!(queue.len(), 4);
+        assert_eq!(
+            drain(&queue, 4).await,
+            ["normal-1", "normal-2", "low-1", "low-2"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_low_item_added_at_normal_priority_moves_up_once() {
+        let queue = Queue::new();
+        for item in ["a", "b", "c"] {
+            queue.add_with_priority(item, Priority::Low);
+        }
+        queue.add("z");
+        queue.add("c");
+        queue.add_with_priority("c", Priority::Low);
+        assert_eq!(queue.len(), 4, "c waits once");
+        assert_eq!(drain(&queue, 4).await, ["z", "c", "a", "b"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_low_item_that_waited_long_enough_goes_first() {
+        let queue = Queue::new();
+        queue.add_with_priority("old-low", Priority::Low);
+        tokio::time::advance(LOW_PRIORITY_MAX_WAIT).await;
+        queue.add("fresh");
+        assert_eq!(
+            drain(&queue, 2).await,
+            ["old-low", "fresh"],
+            "never starved"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_item_added_while_processing_requeues_at_its_highest_priority() {
+        let queue = Queue::new();
+        queue.add("x");
+        queue.add("y");
+        let x = queue.get().await.unwrap();
+        queue.add_with_priority("x", Priority::Low);
+        queue.done(&x);
+        queue.add("w");
+        assert_eq!(
+            drain(&queue, 3).await,
+            ["y", "w", "x"],
+            "x went back at low priority"
+        );
+
+        queue.add("x");
+        let x = queue.get().await.unwrap();
+        queue.add_with_priority("x", Priority::Low);
+        queue.add("x");
+        queue.done(&x);
+        queue.add("v");
+        assert_eq!(
+            drain(&queue, 2).await,
+            ["x", "v"],
+            "raised while processing"
+        );
     }
 }

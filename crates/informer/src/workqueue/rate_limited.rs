@@ -106,6 +106,11 @@ where
         self.queue.add(item);
     }
 
+    /// See [`Queue::add_with_priority`](super::Queue::add_with_priority).
+    pub fn add_with_priority(&self, item: T, priority: super::Priority) {
+        self.queue.add_with_priority(item, priority);
+    }
+
     /// See [`Queue::get`](super::Queue::get).
     pub async fn get(&self) -> Option<T> {
         self.queue.get().await
