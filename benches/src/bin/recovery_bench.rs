@@ -1071,11 +1071,15 @@ fn write_report(
         Some(start) => {
             let start = start + 1;
             let rest = &old[start + SECTION.len()..];
-            // The section ends where the next level-2 heading begins, or at the end.
-            let end = rest
-                .find("\n## ")
-                .map_or(old.len(), |i| start + SECTION.len() + i + 1);
-            format!("{}{section}{}", &old[..start], &old[end..])
+            // The section ends where the next level-2 heading begins (after the blank line
+            // before it, which is kept), or at the end of the file.
+            match rest.find("\n## ") {
+                Some(i) => {
+                    let next = start + SECTION.len() + i + 1;
+                    format!("{}{section}\n{}", &old[..start], &old[next..])
+                }
+                None => format!("{}{section}", &old[..start]),
+            }
         }
         None if old.is_empty() => section,
         None => {
@@ -1176,6 +1180,8 @@ fn ratio(a: &Figure, b: &Figure, ceiling_s: u64) -> String {
             let r = a_m / b_m;
             if r < 0.095 {
                 format!("{r:.3}×")
+            } else if r >= 10.0 {
+                format!("{r:.0}×")
             } else {
                 format!("{r:.2}×")
             }
