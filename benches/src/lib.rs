@@ -3,7 +3,8 @@
 //!
 //! This library holds what the subject processes share: their command line and the JSON
 //! lines they print; the workqueue cases ([`workqueue_cases`]) and the driver's workqueue
-//! comparison ([`workqueue_report`]); and the description of the machine and versions the
+//! comparison ([`workqueue_report`]); the lines the `recovery-bench` subjects print
+//! ([`recovery`]); and the description of the machine and versions the
 //! reports carry.
 
 use std::{
@@ -15,6 +16,7 @@ use std::{
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
+pub mod recovery;
 pub mod workqueue_cases;
 pub mod workqueue_report;
 
