@@ -187,10 +187,23 @@ impl Recorder {
 ///
 /// If the file cannot be read or turned into a client.
 pub async fn client(path: &std::path::Path) -> anyhow::Result<kube_client::Client> {
+    Ok(kube_client::Client::try_from(config(path).await?)?)
+}
+
+/// The client kube-informer recommends for `path`: HTTP/2 with keep-alive pings
+/// ([`kube_informer::client`]).
+///
+/// # Errors
+///
+/// When the kubeconfig cannot be read or is unusable.
+pub async fn informer_client(path: &std::path::Path) -> anyhow::Result<kube_client::Client> {
+    Ok(kube_informer::client(config(path).await?)?)
+}
+
+async fn config(path: &std::path::Path) -> anyhow::Result<kube_client::Config> {
     use kube_client::config::{Config, KubeConfigOptions, Kubeconfig};
     let kubeconfig = Kubeconfig::read_from(path)?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    Ok(kube_client::Client::try_from(config)?)
+    Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
 }
 
 /// The median of `values`; NaN if there are none.

@@ -89,6 +89,17 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
     }
 }
 
+/// The backoff between attempts to reach a server that could not be reached: the
+/// configured one, capped at 1 s.
+fn reconnect_backoff(config: &BackoffConfig) -> BackoffConfig {
+    let cap = Duration::from_secs(1);
+    BackoffConfig {
+        initial: config.initial.min(cap / 4),
+        max: config.max.min(cap),
+        ..config.clone()
+    }
+}
+
 /// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
 pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 
@@ -226,7 +237,10 @@ impl SyncedVersion {
 ///    client-go's `ListAndWatch` loop does, so a cache whose watch never works still
 ///    follows the server at the pace of its lists; only an unreachable server and 429 Too
 ///    Many Requests retry the watch alone. Other errors back off (800 ms doubling to 30 s,
-///    jittered, reset after 2 min of health; see [`Backoff`]) and retry.
+///    jittered, reset after 2 min of health; see [`Backoff`]) and retry. A server that
+///    cannot be reached (connection refused or reset, a dead connection) is tried again
+///    sooner: 250 ms doubling to at most 1 s, since an attempt that never reaches it costs
+///    it nothing and the first one after it is back should not wait out a long backoff.
 /// 4. A **panic** in code the reflector runs for the user or the wire (a transform, an
 ///    index function, a codec, a decoder) is caught, reported as [`Error::Panicked`], and
 ///    repaired by a relist after a backoff: the cache never stops following the server in
@@ -312,6 +326,7 @@ where
 
     async fn run_loop(self, cancel: CancellationToken) {
         let mut backoff = Backoff::new(self.config.backoff.clone());
+        let mut reconnect = Backoff::new(reconnect_backoff(&self.config.backoff));
         let mut state = State::new(self.config.list_mode);
         loop {
             if cancel.is_cancelled() {
@@ -371,6 +386,11 @@ where
                 Next::Go => {}
                 Next::Backoff => {
                     if !self.sleep(&cancel, &mut backoff).await {
+                        break;
+                    }
+                }
+                Next::Reconnect => {
+                    if !self.sleep(&cancel, &mut reconnect).await {
                         break;
                     }
                 }
@@ -660,10 +680,11 @@ mod tests {
         let t0 = Instant::now();
         let h = start(&fake, paged());
         fake.wait_for_calls(|c| c.watches == 1).await;
-        // 3 failures: delays of at most 0.8 + 1.6 + 3.2 s, at least 75% of that
+        // 3 unreachable-server failures: delays of at most 0.25 + 0.5 + 1 s (the reconnect
+        // backoff, capped at 1 s), at least 75% of that
         let waited = t0.elapsed();
-        assert!(waited <= Duration::from_millis(5600), "{waited:?}");
-        assert!(waited >= Duration::from_millis(4200), "{waited:?}");
+        assert!(waited <= Duration::from_millis(1750), "{waited:?}");
+        assert!(waited >= Duration::from_millis(1300), "{waited:?}");
         assert_eq!(h.errors().len(), 3);
         // a decode error on the watch relists at the last seen RV, NotOlderThan
         let rv = fake.resource_version();

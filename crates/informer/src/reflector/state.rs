@@ -57,6 +57,10 @@ pub(super) enum Next {
     Go,
     /// The next step after a backoff delay.
     Backoff,
+    /// The server could not be reached: the next step after a short delay (at most 1 s).
+    /// A request that never reached the server costs it nothing, and the first one after
+    /// it is back should not wait out a long backoff.
+    Reconnect,
     /// Cancelled: stop.
     Stop,
 }
@@ -142,6 +146,7 @@ impl State {
                 self.phase = Phase::Sync(ListFrom::Latest);
                 Next::Go
             }
+            _ if matches!(error, Error::Transport { .. }) => Next::Reconnect,
             _ => Next::Backoff,
         }
     }
@@ -199,7 +204,7 @@ impl State {
             // the same watch later: retry it, as client-go does, without a relist.
             WatchEnd::Refused {
                 error: Error::Transport { .. },
-            } => Next::Backoff,
+            } => Next::Reconnect,
             WatchEnd::Refused {
                 error: Error::Api { status, .. },
             } if status.code == 429 => Next::Backoff,
@@ -216,6 +221,9 @@ impl State {
                 }
                 if error.is_gone() {
                     self.gone()
+                } else if matches!(error, Error::Transport { .. }) {
+                    // The connection broke (reset, closed by a ping timeout): resume.
+                    Next::Reconnect
                 } else {
                     if error.needs_relist() {
                         self.relist_after(error);
@@ -356,7 +364,12 @@ mod tests {
             let mut state = State::new(ListMode::Paged);
             state.listed("5".to_owned());
             let what = error.to_string();
-            assert_eq!(state.watched(&refused(error)), Next::Backoff, "{what}");
+            let expected = if matches!(error, Error::Transport { .. }) {
+                Next::Reconnect
+            } else {
+                Next::Backoff
+            };
+            assert_eq!(state.watched(&refused(error)), expected, "{what}");
             assert_eq!(state.phase(), phase, "{what}");
         }
     }
