@@ -57,30 +57,31 @@ pub async fn add_get_done<T>(keys: &[T], workers: usize)
 where
     T: Clone + Eq + Hash + Send + Sync + 'static,
 {
-    let queue = Queue::new();
-    let handles: Vec<_> = (0..workers)
-        .map(|_| {
-            let queue = queue.clone();
-            tokio::spawn(async move {
-                while let Some(key) = queue.get().await {
-                    black_box(&key);
-                    queue.done(&key);
-                }
-            })
-        })
-        .collect();
-    for key in keys {
-        queue.add(key.clone());
-    }
-    queue.shutdown();
-    for handle in handles {
-        handle.await.expect("worker");
-    }
+    add_get_done_at(keys, workers, |_| Priority::Normal).await;
 }
 
 /// [`add_get_done`] with every other key added at [`Priority::Low`]: the cost of the
 /// priority queue's second lane beside the plain queue.
+///
+/// # Panics
+///
+/// If a worker task panics.
 pub async fn add_get_done_mixed_priority<T>(keys: &[T], workers: usize)
+where
+    T: Clone + Eq + Hash + Send + Sync + 'static,
+{
+    add_get_done_at(keys, workers, |i| {
+        if i % 2 == 0 {
+            Priority::Low
+        } else {
+            Priority::Normal
+        }
+    })
+    .await;
+}
+
+/// Adds the `i`th key at `priority(i)` while `workers` tasks drain the queue.
+async fn add_get_done_at<T>(keys: &[T], workers: usize, priority: impl Fn(usize) -> Priority)
 where
     T: Clone + Eq + Hash + Send + Sync + 'static,
 {
@@ -97,12 +98,7 @@ where
         })
         .collect();
     for (i, key) in keys.iter().enumerate() {
-        let priority = if i % 2 == 0 {
-            Priority::Low
-        } else {
-            Priority::Normal
-        };
-        queue.add_with_priority(key.clone(), priority);
+        queue.add_with_priority(key.clone(), priority(i));
     }
     queue.shutdown();
     for handle in handles {

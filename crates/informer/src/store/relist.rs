@@ -96,8 +96,9 @@ impl<K: Resource> Writer<K> {
     pub(crate) fn start_list(&self) {
         let mut progress = self.progress();
         progress.current = Some(if progress.completed_once {
+            // A relist lists about what the store holds.
             ListInProgress::Staging {
-                listed: HashSet::new(),
+                listed: HashSet::with_capacity(self.len()),
                 changed: Vec::new(),
             }
         } else {
@@ -183,10 +184,12 @@ impl<K: Resource> Writer<K> {
                 .filter(|(key, _)| !listed.contains(*key))
                 .map(|(key, slot)| (key.clone(), slot.clone()))
                 .collect();
-            let replaced = changed
-                .iter()
-                .filter_map(|(key, _)| Some((key.clone(), st.objects.get(key)?.clone())))
-                .collect();
+            let mut replaced = HashMap::with_capacity(changed.len());
+            for (key, _) in &changed {
+                if let Some(slot) = st.objects.get(key) {
+                    replaced.insert(key.clone(), slot.clone());
+                }
+            }
             (gone, replaced)
         };
 
