@@ -9,7 +9,7 @@
 //! is kept as it is.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashSet,
     sync::{Arc, MutexGuard, PoisonError},
 };
 
@@ -175,21 +175,20 @@ impl<K: Resource> Writer<K> {
         changed: Vec<(ObjectKey, Arc<K>)>,
     ) -> Vec<StoreChange<K>> {
         let fns = self.writer();
-        type Slots<K> = Vec<(ObjectKey, Slot<K>)>;
-        let (gone, mut replaced): (Slots<K>, HashMap<ObjectKey, Slot<K>>) = {
+        // The slots a relist removes, and the one each changed object replaces (in the
+        // order of `changed`), read at one instant.
+        let (gone, replaced) = {
             let st = self.read();
-            let gone = st
+            let gone: Vec<(ObjectKey, Slot<K>)> = st
                 .objects
                 .iter()
                 .filter(|(key, _)| !listed.contains(*key))
                 .map(|(key, slot)| (key.clone(), slot.clone()))
                 .collect();
-            let mut replaced = HashMap::with_capacity(changed.len());
-            for (key, _) in &changed {
-                if let Some(slot) = st.objects.get(key) {
-                    replaced.insert(key.clone(), slot.clone());
-                }
-            }
+            let replaced: Vec<Option<Slot<K>>> = changed
+                .iter()
+                .map(|(key, _)| st.objects.get(key).cloned())
+                .collect();
             (gone, replaced)
         };
 
@@ -222,8 +221,9 @@ impl<K: Resource> Writer<K> {
             .collect();
         let writes: Vec<Write<K>> = changed
             .into_iter()
-            .map(|(key, new)| {
-                let old = replaced.remove(&key).map(|slot| self.unpack(&key, slot));
+            .zip(replaced)
+            .map(|((key, new), replaced)| {
+                let old = replaced.map(|slot| self.unpack(&key, slot));
                 let old_values = old
                     .as_ref()
                     .and_then(|o| o.as_deref())
