@@ -135,17 +135,18 @@ impl<K: Resource + Send + Sync + 'static> Started for RunningInformer<K> {
 /// An informer not started yet, whatever its type.
 type Starter = Box<dyn FnOnce(CancellationToken) -> Box<dyn Started> + Send>;
 
-/// A registered informer: its handle (as `Any`, downcast by type), and its sync signal.
+/// A registered informer: its handle, whatever its type, and its resource's name.
 struct Registered {
-    handle: Box<dyn Any + Send + Sync>,
     synced: Arc<dyn Syncing>,
     resource: String,
 }
 
-/// An informer's sync, whatever its type.
+/// An informer's handle, whatever its type: its sync, its size, and the handle itself
+/// (downcast by type).
 trait Syncing: HasSynced {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
     fn objects(&self) -> usize;
+    fn as_any(&self) -> &dyn Any;
 }
 
 impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
@@ -155,6 +156,10 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
 
     fn objects(&self) -> usize {
         self.store().len()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -278,7 +283,7 @@ impl InformerFactory {
     {
         let key = (TypeId::of::<K>(), scope);
         let entry = match self.inner.registry.entry(key) {
-            Entry::Occupied(entry) => return downcast::<K>(&*entry.get().handle),
+            Entry::Occupied(entry) => return downcast::<K>(entry.get().synced.as_any()),
             Entry::Vacant(entry) => entry,
         };
         let scope = &entry.key().1;
@@ -287,7 +292,6 @@ impl InformerFactory {
         let resource = format!("{}", K::plural(&()));
         debug!(%resource, ?scope, "informer registered");
         entry.insert(Registered {
-            handle: Box::new(handle.clone()),
             synced: Arc::new(handle.clone()),
             resource,
         });
@@ -412,7 +416,7 @@ impl InformerFactory {
     }
 }
 
-fn downcast<K: 'static>(handle: &(dyn Any + Send + Sync)) -> InformerHandle<K> {
+fn downcast<K: 'static>(handle: &dyn Any) -> InformerHandle<K> {
     handle
         .downcast_ref::<InformerHandle<K>>()
         .expect("the registry is keyed by type")
