@@ -35,6 +35,7 @@ pub use reconciler::{
     retry_with_backoff,
 };
 pub use worker::ControllerStats;
+pub(crate) use worker::join_within;
 use worker::run_worker;
 
 /// An informer wired to a rate-limited workqueue of object keys, and the
@@ -216,14 +217,9 @@ where
         debug!(controller = %name, "shutting down");
         queue.shutdown();
         // Workers take no new key now; the syncs running get until the deadline.
-        let finished = tokio::time::timeout(config.shutdown_timeout, async {
-            while workers.join_next().await.is_some() {}
-        })
-        .await;
-        if finished.is_err() {
-            warn!(controller = %name, timeout = ?config.shutdown_timeout, running = workers.len(), "syncs still running at the shutdown deadline; dropped");
-            workers.abort_all();
-            while workers.join_next().await.is_some() {}
+        let dropped = join_within(&mut workers, config.shutdown_timeout, |_| {}).await;
+        if dropped > 0 {
+            warn!(controller = %name, timeout = ?config.shutdown_timeout, running = dropped, "syncs still running at the shutdown deadline; dropped");
         }
         registration.remove();
         informer.stop().await;

@@ -8,14 +8,17 @@ use std::{
 };
 
 use dashmap::DashMap;
-use futures::FutureExt;
+use futures::{FutureExt, future::BoxFuture};
 use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 #[cfg(feature = "prometheus")]
 use super::metrics::{ControllerMetrics, Outcome, Recorder};
-use super::{predicate::Predicate, worker::ControllerStats};
+use super::{
+    predicate::Predicate,
+    worker::{ControllerStats, join_within, next_key},
+};
 use crate::{
     error::{Error, panic_message},
     informer::{
@@ -172,10 +175,10 @@ type Mapper<O> = Arc<dyn Fn(&O) -> Vec<ObjectKey> + Send + Sync>;
 /// One source of keys: registers its handler on its informer when the controller runs.
 type Source = Box<dyn FnOnce(Enqueue) -> Result<Registered, Error> + Send>;
 
-/// A registered source: its handler registration (for sync and removal).
+/// A registered source: its handler registration (for removal), and the wait for its sync.
 struct Registered {
     registration: HandlerRegistration,
-    synced: Box<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), Error>> + Send + Sync>,
+    synced: BoxFuture<'static, Result<(), Error>>,
 }
 
 /// Where sources put keys.
@@ -572,9 +575,13 @@ where
             queue: queue.clone(),
         };
         let mut registered = Vec::new();
+        let mut syncs = Vec::new();
         for source in sources {
             match source(enqueue.clone()) {
-                Ok(r) => registered.push(r),
+                Ok(source) => {
+                    registered.push(source.registration);
+                    syncs.push(source.synced);
+                }
                 Err(error) => {
                     remove_all(registered);
                     return Err(error);
@@ -583,8 +590,8 @@ where
         }
 
         let all_synced = async {
-            for source in &registered {
-                (source.synced)().await?;
+            for synced in syncs {
+                synced.await?;
             }
             Ok::<(), Error>(())
         };
@@ -633,14 +640,9 @@ where
         cancel.cancelled().await;
         debug!(controller = %name, "shutting down");
         queue.shutdown();
-        let drained = tokio::time::timeout(shutdown_timeout, async {
-            while tasks.join_next().await.is_some() {}
-        })
-        .await;
-        if drained.is_err() {
-            warn!(controller = %name, timeout = ?shutdown_timeout, running = tasks.len(), "reconciles still running at the shutdown deadline; dropped");
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
+        let dropped = join_within(&mut tasks, shutdown_timeout, |_| {}).await;
+        if dropped > 0 {
+            warn!(controller = %name, timeout = ?shutdown_timeout, running = dropped, "reconciles still running at the shutdown deadline; dropped");
         }
         remove_all(registered);
         info!(controller = %name, "stopped");
@@ -648,9 +650,9 @@ where
     }
 }
 
-fn remove_all(registered: Vec<Registered>) {
-    for source in registered {
-        source.registration.remove();
+fn remove_all(registered: Vec<HandlerRegistration>) {
+    for registration in registered {
+        registration.remove();
     }
 }
 
@@ -658,19 +660,15 @@ fn remove_all(registered: Vec<Registered>) {
 fn registration_synced<O: Resource + Send + Sync + 'static>(
     informer: InformerHandle<O>,
     registration: &HandlerRegistration,
-) -> Box<dyn Fn() -> futures::future::BoxFuture<'static, Result<(), Error>> + Send + Sync> {
-    let handler_synced = registration.synced_receiver();
-    Box::new(move || {
-        let informer = informer.clone();
-        let mut handler_synced = handler_synced.clone();
-        Box::pin(async move {
-            informer.wait_synced_or_fatal().await?;
-            // The sender goes with the handler: a removed handler never syncs.
-            if handler_synced.wait_for(|s| *s).await.is_err() {
-                return Err(Error::InformerStopped);
-            }
-            Ok(())
-        })
+) -> BoxFuture<'static, Result<(), Error>> {
+    let mut handler_synced = registration.synced_receiver();
+    Box::pin(async move {
+        informer.wait_synced_or_fatal().await?;
+        // The sender goes with the handler: a removed handler never syncs.
+        if handler_synced.wait_for(|s| *s).await.is_err() {
+            return Err(Error::InformerStopped);
+        }
+        Ok(())
     })
 }
 
@@ -736,16 +734,7 @@ where
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
     {
-        loop {
-            // No new key once cancelled, even with keys still queued.
-            let key = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => break,
-                key = self.queue.get() => match key {
-                    Some(key) => key,
-                    None => break,
-                },
-            };
+        while let Some(key) = next_key(&self.queue, &self.cancel).await {
             self.reconcile_one(&key).await;
             self.queue.done(&key);
         }

@@ -8,9 +8,11 @@ use std::{
         Arc,
         atomic::{AtomicU64, Ordering},
     },
+    time::Duration,
 };
 
 use futures::FutureExt;
+use tokio::task::{JoinError, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
@@ -63,6 +65,40 @@ impl ControllerStats {
     }
 }
 
+/// The next key to work on, or `None` once the queue is shut down or `cancel` fired: no
+/// new key is taken once cancelled, even with keys still queued.
+pub(super) async fn next_key(
+    queue: &RateLimitingQueue<ObjectKey>,
+    cancel: &CancellationToken,
+) -> Option<ObjectKey> {
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => None,
+        key = queue.get() => key,
+    }
+}
+
+/// Waits up to `timeout` for every task in `tasks` to end, handing each result to `ended`;
+/// then aborts those still running. Returns how many were aborted.
+pub(crate) async fn join_within<T: 'static>(
+    tasks: &mut JoinSet<T>,
+    timeout: Duration,
+    mut ended: impl FnMut(Result<T, JoinError>),
+) -> usize {
+    let all = async {
+        while let Some(done) = tasks.join_next().await {
+            ended(done);
+        }
+    };
+    if tokio::time::timeout(timeout, all).await.is_ok() {
+        return 0;
+    }
+    let aborted = tasks.len();
+    tasks.abort_all();
+    while tasks.join_next().await.is_some() {}
+    aborted
+}
+
 pub(super) async fn run_worker<F, Fut, E>(
     worker: usize,
     queue: RateLimitingQueue<ObjectKey>,
@@ -75,16 +111,7 @@ pub(super) async fn run_worker<F, Fut, E>(
     Fut: Future<Output = Result<(), E>> + Send + 'static,
     E: fmt::Display + Send + 'static,
 {
-    loop {
-        // No new key once cancelled, even with keys still queued.
-        let key = tokio::select! {
-            biased;
-            () = cancel.cancelled() => break,
-            key = queue.get() => match key {
-                Some(key) => key,
-                None => break,
-            },
-        };
+    while let Some(key) = next_key(&queue, &cancel).await {
         // The sync function may panic while building its future or while it runs.
         let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| sync(key.clone()))) {
             Ok(future) => AssertUnwindSafe(future).catch_unwind().await,

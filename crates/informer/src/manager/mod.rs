@@ -17,7 +17,7 @@ use tracing::{error, info, warn};
 #[cfg(feature = "leader-election")]
 use crate::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
 use crate::{
-    controller::{ControllerMetrics, error_chain},
+    controller::{ControllerMetrics, error_chain, join_within},
     informer::InformerFactory,
     workqueue::PrometheusMetrics,
 };
@@ -379,18 +379,14 @@ async fn run_tasks(
         }
     }
     cancel.cancel();
-    let drained = tokio::time::timeout(shutdown_timeout, async {
-        while let Some(done) = running.join_next().await {
-            if let Some(error) = ended(done) {
-                failure.get_or_insert(error);
-            }
+    let dropped = join_within(&mut running, shutdown_timeout, |done| {
+        if let Some(error) = ended(done) {
+            failure.get_or_insert(error);
         }
     })
     .await;
-    if drained.is_err() {
-        warn!(timeout = ?shutdown_timeout, running = running.len(), "tasks still running at the shutdown deadline; dropped");
-        running.abort_all();
-        while running.join_next().await.is_some() {}
+    if dropped > 0 {
+        warn!(timeout = ?shutdown_timeout, running = dropped, "tasks still running at the shutdown deadline; dropped");
     }
     failure
 }
