@@ -181,6 +181,18 @@ impl Recorder {
     }
 }
 
+/// Logs to stderr (stdout carries a subject's results) at `default_filter`, unless
+/// `RUST_LOG` says otherwise.
+pub fn init_tracing(default_filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| default_filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// Builds a kube client from a kubeconfig file.
 ///
 /// # Errors

@@ -153,13 +153,7 @@ const TIMEOUT: Duration = Duration::from_secs(600);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube_client=off".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    benches::init_tracing("info,kube_client=off");
     let args = Args::parse();
     if let Some(path) = &args.from_json {
         let text = std::fs::read_to_string(path)?;

@@ -32,12 +32,7 @@ fn event(kind: &str, object: &ConfigMap, old: Option<&ConfigMap>, tombstone: boo
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    benches::init_tracing("info");
     let args = RecoveryArgs::parse();
     let client = benches::informer_client(&args.kubeconfig).await?;
     let informer = SharedInformer::builder(Api::<ConfigMap>::namespaced(client, &args.namespace))
