@@ -521,3 +521,48 @@ async fn a_live_change_is_reconciled_before_the_replayed_initial_list() {
     run.await.unwrap().unwrap();
     running.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn keys_from_a_stream_are_reconciled_present_or_deleted() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("cached"));
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    let (keys, received) = mpsc::unbounded_channel::<ObjectKey>();
+    let stream = futures::stream::unfold(received, |mut rx| async move {
+        rx.recv().await.map(|key| (key, rx))
+    });
+    let run = tokio::spawn(
+        ControllerBuilder::new("triggered", handle(&running))
+            .reconcile_on(stream)
+            .run(
+                move |request, _: Arc<()>, _| {
+                    record(&seen, &request);
+                    async { Ok::<_, std::io::Error>(Action::done()) }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    until("the initial reconcile", || calls.lock().unwrap().len() == 1).await;
+    // A key of an object that never existed (say, one an external system still holds),
+    // and one that is cached.
+    keys.send(ObjectKey::new(Some("ns"), "vanished")).unwrap();
+    until("the stream's key", || calls.lock().unwrap().len() == 2).await;
+    keys.send(ObjectKey::new(Some("ns"), "cached")).unwrap();
+    until("the cached key again", || calls.lock().unwrap().len() == 3).await;
+    let calls = calls.lock().unwrap().clone();
+    let seen: Vec<(&str, bool)> = calls.iter().map(|c| (c.key.as_str(), c.present)).collect();
+    assert_eq!(
+        seen,
+        [("ns/cached", true), ("ns/vanished", false), ("ns/cached", true)]
+    );
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    // The forwarder stopped with the controller: the stream's receiver is gone.
+    until("the stream dropped", || keys.is_closed()).await;
+    running.stop().await;
+}

@@ -8,7 +8,7 @@ use std::{
 };
 
 use dashmap::DashMap;
-use futures::{FutureExt, future::BoxFuture};
+use futures::{FutureExt, Stream, StreamExt, future::BoxFuture};
 use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
@@ -175,10 +175,28 @@ type Mapper<O> = Arc<dyn Fn(&O) -> Vec<ObjectKey> + Send + Sync>;
 /// One source of keys: registers its handler on its informer when the controller runs.
 type Source = Box<dyn FnOnce(Enqueue) -> Result<Registered, Error> + Send>;
 
-/// A registered source: its handler registration (for removal), and the wait for its sync.
+/// A registered source: what to remove when the controller stops, and the wait for its
+/// sync.
 struct Registered {
-    registration: HandlerRegistration,
+    registration: Registration,
     synced: BoxFuture<'static, Result<(), Error>>,
+}
+
+/// What a source left running.
+enum Registration {
+    /// A handler on an informer.
+    Handler(HandlerRegistration),
+    /// A task forwarding a stream of keys.
+    Forwarder(tokio::task::AbortHandle),
+}
+
+impl Registration {
+    fn remove(self) {
+        match self {
+            Registration::Handler(registration) => registration.remove(),
+            Registration::Forwarder(task) => task.abort(),
+        }
+    }
 }
 
 /// Where sources put keys.
@@ -219,7 +237,7 @@ fn update_priority<K: Resource>(old: &K, new: &K) -> Priority {
 /// controller-runtime's builder), on shared informers, usually from an
 /// [`InformerFactory`](crate::InformerFactory).
 ///
-/// Changes reach a queue of primary keys from three kinds of source:
+/// Changes reach a queue of primary keys from four kinds of source:
 ///
 /// - the primary itself: every add and delete, and updates that pass its
 ///   [`Predicate`] (default: every update);
@@ -227,7 +245,9 @@ fn update_priority<K: Resource>(old: &K, new: &K) -> Priority {
 ///   kind `K` enqueues that primary;
 /// - [`watches`](Self::watches): any object, mapped to keys by a function, or
 ///   [`watches_by_index`](Self::watches_by_index): every primary whose index holds the
-///   object's key (every Deployment that names this ConfigMap).
+///   object's key (every Deployment that names this ConfigMap);
+/// - [`reconcile_on`](Self::reconcile_on): keys from any stream, for changes outside the
+///   cluster.
 ///
 /// Keys from replays (the initial list, a resync) are queued at [`Priority::Low`], behind
 /// live changes, so an edit is not stuck behind thousands of replayed objects (for at most
@@ -463,8 +483,33 @@ where
             let registration = informer.add_handler(handler)?;
             let synced = registration_synced(informer, &registration);
             Ok(Registered {
-                registration,
+                registration: Registration::Handler(registration),
                 synced,
+            })
+        }));
+        self
+    }
+
+    /// Reconciles every key `keys` yields, as it yields it (kube-runtime's
+    /// `reconcile_on`): for changes the informers cannot see, such as a periodic scan of an
+    /// external system for what it still holds. A key whose object is not cached is
+    /// reconciled as [`ReconcileRequest::Deleted`] (with no last state unless the informer
+    /// saw it go), so the reconcile can clean up after an object deleted while no
+    /// controller ran. The stream is polled from the start of [`run`](Self::run) until it
+    /// ends or the controller stops; keys it yields before the caches have synced are
+    /// reconciled once they have.
+    #[must_use]
+    pub fn reconcile_on(mut self, keys: impl Stream<Item = ObjectKey> + Send + 'static) -> Self {
+        self.sources.push(Box::new(move |enqueue: Enqueue| {
+            let forwarder = tokio::spawn(async move {
+                let mut keys = std::pin::pin!(keys);
+                while let Some(key) = keys.next().await {
+                    enqueue.keys([key], Priority::Normal);
+                }
+            });
+            Ok(Registered {
+                registration: Registration::Forwarder(forwarder.abort_handle()),
+                synced: Box::pin(async { Ok(()) }),
             })
         }));
         self
@@ -650,7 +695,7 @@ where
     }
 }
 
-fn remove_all(registered: Vec<HandlerRegistration>) {
+fn remove_all(registered: Vec<Registration>) {
     for registration in registered {
         registration.remove();
     }
@@ -701,7 +746,7 @@ where
         let registration = primary.add_handler(handler)?;
         let synced = registration_synced(primary, &registration);
         Ok(Registered {
-            registration,
+            registration: Registration::Handler(registration),
             synced,
         })
     })
