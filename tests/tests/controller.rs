@@ -339,6 +339,15 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
         (0..3).map(|i| labelled(&format!("cm-{i}"), &[])).collect(),
     )
     .await;
+    let newest_created = api
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .filter_map(|cm| cm.metadata.resource_version.as_deref()?.parse::<i64>().ok())
+        .max()
+        .unwrap();
     let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     let mut manager = kube_informer::Manager::new(client)
         .probe_address(loopback)
@@ -401,6 +410,20 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     ] {
         assert!(body.contains(&line), "{line} in:\n{body}");
     }
+    let informer_metric = |name: &str| -> i64 {
+        let series = format!(
+            r#"{name}{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector=""}} "#
+        );
+        let line = body
+            .lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("{series} in:\n{body}"));
+        line.parse().unwrap()
+    };
+    // The cache has synced at least to the newest object's version (bookmarks move it on).
+    assert!(informer_metric("informer_last_sync_resource_version") >= newest_created);
+    assert_eq!(informer_metric("informer_lists_total"), 1, "one list so far");
+    assert!(informer_metric("informer_watch_restarts_total") >= 0);
     assert_eq!(
         get(metrics, "/healthz").await.0,
         404,

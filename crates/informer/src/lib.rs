@@ -65,8 +65,8 @@ pub use list_watch::{
 #[cfg(feature = "manager")]
 pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};
 pub use reflector::{
-    Backoff, BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStore,
-    SyncedVersion,
+    Backoff, BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
+    ReflectorStore, SyncedVersion,
 };
 pub use store::{
     Codec, IndexFn, JsonCodec, Lister, NAMESPACE_INDEX, Operator, Requirement, Selector,

@@ -20,7 +20,10 @@ pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 use crate::{
     error::Error,
     list_watch::ListWatch,
-    reflector::{BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, SyncedVersion},
+    reflector::{
+        BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
+        SyncedVersion,
+    },
     store::{Codec, IndexFn, JsonCodec, TransformFn, Writer},
 };
 
@@ -211,8 +214,10 @@ where
         let permanent_tx = Arc::new(permanent_tx);
         let processor = Arc::new(Processor::new(store, synced_tx, permanent_tx.clone()));
         let version = SyncedVersion::default();
+        let stats = ReflectorStats::default();
         let mut reflector = Reflector::new(self.list_watch, Sink(processor.clone()), self.config)
-            .with_synced_version(version.clone());
+            .with_synced_version(version.clone())
+            .with_stats(stats.clone());
         if let Some(t) = self.transform {
             reflector = reflector.with_transform(t);
         }
@@ -233,6 +238,7 @@ where
             synced_rx,
             permanent_rx,
             version,
+            stats,
             self.resync,
             self.divergence.map(Arc::new),
         );

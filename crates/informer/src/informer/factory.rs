@@ -19,7 +19,7 @@ use tracing::debug;
 use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, sync::HasSynced,
 };
-use crate::{error::Error, list_watch::ApiListWatch};
+use crate::{error::Error, list_watch::ApiListWatch, reflector::ReflectorStats};
 
 /// Which objects of a resource an informer caches: a namespace (or all), and label and
 /// field selectors. Informers of a factory are shared per resource and scope.
@@ -146,6 +146,8 @@ struct Registered {
 trait Syncing: HasSynced {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
     fn objects(&self) -> usize;
+    fn last_sync_resource_version(&self) -> Option<String>;
+    fn stats(&self) -> ReflectorStats;
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -156,6 +158,14 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
 
     fn objects(&self) -> usize {
         self.store().len()
+    }
+
+    fn last_sync_resource_version(&self) -> Option<String> {
+        InformerHandle::last_sync_resource_version(self)
+    }
+
+    fn stats(&self) -> ReflectorStats {
+        self.reflector_stats()
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -175,6 +185,12 @@ pub struct InformerStatus {
     pub objects: usize,
     /// Whether it has synced.
     pub synced: bool,
+    /// The resourceVersion the cache last synced to.
+    pub last_sync_resource_version: Option<String>,
+    /// Watches opened after the first one (see [`ReflectorStats::watch_restarts`]).
+    pub watch_restarts: u64,
+    /// Lists started, the first one included.
+    pub lists: u64,
 }
 
 #[derive(Default)]
@@ -390,8 +406,8 @@ impl InformerFactory {
         }
     }
 
-    /// Every informer registered: its resource and scope, objects cached, and whether it
-    /// has synced.
+    /// Every informer registered: its resource and scope, objects cached, whether it has
+    /// synced, to which resourceVersion, and how often it relisted and rewatched.
     pub fn informers(&self) -> Vec<InformerStatus> {
         self.inner
             .registry
@@ -401,6 +417,9 @@ impl InformerFactory {
                 scope: e.key().1.clone(),
                 objects: e.synced.objects(),
                 synced: e.synced.has_synced(),
+                last_sync_resource_version: e.synced.last_sync_resource_version(),
+                watch_restarts: e.synced.stats().watch_restarts(),
+                lists: e.synced.stats().lists(),
             })
             .collect()
     }

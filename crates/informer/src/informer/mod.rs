@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 use crate::{
     error::Error,
     list_watch::ListWatch,
-    reflector::SyncedVersion,
+    reflector::{ReflectorStats, SyncedVersion},
     store::{Lister, Store},
 };
 use processor::{Processor, lock};
@@ -150,6 +150,7 @@ struct Inner<K> {
     /// The latest list/watch error that retrying cannot fix (see [`Error::permanent_copy`]).
     permanent_error: watch::Receiver<Option<Arc<Error>>>,
     version: SyncedVersion,
+    stats: ReflectorStats,
     lifecycle: Mutex<Lifecycle>,
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
@@ -353,6 +354,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         synced: watch::Receiver<bool>,
         permanent_error: watch::Receiver<Option<Arc<Error>>>,
         version: SyncedVersion,
+        stats: ReflectorStats,
         resync: Option<Duration>,
         divergence: Option<Arc<Divergence>>,
     ) -> Self {
@@ -362,6 +364,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 synced,
                 permanent_error,
                 version,
+                stats,
                 lifecycle: Mutex::new(Lifecycle::NotStarted {
                     pending: Vec::new(),
                 }),
@@ -455,6 +458,11 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// The resourceVersion the cache last synced to (list, event or bookmark).
     pub fn last_sync_resource_version(&self) -> Option<String> {
         self.inner.version.get()
+    }
+
+    /// The counters of the informer's reflector: lists, watches, restarts, errors.
+    pub fn reflector_stats(&self) -> ReflectorStats {
+        self.inner.stats.clone()
     }
 
     /// Registers a handler. It gets its own buffer and task. If the informer has already

@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
-    metrics::{family::Family, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 use tokio::net::TcpListener;
@@ -165,6 +165,9 @@ impl Collector for InformerCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let objects: Family<InformerLabels, Gauge> = Family::default();
         let synced: Family<InformerLabels, Gauge> = Family::default();
+        let version: Family<InformerLabels, Gauge> = Family::default();
+        let restarts: Family<InformerLabels, Counter> = Family::default();
+        let lists: Family<InformerLabels, Counter> = Family::default();
         for state in self.factory.informers() {
             let labels = InformerLabels {
                 resource: state.resource,
@@ -176,6 +179,15 @@ impl Collector for InformerCollector {
                 .get_or_create(&labels)
                 .set(i64::try_from(state.objects).unwrap_or(i64::MAX));
             synced.get_or_create(&labels).set(i64::from(state.synced));
+            // etcd's revisions are integers; a server whose versions are not has no gauge.
+            if let Some(rv) = state
+                .last_sync_resource_version
+                .and_then(|rv| rv.parse::<i64>().ok())
+            {
+                version.get_or_create(&labels).set(rv);
+            }
+            restarts.get_or_create(&labels).inc_by(state.watch_restarts);
+            lists.get_or_create(&labels).inc_by(state.lists);
         }
         for (name, help, family) in [
             (
@@ -187,6 +199,26 @@ impl Collector for InformerCollector {
                 "informer_synced",
                 "Whether the informer has synced (1) or not (0)",
                 &synced,
+            ),
+            (
+                "informer_last_sync_resource_version",
+                "The resourceVersion the informer's cache last synced to",
+                &version,
+            ),
+        ] {
+            let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+            family.encode(metric)?;
+        }
+        for (name, help, family) in [
+            (
+                "informer_watch_restarts",
+                "Watches the informer opened again after its first one",
+                &restarts,
+            ),
+            (
+                "informer_lists",
+                "Lists the informer started, the first one included",
+                &lists,
             ),
         ] {
             let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;

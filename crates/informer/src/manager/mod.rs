@@ -74,8 +74,9 @@ type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 /// - **Metrics** on [`metrics_address`](Self::metrics_address) (default
 ///   `127.0.0.1:8080`): `/metrics` in the OpenMetrics text format, with the workqueue
 ///   metrics ([`workqueue_metrics`](Self::workqueue_metrics)), the reconcile metrics
-///   ([`controller_metrics`](Self::controller_metrics)), the informers' objects and sync
-///   state, and whatever is added to the [`registry`](Self::registry). Both bind to
+///   ([`controller_metrics`](Self::controller_metrics)), the informers' gauges and counters
+///   (`informer_objects`, `informer_synced`, `informer_last_sync_resource_version`,
+///   `informer_lists_total`, `informer_watch_restarts_total`), and whatever is added to the [`registry`](Self::registry). Both bind to
 ///   loopback unless told otherwise, and read request headers within 10 s.
 /// - **Tasks** ([`add`](Self::add)) start after the factory's informers, each with a
 ///   child of the manager's token; one that fails stops the others, and

@@ -9,7 +9,10 @@ mod watch;
 use std::{
     future::Future,
     panic::AssertUnwindSafe,
-    sync::{Arc, PoisonError, RwLock},
+    sync::{
+        Arc, PoisonError, RwLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -172,6 +175,47 @@ impl SyncedVersion {
     }
 }
 
+/// What a reflector has done so far: its lists, watches and errors (for metrics). Cheap to
+/// clone; every clone reads the same counters.
+#[derive(Clone, Debug, Default)]
+pub struct ReflectorStats(Arc<StatCounters>);
+
+#[derive(Debug, Default)]
+struct StatCounters {
+    lists: AtomicU64,
+    streaming_lists: AtomicU64,
+    watches: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl ReflectorStats {
+    /// Lists started: paged lists and streaming lists, the first one included.
+    pub fn lists(&self) -> u64 {
+        self.0.lists.load(Ordering::Relaxed)
+    }
+
+    /// Watches started from a known resourceVersion (streaming lists are counted as lists).
+    pub fn watches(&self) -> u64 {
+        self.0.watches.load(Ordering::Relaxed)
+    }
+
+    /// Watches opened after the first one (a streaming list opens a watch too): one for
+    /// every watch that ended (a server timeout, a dropped connection, a 410, an idle
+    /// watch) and was opened again.
+    pub fn watch_restarts(&self) -> u64 {
+        (self.0.streaming_lists.load(Ordering::Relaxed) + self.watches()).saturating_sub(1)
+    }
+
+    /// List and watch errors reported (each also went to the error hook).
+    pub fn errors(&self) -> u64 {
+        self.0.errors.load(Ordering::Relaxed)
+    }
+
+    fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Lists and watches `L` into `S`.
 ///
 /// ```
@@ -255,6 +299,7 @@ pub struct Reflector<K, L, S> {
     transform: Option<TransformFn<K>>,
     error_hook: Option<ErrorHook>,
     synced: SyncedVersion,
+    stats: ReflectorStats,
     /// Asks for a relist from a consistent read (a divergence check found drift).
     relist: Option<Arc<Notify>>,
     resource: String,
@@ -278,6 +323,7 @@ where
             transform: None,
             error_hook: None,
             synced: SyncedVersion::default(),
+            stats: ReflectorStats::default(),
             relist: None,
             resource,
             namespace,
@@ -303,6 +349,19 @@ where
     pub fn with_synced_version(mut self, version: SyncedVersion) -> Self {
         self.synced = version;
         self
+    }
+
+    /// Counts this reflector's lists, watches and errors into `stats` (the informer passes
+    /// its own).
+    #[must_use]
+    pub fn with_stats(mut self, stats: ReflectorStats) -> Self {
+        self.stats = stats;
+        self
+    }
+
+    /// A handle on this reflector's counters.
+    pub fn stats(&self) -> ReflectorStats {
+        self.stats.clone()
     }
 
     /// Relists from a consistent read (`resourceVersion=""`) whenever `trigger` is notified
@@ -339,6 +398,8 @@ where
                 (Phase::Sync(from), ListMode::Streaming) => {
                     let start = state.streaming_start(from).to_owned();
                     debug!(rv = %start, "streaming list");
+                    ReflectorStats::count(&self.stats.0.lists);
+                    ReflectorStats::count(&self.stats.0.streaming_lists);
                     match self
                         .guarded(self.watch(&cancel, &start, StreamingList::Yes))
                         .await
@@ -351,6 +412,7 @@ where
                     }
                 }
                 (Phase::Sync(from), ListMode::Paged) => {
+                    ReflectorStats::count(&self.stats.0.lists);
                     let listed = tokio::select! {
                         biased;
                         () = cancel.cancelled() => break,
@@ -370,6 +432,7 @@ where
                 }
                 (Phase::Watch, _) => {
                     let start = state.last_rv().to_owned();
+                    ReflectorStats::count(&self.stats.0.watches);
                     match self
                         .guarded(self.watch(&cancel, &start, StreamingList::No))
                         .await
@@ -441,6 +504,7 @@ where
 
     fn report(&self, error: &Error) {
         warn!(%error, "list/watch error");
+        ReflectorStats::count(&self.stats.0.errors);
         if let Some(hook) = &self.error_hook {
             hook(error);
         }
@@ -636,6 +700,31 @@ mod tests {
         assert_ne!(bookmark_rv, "");
         assert!(h.errors().is_empty());
         h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stats_count_lists_watches_restarts_and_errors() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let reflector = Reflector::new(fake.clone(), Writer::new(), paged());
+        let stats = reflector.stats();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(reflector.run(stop.clone()));
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        assert_eq!((stats.lists(), stats.watches(), stats.watch_restarts()), (1, 1, 0));
+        // A watch that ends resumes: one more watch, no list.
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!((stats.lists(), stats.watches(), stats.watch_restarts()), (1, 2, 1));
+        assert_eq!(stats.errors(), 0);
+        // A 410 on the watch relists: one error, one list, then a watch.
+        fake.fail_next_watch(gone("configmaps", Verb::Watch));
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 4).await;
+        assert_eq!(stats.errors(), 1);
+        assert_eq!((stats.lists(), stats.watch_restarts()), (2, 3));
+        stop.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
