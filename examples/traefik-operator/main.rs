@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 use traefik_operator::{
     crd,
     manager::{self, Cli, Command},
@@ -41,8 +40,8 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let cancel = CancellationToken::new();
-    examples::cancel_on_signal(cancel.clone());
+    // Ctrl-C or SIGTERM starts a graceful shutdown; a second one exits at once.
+    let cancel = kube_informer::cancel_on_signals();
     match manager::run(cli.options, client, cancel).await {
         Ok(()) => ExitCode::SUCCESS,
         // manager::run has logged the error.

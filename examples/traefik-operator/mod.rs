@@ -9,14 +9,19 @@
 //! * [`traefik_service`]: the `TraefikService` controller (finalizer, status);
 //! * [`services`]: Service mode, Services opted in by annotation, no CRD;
 //! * [`pods`]: the tutorial's Pod controller;
-//! * [`http`], [`manager`]: probes, metrics, leader election, flags.
+//! * [`sweep`]: routes left behind by objects deleted while no operator ran;
+//! * [`cli`]: the flags; [`preflight`]: the install checks made at start;
+//! * [`manager`]: the wiring on kube-informer's `Manager` (probes, metrics, leader
+//!   election, shutdown).
 //!
 //! `main.rs` only parses flags and calls [`manager::run`]; tests run the same function.
 
+pub mod cli;
 pub mod crd;
-pub mod http;
 pub mod kv;
 pub mod manager;
 pub mod pods;
+pub mod preflight;
 pub mod services;
+pub mod sweep;
 pub mod traefik_service;

@@ -29,6 +29,7 @@ use traefik_operator::{
     crd::{CRD_PATH, TraefikService},
     kv::TraefikKv,
     manager::{self, Cli, ManagerError},
+    preflight::PreflightError,
     services::ENTRYPOINT_ANNOTATION,
 };
 
@@ -891,7 +892,10 @@ async fn bad_urls_are_rejected_and_missing_rbac_is_a_clear_error() {
     .await
     .expect("the manager fails fast");
     let err = result.unwrap_err();
-    assert!(matches!(err, ManagerError::Forbidden { .. }), "{err}");
+    assert!(
+        matches!(err, ManagerError::Preflight(PreflightError::Forbidden { .. })),
+        "{err}"
+    );
     assert!(
         err.to_string()
             .contains("not allowed to list traefikservices"),

@@ -1,0 +1,293 @@
+//! The operator's command line: what the tutorial's `main.go` takes as flags, each also
+//! readable from the environment variable shown in `--help`.
+
+use std::{net::SocketAddr, time::Duration};
+
+use kube_informer::{Scope, leader_election::LeaderElectionConfig};
+
+use super::services::UrlTemplate;
+
+/// The command line: `traefik-operator [OPTIONS]` runs the manager,
+/// `traefik-operator crd` prints the CRD manifest.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "traefik-operator",
+    version,
+    about = "Routes Kubernetes Services and TraefikService objects through Traefik by writing \
+             them into Traefik's etcd (KV) provider."
+)]
+pub struct Cli {
+    /// What to do (default: run the manager).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// The manager's options.
+    #[command(flatten)]
+    pub options: Options,
+}
+
+/// Subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Print the TraefikService CRD manifest (YAML), generated from the Rust types.
+    Crd,
+}
+
+/// A controller the manager can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControllerKind {
+    /// `TraefikService` objects become Traefik routes (needs the CRD).
+    Traefikservices,
+    /// Services annotated with `traefik.kube-informer.dev/entrypoint` become Traefik routes.
+    Services,
+    /// Log the state changes of Pods (the tutorial's Pod controller).
+    Pods,
+}
+
+/// The manager's flags (every one also readable from the environment variable shown).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Options {
+    /// etcd endpoints of Traefik's KV provider, comma-separated (`host:port` or URLs).
+    #[arg(
+        long,
+        env = "ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:2379"
+    )]
+    pub etcd_endpoints: Vec<String>,
+
+    /// The root key Traefik reads (its `--providers.etcd.rootkey`).
+    #[arg(long, env = "ETCD_ROOT_KEY", default_value = "traefik")]
+    pub etcd_root_key: String,
+
+    /// Controllers to run, comma-separated.
+    #[arg(
+        long,
+        env = "CONTROLLERS",
+        value_enum,
+        value_delimiter = ',',
+        default_value = "traefikservices,services"
+    )]
+    pub controllers: Vec<ControllerKind>,
+
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Workers per controller.
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+
+    /// How a Service's backend URL is built; `{scheme}`, `{name}`, `{namespace}`, `{port}`
+    /// and `{clusterIP}` are replaced.
+    #[arg(long, env = "SERVICE_URL_TEMPLATE", default_value = UrlTemplate::IN_CLUSTER)]
+    pub service_url_template: String,
+
+    /// The address `/metrics` binds to (`:8080` for every interface); `0` turns it off.
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = "127.0.0.1:8080")]
+    pub metrics_bind_address: String,
+
+    /// The address `/healthz` and `/readyz` bind to (`:8081` for every interface); `0`
+    /// turns them off.
+    #[arg(
+        long,
+        env = "HEALTH_PROBE_BIND_ADDRESS",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub health_probe_bind_address: String,
+
+    /// Enable leader election: only the replica holding the Lease reconciles.
+    #[arg(long, env = "LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// The Lease's name.
+    #[arg(long, default_value = "traefik-operator.traefik.kube-informer.dev")]
+    pub leader_election_id: String,
+
+    /// The Lease's namespace (default: `$POD_NAMESPACE`, the in-cluster namespace, or `default`).
+    #[arg(long)]
+    pub leader_election_namespace: Option<String>,
+
+    /// This replica's identity in the Lease (default: `$POD_NAME` or the host name, plus a
+    /// unique suffix).
+    #[arg(long)]
+    pub leader_election_identity: Option<String>,
+
+    /// How long a Lease holds without renewal (e.g. `15s`).
+    #[arg(long, value_parser = parse_duration, default_value = "15s")]
+    pub lease_duration: Duration,
+
+    /// How long the leader retries renewing before it gives up.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub renew_deadline: Duration,
+
+    /// How often to try to acquire or renew the Lease.
+    #[arg(long, value_parser = parse_duration, default_value = "2s")]
+    pub retry_period: Duration,
+
+    /// How long reconciles get to finish once a shutdown starts (keep it under the Pod's
+    /// termination grace period).
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    pub graceful_shutdown_timeout: Duration,
+
+    /// Re-check every object (and repair etcd) this often.
+    #[arg(long, value_parser = parse_duration, default_value = "10m")]
+    pub resync_period: Duration,
+
+    /// The longest wait before retrying a failed key (the backoff doubles from 5 ms up to it).
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    pub max_retry_delay: Duration,
+}
+
+/// Parses `500ms`, `15s`, `2m`, `1h` (a bare number is seconds).
+///
+/// # Errors
+///
+/// A message naming the bad value.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 15s, 2m or 1h"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{text:?} has an unknown unit; use ms, s, m or h")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+impl Options {
+    /// What the informers watch: `--namespace`, or every namespace.
+    pub fn scope(&self) -> Scope {
+        match &self.namespace {
+            Some(namespace) => Scope::namespace(namespace),
+            None => Scope::all(),
+        }
+    }
+
+    /// Where the probes are served (`None`: nowhere).
+    ///
+    /// # Errors
+    ///
+    /// The flag's text when it is not an address.
+    pub fn probe_address(&self) -> Result<Option<SocketAddr>, String> {
+        bind_address(&self.health_probe_bind_address).transpose()
+    }
+
+    /// Where `/metrics` is served (`None`: nowhere).
+    ///
+    /// # Errors
+    ///
+    /// The flag's text when it is not an address.
+    pub fn metrics_address(&self) -> Result<Option<SocketAddr>, String> {
+        bind_address(&self.metrics_bind_address).transpose()
+    }
+
+    /// The Lease and timing `--leader-elect` uses.
+    pub fn leader_election(&self) -> LeaderElectionConfig {
+        LeaderElectionConfig::new(
+            self.leader_election_namespace
+                .clone()
+                .unwrap_or_else(default_lease_namespace),
+            self.leader_election_id.clone(),
+            self.leader_election_identity
+                .clone()
+                .unwrap_or_else(default_identity),
+        )
+        .timing(self.lease_duration, self.renew_deadline, self.retry_period)
+    }
+}
+
+/// `None` for `0` (off); `:port` binds every interface.
+fn bind_address(text: &str) -> Option<Result<SocketAddr, String>> {
+    if text == "0" || text.is_empty() {
+        return None;
+    }
+    let text = if text.starts_with(':') {
+        format!("0.0.0.0{text}")
+    } else {
+        text.to_owned()
+    };
+    Some(text.parse().map_err(|e| format!("{text}: {e}")))
+}
+
+fn default_identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "traefik-operator".into());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_nanos();
+    format!("{host}_{}_{nanos:08x}", std::process::id())
+}
+
+fn default_lease_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+                .ok()
+                .map(|n| n.trim().to_owned())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "default".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3d").is_err());
+    }
+
+    #[test]
+    fn flags_parse_with_defaults() {
+        let cli = Cli::try_parse_from([
+            "traefik-operator",
+            "--controllers",
+            "pods,services",
+            "--leader-elect",
+        ])
+        .unwrap();
+        assert_eq!(
+            cli.options.controllers,
+            [ControllerKind::Pods, ControllerKind::Services]
+        );
+        assert!(cli.options.leader_elect);
+        assert_eq!(cli.options.etcd_endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(
+            bind_address(":8081").unwrap(),
+            Ok("0.0.0.0:8081".parse().unwrap())
+        );
+        assert!(bind_address("0").is_none());
+        let help = Cli::try_parse_from(["traefik-operator", "--help"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            help.contains("--leader-elect") && help.contains("--etcd-endpoints"),
+            "{help}"
+        );
+    }
+}
