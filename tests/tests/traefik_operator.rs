@@ -893,7 +893,10 @@ async fn bad_urls_are_rejected_and_missing_rbac_is_a_clear_error() {
     .expect("the manager fails fast");
     let err = result.unwrap_err();
     assert!(
-        matches!(err, ManagerError::Preflight(PreflightError::Forbidden { .. })),
+        matches!(
+            err,
+            ManagerError::Preflight(PreflightError::Forbidden { .. })
+        ),
         "{err}"
     );
     assert!(
