@@ -422,7 +422,11 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     };
     // The cache has synced at least to the newest object's version (bookmarks move it on).
     assert!(informer_metric("informer_last_sync_resource_version") >= newest_created);
-    assert_eq!(informer_metric("informer_lists_total"), 1, "one list so far");
+    assert_eq!(
+        informer_metric("informer_lists_total"),
+        1,
+        "one list so far"
+    );
     assert!(informer_metric("informer_watch_restarts_total") >= 0);
     assert_eq!(
         get(metrics, "/healthz").await.0,
@@ -558,4 +562,99 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_informer::{ManagerError, leader_election::LeaderElectionConfig};
+    use std::time::SystemTime;
+
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "ctrl-fence").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    create_all(&api, vec![labelled("periodic", &[])]).await;
+    let proxy = within(
+        "the fault proxy",
+        kube_testenv::FaultProxy::for_apiserver(env),
+    )
+    .await
+    .unwrap();
+    // Every reconcile, by manager, with the wall-clock time (to compare with the Lease's
+    // acquireTime, which the apiserver stores in microseconds).
+    let reconciles: Arc<Mutex<Vec<(&'static str, SystemTime)>>> = Arc::default();
+    let start = |identity: &'static str, client: kube_client::Client| {
+        let mut manager = kube_informer::Manager::new(client)
+            .probe_address(None)
+            .metrics_address(None)
+            .leader_election(
+                LeaderElectionConfig::new(&namespace, "fenced", identity).timing(
+                    Duration::from_secs(4),
+                    Duration::from_secs(2),
+                    Duration::from_millis(500),
+                ),
+            );
+        let informer = manager
+            .factory()
+            .informer::<ConfigMap>(Scope::namespace(&namespace));
+        let seen = reconciles.clone();
+        manager.add("periodic", move |cancel| {
+            // Work that keeps going while leading: a requeue every 50 ms.
+            ControllerBuilder::new("periodic", informer).run(
+                move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                    seen.lock().unwrap().push((identity, SystemTime::now()));
+                    async {
+                        Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_millis(50)))
+                    }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel,
+            )
+        });
+        manager
+    };
+    let by = |identity: &str| {
+        reconciles
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(who, _)| *who == identity)
+            .map(|(_, at)| *at)
+            .collect::<Vec<_>>()
+    };
+
+    let through_proxy = env.client_via(&proxy).await.unwrap();
+    let leader = start("leader", through_proxy).bind().await.unwrap();
+    let leader_run = tokio::spawn(leader.run(CancellationToken::new()));
+    eventually("the leader to reconcile", || by("leader").len() >= 3).await;
+    let standby = start("standby", client.clone()).bind().await.unwrap();
+    let standby_cancel = CancellationToken::new();
+    let standby_run = tokio::spawn(standby.run(standby_cancel.clone()));
+
+    proxy.cut().await.unwrap();
+    let lost = within("the cut-off leader to stop", leader_run)
+        .await
+        .unwrap();
+    assert!(
+        matches!(lost, Err(ManagerError::LeaderElection(_))),
+        "{lost:?}"
+    );
+    eventually("the standby to reconcile", || !by("standby").is_empty()).await;
+    let leases: Api<Lease> = Api::namespaced(client, &namespace);
+    let lease = leases.get("fenced").await.unwrap().spec.unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("standby"));
+    let acquired = SystemTime::from(lease.acquire_time.unwrap().0);
+    let last_by_leader = *by("leader").last().unwrap();
+    assert!(
+        last_by_leader < acquired,
+        "the old leader reconciled {:?} after the standby acquired the lease",
+        last_by_leader.duration_since(acquired).unwrap_or_default()
+    );
+    standby_cancel.cancel();
+    within("the standby to stop", standby_run)
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.restore().await.unwrap();
 }
