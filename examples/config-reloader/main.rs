@@ -52,21 +52,13 @@ fn annotation<'a>(meta: &'a kube_client::api::ObjectMeta, key: &str) -> Option<&
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-/// FNV-1a over the ConfigMap's keys and values, in key order: stable across runs.
+/// FNV-1a of the ConfigMap's data as JSON (maps in key order): the same in every run, so a
+/// restart rolls nothing out.
 fn hash_of(cm: &ConfigMap) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let binary = cm.binary_data.iter().flatten().map(|(k, v)| (k, &v.0[..]));
-    let text = cm.data.iter().flatten().map(|(k, v)| (k, v.as_bytes()));
-    for (key, value) in text.chain(binary) {
-        for byte in key
-            .bytes()
-            .chain([0])
-            .chain(value.iter().copied())
-            .chain([0])
-        {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
+    let json = serde_json::to_vec(&(&cm.data, &cm.binary_data)).unwrap_or_default();
+    let hash = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    });
     format!("{hash:016x}")
 }
 
@@ -137,8 +129,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         config_maps,
         resync: Duration::from_secs(args.resync),
     });
-    let cancel = CancellationToken::new();
-    examples::cancel_on_signal(cancel.clone());
+    let cancel = kube_informer::cancel_on_signals();
     factory.start(&cancel);
     tracing::info!(namespace = %args.namespace, "watching Deployments and ConfigMaps");
     controller

@@ -66,8 +66,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let cancel = CancellationToken::new();
-    examples::cancel_on_signal(cancel.clone());
+    // Ctrl-C or SIGTERM stops gracefully; a second one exits at once.
+    let cancel = kube_informer::cancel_on_signals();
 
     let cluster = cluster::Cluster::connect(&args).await?;
     if args.demo {

@@ -1,4 +1,4 @@
-//! Pieces shared by the examples: logging set-up, signal handling, and
+//! Pieces shared by the examples: logging set-up, namespaces, and
 //! applying YAML manifests the way `kubectl apply` does.
 
 use anyhow::Context;
@@ -7,7 +7,6 @@ use kube_client::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams},
 };
-use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
 /// Logs to stdout at `info` (override with `RUST_LOG`), with colours only on
@@ -25,25 +24,6 @@ pub fn init_tracing() {
         )
         .with_ansi(std::io::stdout().is_terminal())
         .init();
-}
-
-/// Cancels `token` on Ctrl-C or `SIGTERM`.
-pub fn cancel_on_signal(token: CancellationToken) {
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut terminate) = signal(SignalKind::terminate()) else {
-            tracing::warn!("could not install a SIGTERM handler; Ctrl-C still works");
-            let _ = tokio::signal::ctrl_c().await;
-            token.cancel();
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        tracing::info!("shutting down");
-        token.cancel();
-    });
 }
 
 /// Creates `name` unless it exists.
