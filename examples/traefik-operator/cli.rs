@@ -3,9 +3,16 @@
 
 use std::{net::SocketAddr, time::Duration};
 
-use kube_informer::{Scope, leader_election::LeaderElectionConfig};
+use kube_informer::{
+    ObjectKey, Scope,
+    leader_election::LeaderElectionConfig,
+    workqueue::{Bucket, ItemExponentialFailure, MaxOf},
+};
 
-use super::services::UrlTemplate;
+use super::{
+    policy::{Cidr, DEFAULT_DENIED_BACKENDS, HostPolicy, Policy},
+    services::UrlTemplate,
+};
 
 /// The command line: `traefik-operator [OPTIONS]` runs the manager,
 /// `traefik-operator crd` prints the CRD manifest.
@@ -124,6 +131,48 @@ pub struct Options {
     #[arg(long, value_parser = parse_duration, default_value = "2s")]
     pub retry_period: Duration,
 
+    /// Routes' hosts are `<name>.<namespace>.<domain>` (`<name>.<namespace>` when empty):
+    /// the default rule, and the only host a rule may use with `--host-policy=own-name`.
+    #[arg(long, env = "ROUTE_DOMAIN", default_value = "")]
+    pub domain: String,
+
+    /// Which hosts a namespace's rules may claim: `own-name` (`<name>.<namespace>.<domain>`),
+    /// `namespace` (anything under `<namespace>.<domain>`), or `any` (any host no other
+    /// namespace holds).
+    #[arg(long, env = "HOST_POLICY", value_enum, default_value = "own-name")]
+    pub host_policy: HostPolicy,
+
+    /// The Traefik entrypoints routes may use, comma-separated.
+    #[arg(
+        long,
+        env = "ALLOWED_ENTRYPOINTS",
+        value_delimiter = ',',
+        default_value = "web,websecure"
+    )]
+    pub allowed_entrypoints: Vec<String>,
+
+    /// Backend address ranges refused, comma-separated (default: loopback, link-local and
+    /// cloud metadata addresses).
+    #[arg(long, env = "DENY_BACKENDS", value_delimiter = ',', default_value = DEFAULT_DENIED_BACKENDS)]
+    pub deny_backends: Vec<Cidr>,
+
+    /// Backend address ranges allowed even when denied, comma-separated (etcd's own
+    /// endpoints are refused regardless).
+    #[arg(long, env = "ALLOW_BACKENDS", value_delimiter = ',')]
+    pub allow_backends: Vec<Cidr>,
+
+    /// This operator instance's name in the route ownership records: operators with
+    /// different names (for different namespaces or tenants) share one Traefik root, and
+    /// each touches only its own routes.
+    #[arg(long, env = "INSTANCE", default_value = "traefik-operator")]
+    pub instance: String,
+
+    /// Where route ownership records are kept in etcd (default
+    /// `kube-informer/traefik-operator/<root key>/`); outside the root key, since Traefik
+    /// would read them as configuration. The etcd user needs readwrite here too.
+    #[arg(long, env = "ETCD_OWNER_PREFIX")]
+    pub etcd_owner_prefix: Option<String>,
+
     /// How long reconciles get to finish once a shutdown starts (keep it under the Pod's
     /// termination grace period).
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
@@ -187,6 +236,51 @@ impl Options {
     /// The flag's text when it is not an address.
     pub fn metrics_address(&self) -> Result<Option<SocketAddr>, String> {
         bind_address(&self.metrics_bind_address).transpose()
+    }
+
+    /// The retry backoff of every controller: 5 ms doubling up to `--max-retry-delay` per
+    /// key, at most 10 retries a second (bursts of 100) overall.
+    pub fn retry_limiter(&self) -> MaxOf<ObjectKey> {
+        MaxOf::new(vec![
+            Box::new(ItemExponentialFailure::new(
+                Duration::from_millis(5),
+                self.max_retry_delay,
+            )),
+            Box::new(Bucket::new(10.0, 100)),
+        ])
+    }
+
+    /// Where the route ownership records are.
+    pub fn owner_prefix(&self) -> String {
+        self.etcd_owner_prefix.clone().unwrap_or_else(|| {
+            format!(
+                "kube-informer/traefik-operator/{}/",
+                self.etcd_root_key.trim_matches('/')
+            )
+        })
+    }
+
+    /// The route policy the flags set.
+    ///
+    /// # Errors
+    ///
+    /// `--host-policy=namespace` without `--domain`.
+    pub fn policy(&self) -> Result<Policy, String> {
+        if self.host_policy == HostPolicy::Namespace && self.domain.is_empty() {
+            return Err(
+                "--host-policy=namespace needs --domain: without one, namespace `com` \
+                        could claim any host under .com"
+                    .into(),
+            );
+        }
+        Ok(Policy {
+            domain: self.domain.trim_matches('.').to_ascii_lowercase(),
+            hosts: self.host_policy,
+            entrypoints: self.allowed_entrypoints.clone(),
+            denied_backends: self.deny_backends.clone(),
+            allowed_backends: self.allow_backends.clone(),
+            etcd_endpoints: self.etcd_endpoints.clone(),
+        })
     }
 
     /// The Lease and timing `--leader-elect` uses.

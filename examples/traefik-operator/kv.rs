@@ -208,7 +208,8 @@ impl TraefikKv {
         }
     }
 
-    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, KvError> {
+    /// Runs `txn`, dialling again after an unreachable etcd.
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, KvError> {
         let result = match self.client().await {
             Ok(client) => client
                 .kv_client()

@@ -2,7 +2,7 @@
 //! kube-informer's [`Manager`]: the selected controllers on shared informers, probes,
 //! metrics, optional leader election, bounded shutdown.
 
-use std::{convert::Infallible, error::Error as StdError, sync::Arc, time::Duration};
+use std::{convert::Infallible, error::Error as StdError, sync::Arc};
 
 use futures::TryFutureExt;
 use k8s_openapi::{
@@ -14,7 +14,6 @@ use kube_core::Resource;
 use kube_informer::{
     Action, ControllerBuilder, InformerHandle, Manager, ObjectKey, retry_with_backoff,
     strip_managed_fields,
-    workqueue::{Bucket, ItemExponentialFailure, MaxOf},
 };
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -24,19 +23,21 @@ pub use super::cli::{Cli, Command, ControllerKind, Options};
 use super::{
     crd::TraefikService,
     kv::TraefikKv,
+    ownership::Ownership,
     pods,
+    policy::Policy,
     preflight::{self, PreflightError},
     services::{self, UrlTemplate},
-    sweep::Routes,
+    sweep::{Routes, Sweeps},
     traefik_service as tsvc,
 };
 
 /// Why the operator could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
-    /// A bind-address flag is not an address.
-    #[error("invalid address: {0}")]
-    Address(String),
+    /// A flag's value is unusable.
+    #[error("invalid flags: {0}")]
+    Flags(String),
     /// An install step is missing (the CRD, RBAC).
     #[error(transparent)]
     Preflight(#[from] PreflightError),
@@ -60,28 +61,34 @@ pub async fn run(
     let result = async {
         preflight::check(&client, options.namespace.as_deref(), &options.controllers).await?;
         let mut manager = Manager::new(client.clone())
-            .probe_address(options.probe_address().map_err(ManagerError::Address)?)
-            .metrics_address(options.metrics_address().map_err(ManagerError::Address)?)
+            .probe_address(options.probe_address().map_err(ManagerError::Flags)?)
+            .metrics_address(options.metrics_address().map_err(ManagerError::Flags)?)
             .shutdown_timeout(options.graceful_shutdown_timeout);
         if options.leader_elect {
             let config = options.leader_election();
             info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "leader election enabled");
             manager = manager.leader_election(config);
         }
-        wire(&mut manager, &options, &client);
+        let policy = Arc::new(options.policy().map_err(ManagerError::Flags)?);
+        wire(&mut manager, &options, &client, &policy)?;
         manager.bind().await?.run(cancel).await?;
         Ok(())
     }
     .await;
     // The manager logs its own failures, with their causes.
-    if let Err(err @ (ManagerError::Address(_) | ManagerError::Preflight(_))) = &result {
+    if let Err(err @ (ManagerError::Flags(_) | ManagerError::Preflight(_))) = &result {
         error!(error = %err, "the operator cannot start");
     }
     result
 }
 
 /// Adds the selected controllers, and the etcd placeholder, to `manager`.
-fn wire(manager: &mut Manager, options: &Options, client: &Client) {
+fn wire(
+    manager: &mut Manager,
+    options: &Options,
+    client: &Client,
+    policy: &Arc<Policy>,
+) -> Result<(), ManagerError> {
     let kv = Arc::new(TraefikKv::new(
         options.etcd_endpoints.clone(),
         options.etcd_root_key.clone(),
@@ -94,30 +101,38 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) {
         }
         Ok::<_, Infallible>(())
     });
+    let ownership = Ownership::new(kv, &options.owner_prefix(), &options.instance);
+    let routes = Arc::new(ownership.map_err(ManagerError::Flags)?);
+    let namespace = options.namespace.as_deref();
+    let sweeps = Sweeps::new(manager.registry(), routes.clone(), namespace);
     let mut wiring = Wiring { manager, options };
     for kind in &options.controllers {
         match kind {
             ControllerKind::Traefikservices => {
                 let informer = wiring.informer::<TraefikService>();
-                let routes = Routes::new(&kv, tsvc::ROUTE_PREFIX, tsvc::key_of_route);
+                let sweep =
+                    sweeps.routes(tsvc::ROUTE_PREFIX, tsvc::key_of_route, "traefikservices");
                 let reconciler = tsvc::Reconciler {
                     client: client.clone(),
-                    kv: kv.clone(),
+                    routes: routes.clone(),
                     store: informer.store(),
+                    policy: policy.clone(),
                 };
                 let sync = |r: Arc<tsvc::Reconciler>, key| async move { r.sync(key).await };
-                wiring.add("traefikservices", informer, Some(routes), reconciler, sync);
+                wiring.add("traefikservices", informer, Some(sweep), reconciler, sync);
             }
             ControllerKind::Services => {
                 let informer = wiring.informer::<Service>();
-                let routes = Routes::new(&kv, services::ROUTE_PREFIX, services::key_of_route);
+                let sweep =
+                    sweeps.routes(services::ROUTE_PREFIX, services::key_of_route, "services");
                 let reconciler = services::Reconciler {
-                    kv: kv.clone(),
+                    routes: routes.clone(),
                     store: informer.store(),
                     template: UrlTemplate(options.service_url_template.clone()),
+                    policy: policy.clone(),
                 };
                 let sync = |r: Arc<services::Reconciler>, key| async move { r.sync(key).await };
-                wiring.add("services", informer, Some(routes), reconciler, sync);
+                wiring.add("services", informer, Some(sweep), reconciler, sync);
             }
             ControllerKind::Pods => {
                 let informer = wiring.informer::<Pod>();
@@ -127,6 +142,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) {
             }
         }
     }
+    Ok(())
 }
 
 /// The manager being wired, and the flags it is wired by.
@@ -150,10 +166,9 @@ impl Wiring<'_> {
             })
     }
 
-    /// Runs a controller of `informer`'s objects under the manager, calling the
-    /// tutorial-shaped `sync(reconciler, key)`; with `routes`, it also sweeps their leftovers. Failures are outages
-    /// (etcd, the API server) that end: they are retried with backoff, up to
-    /// `--max-retry-delay` apart, until they do.
+    /// Runs a controller of `informer`'s objects, calling the tutorial-shaped
+    /// `sync(reconciler, key)`, and with `routes`, sweeping their leftovers. Failures are
+    /// outages (etcd, the API server) that end: retried with backoff until they do.
     fn add<K, R, S, Fut, E>(
         &mut self,
         name: &str,
@@ -168,16 +183,9 @@ impl Wiring<'_> {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: StdError + Send + Sync + 'static,
     {
-        let limiter: MaxOf<ObjectKey> = MaxOf::new(vec![
-            Box::new(ItemExponentialFailure::new(
-                Duration::from_millis(5),
-                self.options.max_retry_delay,
-            )),
-            Box::new(Bucket::new(10.0, 100)),
-        ]);
         let mut controller = ControllerBuilder::new(name, informer.clone())
             .workers(self.options.workers)
-            .rate_limiter(limiter)
+            .rate_limiter(self.options.retry_limiter())
             .metrics(self.manager.workqueue_metrics())
             .reconcile_metrics(self.manager.controller_metrics());
         if let Some(routes) = routes {

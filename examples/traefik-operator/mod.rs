@@ -8,7 +8,9 @@
 //! * [`kv`]: Traefik's keys in etcd, written transactionally;
 //! * [`traefik_service`]: the `TraefikService` controller (finalizer, status);
 //! * [`services`]: Service mode, Services opted in by annotation, no CRD;
+//! * [`policy`]: which hosts, entrypoints and backends a namespace may route;
 //! * [`pods`]: the tutorial's Pod controller;
+//! * [`ownership`]: which operator instance and namespace own each route and host;
 //! * [`sweep`]: routes left behind by objects deleted while no operator ran;
 //! * [`cli`]: the flags; [`preflight`]: the install checks made at start;
 //! * [`manager`]: the wiring on kube-informer's `Manager` (probes, metrics, leader
@@ -20,7 +22,9 @@ pub mod cli;
 pub mod crd;
 pub mod kv;
 pub mod manager;
+pub mod ownership;
 pub mod pods;
+pub mod policy;
 pub mod preflight;
 pub mod services;
 pub mod sweep;

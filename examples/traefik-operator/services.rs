@@ -16,8 +16,10 @@ use kube_informer::{ObjectKey, Store};
 use tracing::{info, warn};
 
 use super::{
-    kv::{KvError, Route, TraefikKv},
-    traefik_service::{check_entrypoint, check_url, default_rule},
+    kv::Route,
+    ownership::{ClaimError, Ownership},
+    policy::{Policy, redact_url},
+    traefik_service::{Desired, SpecError, check_entrypoint, check_url},
 };
 
 /// Opts a Service in; its value is the Traefik entrypoint.
@@ -101,7 +103,8 @@ pub enum ServiceRouteError {
 pub fn desired_route(
     svc: &Service,
     template: &UrlTemplate,
-) -> Result<Option<Route>, ServiceRouteError> {
+    policy: &Policy,
+) -> Result<Option<Desired>, ServiceRouteError> {
     let annotations = svc.metadata.annotations.clone().unwrap_or_default();
     let Some(entrypoint) = annotations.get(ENTRYPOINT_ANNOTATION) else {
         return Ok(None);
@@ -109,7 +112,7 @@ pub fn desired_route(
     if svc.metadata.deletion_timestamp.is_some() {
         return Ok(None);
     }
-    check_entrypoint(entrypoint)?;
+    check_entrypoint(entrypoint, policy)?;
     let namespace = svc.metadata.namespace.as_deref().unwrap_or_default();
     let name = svc.metadata.name.as_deref().unwrap_or_default();
     let spec = svc.spec.clone().unwrap_or_default();
@@ -129,29 +132,35 @@ pub fn desired_route(
     };
     let cluster_ip = spec.cluster_ip.unwrap_or_default();
     let url = template.render(scheme, name, namespace, port.port, &cluster_ip);
-    check_url(&url)?;
+    check_url(&url, policy)?;
     let rule = annotations
         .get(RULE_ANNOTATION)
-        .filter(|r| !r.trim().is_empty())
-        .cloned()
-        .unwrap_or_else(|| default_rule(namespace, name));
-    Ok(Some(Route {
-        name: route_name(namespace, name),
-        entrypoint: entrypoint.clone(),
-        rule,
-        url,
+        .filter(|r| !r.trim().is_empty());
+    let allowed = policy
+        .check_rule(namespace, name, rule.map(String::as_str))
+        .map_err(SpecError::from)?;
+    Ok(Some(Desired {
+        route: Route {
+            name: route_name(namespace, name),
+            entrypoint: entrypoint.clone(),
+            rule: allowed.rule,
+            url,
+        },
+        hosts: allowed.hosts,
     }))
 }
 
 /// What the Service sync function needs.
 #[derive(Clone, Debug)]
 pub struct Reconciler {
-    /// The etcd Traefik reads.
-    pub kv: Arc<TraefikKv>,
+    /// The routes in the etcd Traefik reads, and who owns them.
+    pub routes: Arc<Ownership>,
     /// The controller's cache of Services.
     pub store: Store<Service>,
     /// How Service URLs are built.
     pub template: UrlTemplate,
+    /// What may be routed.
+    pub policy: Arc<Policy>,
 }
 
 impl Reconciler {
@@ -159,12 +168,14 @@ impl Reconciler {
     ///
     /// # Errors
     ///
-    /// [`KvError`] when etcd fails; the controller retries.
-    pub async fn sync(&self, key: ObjectKey) -> Result<(), KvError> {
-        let route = route_name(key.namespace().unwrap_or_default(), key.name());
+    /// [`ClaimError`] when etcd fails, or a host of the rule is held by another namespace;
+    /// the controller retries.
+    pub async fn sync(&self, key: ObjectKey) -> Result<(), ClaimError> {
+        let namespace = key.namespace().unwrap_or_default();
+        let route = route_name(namespace, key.name());
         let desired = match self.store.get_by_key(&key) {
             None => None,
-            Some(svc) => match desired_route(&svc, &self.template) {
+            Some(svc) => match desired_route(&svc, &self.template, &self.policy) {
                 Ok(desired) => desired,
                 Err(err) => {
                     warn!(%key, error = %err, "annotated Service cannot be routed; unregistering it");
@@ -172,11 +183,24 @@ impl Reconciler {
                 }
             },
         };
-        let changes = self.kv.sync(&route, desired.as_ref()).await?;
+        let written = match &desired {
+            Some(d) => self.routes.write(&d.route, namespace, &d.hosts).await,
+            None => self.routes.remove(&route).await.map_err(ClaimError::from),
+        };
+        let changes = match written {
+            Ok(changes) => changes,
+            Err(refused @ ClaimError::OwnedElsewhere { .. }) => {
+                warn!(%key, reason = %refused, "annotated Service refused");
+                return Ok(());
+            }
+            // Retried with backoff (a taken host may become free).
+            Err(error) => return Err(error),
+        };
+        let desired = desired.map(|d| d.route);
         if !changes.is_empty() {
             match &desired {
                 Some(r) => {
-                    info!(%key, url = %r.url, entrypoint = %r.entrypoint, rule = %r.rule, "Service registered")
+                    info!(%key, url = %redact_url(&r.url), entrypoint = %r.entrypoint, rule = %r.rule, "Service registered")
                 }
                 None => info!(%key, "Service unregistered"),
             }
@@ -202,35 +226,42 @@ mod tests {
     #[test]
     fn services_opt_in_with_the_annotation() {
         let template = UrlTemplate::default();
-        assert_eq!(
-            desired_route(&service(serde_json::json!({})), &template),
-            Ok(None)
-        );
-        let route = desired_route(
-            &service(serde_json::json!({ ENTRYPOINT_ANNOTATION: "web" })),
+        let policy = Policy::default();
+        let route = |annotations, template: &UrlTemplate| {
+            desired_route(&service(annotations), template, &policy).map(|d| d.map(|d| d.route))
+        };
+        assert_eq!(route(serde_json::json!({}), &template), Ok(None));
+        let web = route(
+            serde_json::json!({ ENTRYPOINT_ANNOTATION: "web" }),
             &template,
         )
         .unwrap()
         .unwrap();
-        assert_eq!(route.name, "svc_shop_web");
-        assert_eq!(route.url, "http://web.shop.svc:9090");
-        assert_eq!(route.rule, "Host(`web.shop`)");
-        let route = desired_route(
-            &service(serde_json::json!({ ENTRYPOINT_ANNOTATION: "web", PORT_ANNOTATION: "https" })),
+        assert_eq!(web.name, "svc_shop_web");
+        assert_eq!(web.url, "http://web.shop.svc:9090");
+        assert_eq!(web.rule, "Host(`web.shop`)");
+        let https = route(
+            serde_json::json!({ ENTRYPOINT_ANNOTATION: "web", PORT_ANNOTATION: "https" }),
             &UrlTemplate("{scheme}://{clusterIP}:{port}".into()),
         )
         .unwrap()
         .unwrap();
-        assert_eq!(route.url, "https://10.0.0.7:8443");
+        assert_eq!(https.url, "https://10.0.0.7:8443");
         assert_eq!(
-            desired_route(
-                &service(
-                    serde_json::json!({ ENTRYPOINT_ANNOTATION: "web", PORT_ANNOTATION: "grpc" })
-                ),
+            route(
+                serde_json::json!({ ENTRYPOINT_ANNOTATION: "web", PORT_ANNOTATION: "grpc" }),
                 &template
             ),
             Err(ServiceRouteError::UnknownPort("grpc".into()))
         );
+        // The rule annotation is held to the same policy as a TraefikService's rule.
+        assert!(matches!(
+            route(
+                serde_json::json!({ ENTRYPOINT_ANNOTATION: "web", RULE_ANNOTATION: "PathPrefix(`/`)" }),
+                &template
+            ),
+            Err(ServiceRouteError::Spec(SpecError::Policy(_)))
+        ));
         assert_eq!(
             key_of_route("svc_shop_web"),
             Some(ObjectKey::new(Some("shop"), "web"))

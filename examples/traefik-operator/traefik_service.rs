@@ -3,18 +3,21 @@
 //! The sync function follows the tutorial's `Reconcile`, made level-based and idempotent:
 //!
 //! 1. An object missing from the cache is gone: its keys are removed (normally the
-//!    finalizer already did that).
+//!    finalizer already did that), unless another operator instance owns the route.
 //! 2. An object being deleted: its keys are removed, then the finalizer ([`FINALIZER`]).
-//! 3. Otherwise the finalizer is added if missing, the spec turned into a [`Route`] and
-//!    written with [`TraefikKv::sync`], which writes only what differs (instead of the
-//!    tutorial's "skip when already active", so keys changed behind our back are repaired).
+//! 3. Otherwise the finalizer is added if missing, the spec checked against the
+//!    [policy](super::policy) and turned into a [`Route`], its ownership and hosts claimed
+//!    ([`Ownership::write`]), and its keys written with
+//!    [`TraefikKv::sync`](super::kv::TraefikKv::sync), which writes only what differs
+//!    (instead of the tutorial's "skip when already active", so keys changed behind our
+//!    back are repaired).
 //! 4. The status says whether the route is active, since when, and if not, why. It is
 //!    patched only when it changes, so a status write never causes a sync loop.
 //!
 //! An etcd failure is reported in the status and returned as an error: the controller
 //! retries the key with the rate-limited queue, forever, until etcd is back.
 
-use std::sync::Arc;
+use std::{collections::BTreeSet, sync::Arc};
 
 use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
 use kube_client::{
@@ -26,7 +29,9 @@ use tracing::{debug, info, warn};
 
 use super::{
     crd::{FINALIZER, TraefikService, TraefikServiceStatus},
-    kv::{KvError, Route, TraefikKv},
+    kv::{Changes, KvError, Route},
+    ownership::{ClaimError, Ownership},
+    policy::{Policy, PolicyError, redact_url},
 };
 
 /// The prefix of the Traefik names of `TraefikService` routes.
@@ -50,7 +55,7 @@ pub enum SpecError {
     /// `spec.url` is not an absolute http(s) URL with a host.
     #[error("spec.url {url:?} is not an absolute http or https URL: {reason}")]
     BadUrl {
-        /// The URL as given.
+        /// The URL as given, without its query (which may hold secrets).
         url: String,
         /// What is wrong with it.
         reason: String,
@@ -61,16 +66,20 @@ pub enum SpecError {
     /// `spec.rule` is empty.
     #[error("spec.rule must not be empty (leave it out for the default)")]
     EmptyRule,
+    /// The operator's policy refuses the route.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
 }
 
-/// Checks that `url` is an absolute `http`/`https` URL with a host.
+/// Checks that `url` is an absolute `http`/`https` URL with a host, to an address `policy`
+/// allows.
 ///
 /// # Errors
 ///
-/// [`SpecError::BadUrl`] saying what is wrong.
-pub fn check_url(url: &str) -> Result<(), SpecError> {
+/// [`SpecError::BadUrl`] saying what is wrong, [`SpecError::Policy`] for a denied address.
+pub fn check_url(url: &str, policy: &Policy) -> Result<(), SpecError> {
     let bad = |reason: &str| SpecError::BadUrl {
-        url: url.to_owned(),
+        url: redact_url(url),
         reason: reason.to_owned(),
     };
     let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
@@ -86,46 +95,55 @@ pub fn check_url(url: &str) -> Result<(), SpecError> {
     if !parsed.username().is_empty() || parsed.password().is_some() {
         return Err(bad("credentials in the URL are not supported"));
     }
+    policy.check_backend(&parsed)?;
     Ok(())
 }
 
-/// Checks an entrypoint name.
+/// Checks an entrypoint name, and that `policy` allows it.
 ///
 /// # Errors
 ///
-/// [`SpecError::BadEntrypoint`].
-pub fn check_entrypoint(entrypoint: &str) -> Result<(), SpecError> {
+/// [`SpecError::BadEntrypoint`], [`SpecError::Policy`].
+pub fn check_entrypoint(entrypoint: &str, policy: &Policy) -> Result<(), SpecError> {
     if entrypoint.is_empty() || entrypoint.contains(['/', '@']) || entrypoint.trim() != entrypoint {
         return Err(SpecError::BadEntrypoint(entrypoint.to_owned()));
     }
+    policy.check_entrypoint(entrypoint)?;
     Ok(())
 }
 
-/// The default rule of an object: ``Host(`<name>.<namespace>`)``.
-pub fn default_rule(namespace: &str, name: &str) -> String {
-    format!("Host(`{name}.{namespace}`)")
+/// A route the policy allows, and the hosts its rule can match.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// The route to write.
+    pub route: Route,
+    /// The hosts it claims.
+    pub hosts: BTreeSet<String>,
 }
 
-/// The route an object asks for.
+/// The route an object asks for (the rule defaulting to ``Host(`<name>.<namespace>`)``,
+/// with `.<domain>` when the policy has one).
 ///
 /// # Errors
 ///
-/// [`SpecError`] when the spec cannot be routed.
-pub fn desired_route(obj: &TraefikService) -> Result<Route, SpecError> {
+/// [`SpecError`] when the spec cannot be routed or the policy refuses it.
+pub fn desired_route(obj: &TraefikService, policy: &Policy) -> Result<Desired, SpecError> {
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
     let name = obj.metadata.name.as_deref().unwrap_or_default();
-    check_entrypoint(&obj.spec.entrypoint)?;
-    check_url(&obj.spec.url)?;
-    let rule = match &obj.spec.rule {
-        Some(rule) if rule.trim().is_empty() => return Err(SpecError::EmptyRule),
-        Some(rule) => rule.clone(),
-        None => default_rule(namespace, name),
-    };
-    Ok(Route {
-        name: route_name(namespace, name),
-        entrypoint: obj.spec.entrypoint.clone(),
-        rule,
-        url: obj.spec.url.clone(),
+    check_entrypoint(&obj.spec.entrypoint, policy)?;
+    check_url(&obj.spec.url, policy)?;
+    if obj.spec.rule.as_ref().is_some_and(|r| r.trim().is_empty()) {
+        return Err(SpecError::EmptyRule);
+    }
+    let allowed = policy.check_rule(namespace, name, obj.spec.rule.as_deref())?;
+    Ok(Desired {
+        route: Route {
+            name: route_name(namespace, name),
+            entrypoint: obj.spec.entrypoint.clone(),
+            rule: allowed.rule,
+            url: obj.spec.url.clone(),
+        },
+        hosts: allowed.hosts,
     })
 }
 
@@ -135,6 +153,9 @@ pub enum SyncError {
     /// etcd could not be updated.
     #[error(transparent)]
     Etcd(#[from] KvError),
+    /// A host of the rule is held by another namespace (retried until it is free).
+    #[error(transparent)]
+    Refused(ClaimError),
     /// The API server refused a write (e.g. missing RBAC permissions) or was unreachable.
     #[error("{action}: {source}")]
     Kube {
@@ -150,16 +171,18 @@ pub enum SyncError {
 pub struct Reconciler {
     /// A Kubernetes client.
     pub client: Client,
-    /// The etcd Traefik reads.
-    pub kv: Arc<TraefikKv>,
+    /// The routes in the etcd Traefik reads, and who owns them.
+    pub routes: Arc<Ownership>,
     /// The controller's cache.
     pub store: Store<TraefikService>,
+    /// What may be routed.
+    pub policy: Arc<Policy>,
 }
 
 impl std::fmt::Debug for Reconciler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Reconciler")
-            .field("kv", &self.kv)
+            .field("routes", &self.routes)
             .finish_non_exhaustive()
     }
 }
@@ -181,7 +204,7 @@ impl Reconciler {
         let name = key.name().to_owned();
         let route = route_name(&namespace, &name);
         let Some(obj) = self.store.get_by_key(&key) else {
-            let changes = self.kv.sync(&route, None).await?;
+            let changes = self.routes.remove(&route).await?;
             if !changes.is_empty() {
                 info!(%key, "TraefikService gone; removed its leftover route");
             }
@@ -193,7 +216,7 @@ impl Reconciler {
 
         if obj.metadata.deletion_timestamp.is_some() {
             if has_finalizer {
-                self.kv.sync(&route, None).await?;
+                self.routes.remove(&route).await?;
                 let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
                 self.patch_finalizers(&api, &obj, &rest).await?;
                 info!(%key, route, "TraefikService deleted; route removed");
@@ -208,21 +231,38 @@ impl Reconciler {
             debug!(%key, "finalizer added");
         }
 
-        let (result, status) = match desired_route(&obj) {
-            Ok(desired) => {
-                info!(%key, url = %desired.url, entrypoint = %desired.entrypoint, rule = %desired.rule, "syncing TraefikService");
-                match self.kv.sync(&route, Some(&desired)).await {
+        let (result, status) = match desired_route(&obj, &self.policy) {
+            Ok(Desired {
+                route: desired,
+                hosts,
+            }) => {
+                info!(%key, url = %redact_url(&desired.url), entrypoint = %desired.entrypoint, rule = %desired.rule, "syncing TraefikService");
+                match self.routes.write(&desired, &namespace, &hosts).await {
                     Ok(changes) => (Ok(changes), status(true, "")),
-                    Err(err) => {
+                    Err(ClaimError::Etcd(err)) => {
                         warn!(%key, error = %err, detail = %err.detail(), "etcd update failed");
                         let message = err.to_string();
                         (Err(SyncError::Etcd(err)), status(false, &message))
+                    }
+                    Err(ClaimError::Contended(route)) => {
+                        let error = KvError::Contended { name: route };
+                        let message = error.to_string();
+                        (Err(SyncError::Etcd(error)), status(false, &message))
+                    }
+                    // Retried with backoff: the route waits for the host to be free.
+                    Err(taken @ ClaimError::HostTaken { .. }) => {
+                        let message = taken.to_string();
+                        (Err(SyncError::Refused(taken)), status(false, &message))
+                    }
+                    Err(refused) => {
+                        warn!(%key, reason = %refused, "TraefikService refused");
+                        (Ok(Changes::default()), status(false, &refused.to_string()))
                     }
                 }
             }
             Err(spec_error) => {
                 warn!(%key, error = %spec_error, "TraefikService cannot be routed");
-                let removed = self.kv.sync(&route, None).await;
+                let removed = self.routes.remove(&route).await;
                 match removed {
                     Ok(changes) => (Ok(changes), status(false, &spec_error.to_string())),
                     Err(err) => {
@@ -338,8 +378,9 @@ mod tests {
 
     #[test]
     fn urls_are_checked() {
-        assert!(check_url("http://127.0.0.1:8080/x").is_ok());
-        assert!(check_url("https://web.shop.svc").is_ok());
+        let policy = Policy::default();
+        assert!(check_url("http://127.0.0.1:8080/x", &policy).is_ok());
+        assert!(check_url("https://web.shop.svc", &policy).is_ok());
         for bad in [
             "",
             "web:80",
@@ -348,7 +389,7 @@ mod tests {
             "/relative",
             "http://u:p@host/",
         ] {
-            let err = check_url(bad).unwrap_err();
+            let err = check_url(bad, &policy).unwrap_err();
             assert!(
                 err.to_string()
                     .contains("is not an absolute http or https URL"),
@@ -368,11 +409,18 @@ mod tests {
             },
         );
         obj.metadata.namespace = Some("shop".into());
-        let route = desired_route(&obj).unwrap();
-        assert_eq!(route.rule, "Host(`web.shop`)");
+        let policy = Policy::default();
+        let desired = desired_route(&obj, &policy).unwrap();
+        assert_eq!(desired.route.rule, "Host(`web.shop`)");
+        assert_eq!(desired.hosts, ["web.shop".to_owned()].into());
+        obj.spec.rule = Some("PathPrefix(`/`)".into());
+        assert!(matches!(
+            desired_route(&obj, &policy),
+            Err(SpecError::Policy(PolicyError::Unbounded { .. }))
+        ));
         obj.spec.entrypoint = "a/b".into();
         assert_eq!(
-            desired_route(&obj),
+            desired_route(&obj, &policy),
             Err(SpecError::BadEntrypoint("a/b".into()))
         );
     }

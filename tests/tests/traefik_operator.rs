@@ -302,6 +302,8 @@ impl Operator {
             format!("--health-probe-bind-address=127.0.0.1:{health}"),
             format!("--metrics-bind-address=127.0.0.1:{metrics}"),
             "--max-retry-delay=2s".to_owned(),
+            // The backends here are loopback servers, denied by default.
+            "--allow-backends=127.0.0.0/8".to_owned(),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let cli = Cli::try_parse_from(args).expect("valid flags");
@@ -1001,4 +1003,225 @@ async fn the_checked_in_rbac_and_samples_are_enough() {
     )
     .await;
     operator.stop().await.unwrap();
+}
+
+/// The create revision of `key` in `etcd`: a key deleted and written again gets a new one.
+async fn create_revision(etcd: &EtcdServer, key: &str) -> Option<i64> {
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let response = client.get(key, None).await.unwrap();
+    response
+        .kvs()
+        .first()
+        .map(etcd_client::KeyValue::create_revision)
+}
+
+/// A counter of `operator`'s `/metrics`, 0 while absent.
+async fn counter(operator: &Operator, series: &str) -> u64 {
+    let url = format!("http://127.0.0.1:{}/metrics", operator.metrics);
+    let Some((200, body)) = get(&url, None).await else {
+        return 0;
+    };
+    body.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn message(obj: &TraefikService) -> String {
+    obj.status
+        .as_ref()
+        .map(|s| s.message.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_keep_their_routes_and_cannot_take_each_others_hosts() {
+    let world = World::new("tsvc-tenant-a").await;
+    let (_, other) = test_namespace(world.env, "tsvc-tenant-b").await;
+    let bank = Backend::start("bank").await;
+    let thief = Backend::start("thief").await;
+    // Resyncs (and sweeps) every second, so a sweep that touches the other tenant's routes
+    // shows within the test.
+    let resync = ["--resync-period=1s"];
+    let a = world.operator(&resync).await;
+    let b = Operator::start(
+        world.env,
+        world.client.clone(),
+        &other,
+        &world.etcd,
+        &resync,
+    )
+    .await;
+    b.wait_ready().await;
+    let api_b: Api<TraefikService> = Api::namespaced(world.client.clone(), &other);
+    api_b
+        .create(
+            &PostParams::default(),
+            &traefik_service("bank", &bank.url()),
+        )
+        .await
+        .unwrap();
+    wait_status(&api_b, "bank", "b's route active", is_active).await;
+    let bank_host = format!("bank.{other}");
+    world.wait_routed(&bank_host, 200, Some("bank")).await;
+    let bank_rule = format!("traefik/http/routers/tsvc_{other}_bank/rule");
+    let written = create_revision(&world.etcd, &bank_rule).await;
+    assert!(written.is_some());
+
+    // Tenant a tries: b's host with a longer rule (Traefik's default priority is the rule's
+    // length), every host, the cloud metadata service, etcd itself, Traefik's own API
+    // entrypoint.
+    let api_a = world.api();
+    let etcd_url = format!("http://{}", world.etcd.endpoint());
+    let attempts = [
+        (
+            "hijack",
+            thief.url(),
+            Some(format!("Host(`{bank_host}`) && PathPrefix(`/`)")),
+            "web",
+            format!("host \"{bank_host}\" is not allowed in namespace"),
+        ),
+        (
+            "everything",
+            thief.url(),
+            Some("PathPrefix(`/`)".to_owned()),
+            "web",
+            "must limit the hosts".to_owned(),
+        ),
+        (
+            "metadata",
+            "http://169.254.169.254/latest?token=secret".to_owned(),
+            None,
+            "web",
+            "169.254.169.254 is in the denied range 169.254.0.0/16".to_owned(),
+        ),
+        (
+            "etcd",
+            etcd_url,
+            None,
+            "web",
+            "the backend is the etcd this operator writes to".to_owned(),
+        ),
+        (
+            "admin",
+            thief.url(),
+            None,
+            "traefik",
+            "entrypoint \"traefik\" is not allowed (allowed: web,websecure)".to_owned(),
+        ),
+    ];
+    for (name, url, rule, entrypoint, refusal) in attempts {
+        let mut obj = traefik_service(name, &url);
+        obj.spec.rule = rule;
+        obj.spec.entrypoint = entrypoint.to_owned();
+        api_a.create(&PostParams::default(), &obj).await.unwrap();
+        let refused = wait_status(&api_a, name, "the refusal in the status", |o| {
+            o.status
+                .as_ref()
+                .is_some_and(|s| !s.active && !s.message.is_empty())
+        })
+        .await;
+        let message = message(&refused);
+        assert!(message.contains(&refusal), "{name}: {message}");
+        assert!(!message.contains("token=secret"), "{name}: {message}");
+        let route = format!("tsvc_{}_{name}", world.namespace);
+        assert!(
+            keys_of(&world.kv, &route).await.is_empty(),
+            "{name} was written"
+        );
+    }
+    // Its own host it may route.
+    api_a
+        .create(
+            &PostParams::default(),
+            &traefik_service("shop", &thief.url()),
+        )
+        .await
+        .unwrap();
+    wait_status(&api_a, "shop", "a's own route active", is_active).await;
+    world
+        .wait_routed(&format!("shop.{}", world.namespace), 200, Some("thief"))
+        .await;
+
+    // Both sweep the one etcd root every second; each keeps to its own routes.
+    let series = "traefik_operator_route_sweeps_total{controller=\"traefikservices\"}";
+    let (swept_a, swept_b) = (counter(&a, series).await, counter(&b, series).await);
+    eventually_some_within(TRAEFIK_PATIENCE, "three more sweeps by each", || async {
+        (counter(&a, series).await >= swept_a + 3 && counter(&b, series).await >= swept_b + 3)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        create_revision(&world.etcd, &bank_rule).await,
+        written,
+        "b's route was deleted (and written again) meanwhile"
+    );
+    let shop_rule = format!("traefik/http/routers/tsvc_{}_shop/rule", world.namespace);
+    assert!(create_revision(&world.etcd, &shop_rule).await.is_some());
+    world.wait_routed(&bank_host, 200, Some("bank")).await;
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_any_host_allowed_a_host_routed_for_one_namespace_is_refused_to_another() {
+    let world = World::new("tsvc-claim-a").await;
+    let (_, other) = test_namespace(world.env, "tsvc-claim-b").await;
+    let first = Backend::start("first").await;
+    let second = Backend::start("second").await;
+    let wide = ["--host-policy=any"];
+    let a = world.operator(&wide).await;
+    let b = Operator::start(world.env, world.client.clone(), &other, &world.etcd, &wide).await;
+    b.wait_ready().await;
+    let shared = format!("www.{}.example.test", world.namespace);
+    let rule = format!("Host(`{shared}`)");
+    let mut obj = traefik_service("www", &first.url());
+    obj.spec.rule = Some(rule.clone());
+    world
+        .api()
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+    wait_status(&world.api(), "www", "a's claim active", is_active).await;
+    world.wait_routed(&shared, 200, Some("first")).await;
+
+    // b's rule for the same host is longer, so Traefik would prefer it.
+    let api_b: Api<TraefikService> = Api::namespaced(world.client.clone(), &other);
+    let mut copy = traefik_service("copy", &second.url());
+    copy.spec.rule = Some(format!("{rule} && PathPrefix(`/`)"));
+    api_b.create(&PostParams::default(), &copy).await.unwrap();
+    let refused = wait_status(&api_b, "copy", "b's refusal", |o| {
+        o.status
+            .as_ref()
+            .is_some_and(|s| !s.active && !s.message.is_empty())
+    })
+    .await;
+    let expected = format!(
+        "host \"{shared}\" is already routed for namespace \"{}\"",
+        world.namespace
+    );
+    assert_eq!(message(&refused), expected);
+    assert!(
+        keys_of(&world.kv, &format!("tsvc_{other}_copy"))
+            .await
+            .is_empty()
+    );
+
+    // Once a lets go of the host, b's waiting route takes it, with no change to b's object.
+    world
+        .api()
+        .delete("www", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_status(
+        &api_b,
+        "copy",
+        "b's route active once the host is free",
+        is_active,
+    )
+    .await;
+    world.wait_routed(&shared, 200, Some("second")).await;
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
 }
