@@ -376,6 +376,16 @@ mod tests {
             Ok("0.0.0.0:8081".parse().unwrap())
         );
         assert!(bind_address("0").is_none());
+        // Probes and metrics stay on loopback unless an address is given (the Deployment
+        // gives the Pod's).
+        assert_eq!(
+            cli.options.probe_address(),
+            Ok(Some("127.0.0.1:8081".parse().unwrap()))
+        );
+        assert_eq!(
+            cli.options.metrics_address(),
+            Ok(Some("127.0.0.1:8080".parse().unwrap()))
+        );
         let help = Cli::try_parse_from(["traefik-operator", "--help"])
             .unwrap_err()
             .to_string();

@@ -951,20 +951,67 @@ async fn the_checked_in_rbac_and_samples_are_enough() {
         );
     }
 
-    // The operator as its ServiceAccount, with every controller and leader election.
-    let client = world
-        .env
-        .client_as("system:serviceaccount:traefik-operator:traefik-operator")
-        .await
-        .unwrap();
+    // Nothing more than the shipped controllers use: no single-object reads, no Pods
+    // (pods.yaml grants those, for the Pod controller), no writes but the finalizer, the
+    // status and the Lease.
+    let account = "system:serviceaccount:traefik-operator:traefik-operator";
+    for (verb, resource, allowed) in [
+        ("list", "traefikservices.traefik.kube-informer.dev", true),
+        ("watch", "services", true),
+        (
+            "patch",
+            "traefikservices.traefik.kube-informer.dev/status",
+            true,
+        ),
+        ("get", "traefikservices.traefik.kube-informer.dev", false),
+        ("get", "services", false),
+        ("list", "pods", false),
+        ("update", "traefikservices.traefik.kube-informer.dev", false),
+        ("create", "leases.coordination.k8s.io", false),
+        ("list", "secrets", false),
+    ] {
+        let output = world
+            .env
+            .kubectl()
+            .args([
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                "-n",
+                &world.namespace,
+                "--as",
+                account,
+            ])
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        assert_eq!(
+            answer,
+            if allowed { "yes" } else { "no" },
+            "{verb} {resource}"
+        );
+    }
+
+    // The operator as its ServiceAccount, with the shipped Deployment's controllers and
+    // leader election.
+    let deployment = std::fs::read_to_string(config_path("manager/deployment.yaml")).unwrap();
+    let controllers = deployment
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("- --controllers="))
+        .expect("the Deployment names its controllers")
+        .to_owned();
+    assert!(deployment.contains("- --leader-elect"));
+    let client = world.env.client_as(account).await.unwrap();
     let lease_id = format!("--leader-election-id={}", world.namespace);
+    let controllers = format!("--controllers={controllers}");
     let operator = Operator::start(
         world.env,
         client,
         &world.namespace,
         &world.etcd,
         &[
-            "--controllers=traefikservices,services,pods",
+            &controllers,
             "--leader-elect",
             "--leader-election-namespace=traefik-operator",
             &lease_id,

@@ -558,7 +558,11 @@ async fn keys_from_a_stream_are_reconciled_present_or_deleted() {
     let seen: Vec<(&str, bool)> = calls.iter().map(|c| (c.key.as_str(), c.present)).collect();
     assert_eq!(
         seen,
-        [("ns/cached", true), ("ns/vanished", false), ("ns/cached", true)]
+        [
+            ("ns/cached", true),
+            ("ns/vanished", false),
+            ("ns/cached", true)
+        ]
     );
     cancel.cancel();
     run.await.unwrap().unwrap();

@@ -231,3 +231,67 @@ impl Collector for InformerCollector {
 pub(super) fn register_informer_metrics(registry: &mut Registry, factory: InformerFactory) {
     registry.register_collector(Box::new(InformerCollector { factory }));
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn serving() -> (std::net::SocketAddr, CancellationToken) {
+        let config = kube_client::Config::new("http://127.0.0.1:1".parse().unwrap());
+        let client = kube_client::Client::try_from(config).unwrap();
+        let state = Arc::new(State::new(
+            InformerFactory::new(client),
+            Registry::default(),
+            None,
+        ));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        tokio::spawn(serve(listener, state, PROBE_PATHS, cancel.clone()));
+        (addr, cancel)
+    }
+
+    /// Reads until the server closes the connection; what it sent.
+    async fn read_to_close(stream: &mut tokio::net::TcpStream) -> String {
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(3600), stream.read_to_end(&mut answer))
+            .await
+            .expect("the server closes the connection")
+            .unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    // Paused time runs ahead whenever the runtime waits on the sockets, so the header-read
+    // timeout is reached at once if it is set, and the read never ends if it is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_finishes_its_headers_is_dropped() {
+        let (addr, cancel) = serving().await;
+        let mut complete = tokio::net::TcpStream::connect(addr).await.unwrap();
+        complete
+            .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(
+            read_to_close(&mut complete)
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let answer = read_to_close(&mut slow).await;
+        assert!(!answer.contains("200"), "{answer}");
+        // Ours, not hyper's default of 30 s.
+        let waited = started.elapsed();
+        assert!(
+            waited >= HEADER_READ_TIMEOUT && waited < Duration::from_secs(20),
+            "{waited:?}"
+        );
+        cancel.cancel();
+    }
+}

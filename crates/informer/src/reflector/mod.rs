@@ -711,11 +711,17 @@ mod tests {
         let stop = CancellationToken::new();
         let task = tokio::spawn(reflector.run(stop.clone()));
         fake.wait_for_calls(|c| c.watches == 1).await;
-        assert_eq!((stats.lists(), stats.watches(), stats.watch_restarts()), (1, 1, 0));
+        assert_eq!(
+            (stats.lists(), stats.watches(), stats.watch_restarts()),
+            (1, 1, 0)
+        );
         // A watch that ends resumes: one more watch, no list.
         fake.end_watches();
         fake.wait_for_calls(|c| c.watches == 2).await;
-        assert_eq!((stats.lists(), stats.watches(), stats.watch_restarts()), (1, 2, 1));
+        assert_eq!(
+            (stats.lists(), stats.watches(), stats.watch_restarts()),
+            (1, 2, 1)
+        );
         assert_eq!(stats.errors(), 0);
         // A 410 on the watch relists: one error, one list, then a watch.
         fake.fail_next_watch(gone("configmaps", Verb::Watch));
