@@ -479,10 +479,38 @@ async fn a_failing_task_stops_the_manager_with_its_error() {
     assert!(*cancelled.lock().unwrap(), "the other task was cancelled");
 }
 
+/// A manager that runs its tasks while it holds the Lease `lease` (4 s, renewed within
+/// 2 s, tried every 500 ms), serving probes on `probes`, with the ConfigMap informer of
+/// `namespace`.
+fn leading_manager(
+    client: kube_client::Client,
+    namespace: &str,
+    lease: &str,
+    identity: &str,
+    probes: Option<std::net::SocketAddr>,
+) -> (
+    kube_informer::Manager,
+    kube_informer::InformerHandle<ConfigMap>,
+) {
+    let timing =
+        kube_informer::leader_election::LeaderElectionConfig::new(namespace, lease, identity)
+            .timing(
+                Duration::from_secs(4),
+                Duration::from_secs(2),
+                Duration::from_millis(500),
+            );
+    let manager = kube_informer::Manager::new(client)
+        .probe_address(probes)
+        .metrics_address(None)
+        .leader_election(timing);
+    let informer = manager
+        .factory()
+        .informer::<ConfigMap>(Scope::namespace(namespace));
+    (manager, informer)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over() {
-    use kube_informer::leader_election::LeaderElectionConfig;
-
     let env = TestEnv::shared().await;
     let (client, namespace) = test_namespace(env, "ctrl-leader").await;
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
@@ -490,19 +518,8 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
     let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     let reconciles: Arc<Mutex<Vec<&'static str>>> = Arc::default();
     let start = |identity: &'static str| {
-        let mut manager = kube_informer::Manager::new(client.clone())
-            .probe_address(loopback)
-            .metrics_address(None)
-            .leader_election(
-                LeaderElectionConfig::new(&namespace, "managers", identity).timing(
-                    Duration::from_secs(4),
-                    Duration::from_secs(2),
-                    Duration::from_millis(500),
-                ),
-            );
-        let informer = manager
-            .factory()
-            .informer::<ConfigMap>(Scope::namespace(&namespace));
+        let (mut manager, informer) =
+            leading_manager(client.clone(), &namespace, "managers", identity, loopback);
         let seen = reconciles.clone();
         manager.add("leader-only", move |cancel| {
             ControllerBuilder::new("leader-only", informer).run(
@@ -567,7 +584,7 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires() {
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube_informer::{ManagerError, leader_election::LeaderElectionConfig};
+    use kube_informer::ManagerError;
     use std::time::SystemTime;
 
     let env = TestEnv::shared().await;
@@ -584,19 +601,7 @@ async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires
     // acquireTime, which the apiserver stores in microseconds).
     let reconciles: Arc<Mutex<Vec<(&'static str, SystemTime)>>> = Arc::default();
     let start = |identity: &'static str, client: kube_client::Client| {
-        let mut manager = kube_informer::Manager::new(client)
-            .probe_address(None)
-            .metrics_address(None)
-            .leader_election(
-                LeaderElectionConfig::new(&namespace, "fenced", identity).timing(
-                    Duration::from_secs(4),
-                    Duration::from_secs(2),
-                    Duration::from_millis(500),
-                ),
-            );
-        let informer = manager
-            .factory()
-            .informer::<ConfigMap>(Scope::namespace(&namespace));
+        let (mut manager, informer) = leading_manager(client, &namespace, "fenced", identity, None);
         let seen = reconciles.clone();
         manager.add("periodic", move |cancel| {
             // Work that keeps going while leading: a requeue every 50 ms.
