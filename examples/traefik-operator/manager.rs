@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use super::{
     crd::TraefikService,
     http::{self, Health},
-    kv::TraefikKv,
+    kv::{EtcdConfigError, EtcdOptions, TraefikKv},
     pods, services,
     services::UrlTemplate,
     traefik_service,
@@ -67,18 +67,9 @@ pub enum ControllerKind {
 /// The manager's flags (every one also readable from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// etcd endpoints of Traefik's KV provider, comma-separated (`host:port` or URLs).
-    #[arg(
-        long,
-        env = "ETCD_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "127.0.0.1:2379"
-    )]
-    pub etcd_endpoints: Vec<String>,
-
-    /// The root key Traefik reads (its `--providers.etcd.rootkey`).
-    #[arg(long, env = "ETCD_ROOT_KEY", default_value = "traefik")]
-    pub etcd_root_key: String,
+    /// How to reach etcd: endpoints, root key, TLS, user and password.
+    #[command(flatten)]
+    pub etcd: EtcdOptions,
 
     /// Controllers to run, comma-separated.
     #[arg(
@@ -216,6 +207,9 @@ pub enum ManagerError {
         /// The informer's error.
         source: kube_informer::Error,
     },
+    /// The etcd settings are unusable (a missing or malformed file, a flag without its pair).
+    #[error("unusable etcd settings: {0}")]
+    EtcdConfig(#[from] EtcdConfigError),
     /// Leader election failed or leadership was lost.
     #[error(transparent)]
     LeaderElection(#[from] LeaderElectionError),
@@ -309,7 +303,7 @@ pub async fn run(
 
     let result = async {
         preflight(&client, &options).await?;
-        let kv = Arc::new(TraefikKv::new(options.etcd_endpoints.clone(), options.etcd_root_key.clone()));
+        let kv = Arc::new(TraefikKv::connect_with(&options.etcd)?);
         let parts = Parts {
             options: options.clone(),
             client: client.clone(),
@@ -643,7 +637,8 @@ mod tests {
             [ControllerKind::Pods, ControllerKind::Services]
         );
         assert!(cli.options.leader_elect);
-        assert_eq!(cli.options.etcd_endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(cli.options.etcd.endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(cli.options.etcd.max_txn_ops, 128);
         assert_eq!(
             bind_address(":8081").unwrap(),
             Ok("0.0.0.0:8081".parse().unwrap())
