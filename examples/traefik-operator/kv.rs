@@ -416,16 +416,31 @@ fn chain<'a>(
 }
 
 /// The TLS failure somewhere in `errors`, if any. rustls' error travels inside an
-/// `io::Error`, whose `source()` skips it, so both are looked into.
+/// `io::Error` (whose `source()` skips it), sometimes only as its text: an alert etcd sent
+/// after the handshake, such as `CertificateRequired`, reaches us as `InvalidData` with
+/// rustls' message.
 fn tls_failure(errors: &[&(dyn std::error::Error + 'static)]) -> Option<String> {
     errors.iter().find_map(|e| {
-        e.downcast_ref::<rustls::Error>()
-            .or_else(|| {
-                e.downcast_ref::<std::io::Error>()
-                    .and_then(|io| io.get_ref())
-                    .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            })
-            .map(ToString::to_string)
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        let io = e.downcast_ref::<std::io::Error>()?;
+        if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            return Some(tls.to_string());
+        }
+        let text = io.to_string();
+        let lower = text.to_ascii_lowercase();
+        (io.kind() == std::io::ErrorKind::InvalidData
+            && [
+                "alert",
+                "certificate",
+                "handshake",
+                "peer is incompatible",
+                "peer misbehaved",
+            ]
+            .iter()
+            .any(|sign| lower.contains(sign)))
+        .then_some(text)
     })
 }
 
@@ -477,6 +492,11 @@ pub struct TraefikKv {
     username: Option<String>,
     max_txn_ops: u32,
     client: Mutex<Option<Client>>,
+    /// The reason of the last TLS failure, until a request succeeds. etcd closes the
+    /// connection right after its alert, and the next attempts often see only a closed
+    /// connection or a broken pipe (`Cancelled`, `Unknown`); that is the same failure, and
+    /// says so.
+    last_tls_failure: std::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for TraefikKv {
@@ -512,6 +532,7 @@ impl TraefikKv {
             username: None,
             max_txn_ops: 128,
             client: Mutex::new(None),
+            last_tls_failure: std::sync::Mutex::new(None),
         }
     }
 
@@ -609,6 +630,7 @@ impl TraefikKv {
             username: options.username.clone(),
             max_txn_ops: options.max_txn_ops,
             client: Mutex::new(None),
+            last_tls_failure: std::sync::Mutex::new(None),
         })
     }
 
@@ -643,7 +665,13 @@ impl TraefikKv {
     }
 
     fn classify(&self, err: etcd_client::Error) -> KvError {
-        let errors = chain(&err);
+        // etcd-client's error has no `source()`: start from what it wraps.
+        let errors = match &err {
+            etcd_client::Error::GRpcStatus(status) => chain(status),
+            etcd_client::Error::TransportError(transport) => chain(transport),
+            etcd_client::Error::IoError(io) => chain(io),
+            other => chain(other),
+        };
         let detail = self.redact(
             &errors
                 .iter()
@@ -651,13 +679,32 @@ impl TraefikKv {
                 .collect::<Vec<_>>()
                 .join(": "),
         );
+        let mut last_tls = self
+            .last_tls_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if let Some(reason) = tls_failure(&errors) {
-            return KvError::Tls {
-                reason: self.redact(&reason),
-                detail,
-            };
+            let reason = self.redact(&reason);
+            *last_tls = Some(reason.clone());
+            return KvError::Tls { reason, detail };
         }
-        match &err {
+        let err = self.classify_answer(&err, detail);
+        match (err, &*last_tls) {
+            // Not `Unavailable` (refused, no route): that is etcd gone, whatever came before.
+            (KvError::Unreachable { kind, detail }, Some(reason))
+                if kind == "Cancelled" || kind == "Unknown" =>
+            {
+                KvError::Tls {
+                    reason: reason.clone(),
+                    detail,
+                }
+            }
+            (err, _) => err,
+        }
+    }
+
+    fn classify_answer(&self, err: &etcd_client::Error, detail: String) -> KvError {
+        match err {
             etcd_client::Error::GRpcStatus(status) => {
                 // tonic's `Code`, by name: etcd-client does not re-export the type.
                 let code = format!("{:?}", status.code());
@@ -726,8 +773,14 @@ impl TraefikKv {
             Ok(client) => op(client.kv_client()).await.map_err(|e| self.classify(e)),
             Err(err) => Err(err),
         };
-        if let Err(err) = &result {
-            self.reset(err).await;
+        match &result {
+            Ok(_) => {
+                *self
+                    .last_tls_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
+            }
+            Err(err) => self.reset(err).await,
         }
         result
     }
