@@ -1076,6 +1076,46 @@ mod tests {
         );
     }
 
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        etcd: EtcdOptions,
+    }
+
+    #[test]
+    fn every_etcd_flag_has_an_environment_variable_and_the_password_stays_hidden() {
+        use clap::{CommandFactory, Parser};
+        let command = Flags::command();
+        for arg in command.get_arguments() {
+            let long = arg.get_long().unwrap();
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(
+                env.as_deref(),
+                Some(long.replace('-', "_").to_uppercase().as_str()),
+                "--{long}"
+            );
+            assert_eq!(
+                arg.is_hide_env_values_set(),
+                long == "etcd-password",
+                "--{long}"
+            );
+        }
+        let flags = Flags::try_parse_from([
+            "x",
+            "--etcd-endpoints=a:2379,b:2379",
+            "--etcd-ca-file=/ca.crt",
+            "--etcd-username=operator",
+            "--etcd-password=s3cret-pw",
+        ])
+        .unwrap();
+        assert_eq!(flags.etcd.endpoints, ["a:2379", "b:2379"]);
+        assert_eq!(
+            flags.etcd.password.as_ref().map(Password::expose),
+            Some("s3cret-pw")
+        );
+        assert!(Flags::try_parse_from(["x", "--etcd-max-txn-ops=8"]).is_err());
+    }
+
     fn temp_file(name: &str, contents: &str) -> PathBuf {
         let path = std::env::temp_dir().join(format!("{}-{name}", std::process::id()));
         std::fs::write(&path, contents).unwrap();
