@@ -10,6 +10,7 @@ use kube_informer::{
 };
 
 use super::{
+    kv::EtcdOptions,
     policy::{Cidr, DEFAULT_DENIED_BACKENDS, HostPolicy, Policy},
     services::UrlTemplate,
 };
@@ -53,18 +54,9 @@ pub enum ControllerKind {
 /// The manager's flags (every one also readable from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
-    /// etcd endpoints of Traefik's KV provider, comma-separated (`host:port` or URLs).
-    #[arg(
-        long,
-        env = "ETCD_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "127.0.0.1:2379"
-    )]
-    pub etcd_endpoints: Vec<String>,
-
-    /// The root key Traefik reads (its `--providers.etcd.rootkey`).
-    #[arg(long, env = "ETCD_ROOT_KEY", default_value = "traefik")]
-    pub etcd_root_key: String,
+    /// How to reach etcd: endpoints, root key, TLS, user and password.
+    #[command(flatten)]
+    pub etcd: EtcdOptions,
 
     /// Controllers to run, comma-separated.
     #[arg(
@@ -255,7 +247,7 @@ impl Options {
         self.etcd_owner_prefix.clone().unwrap_or_else(|| {
             format!(
                 "kube-informer/traefik-operator/{}/",
-                self.etcd_root_key.trim_matches('/')
+                self.etcd.root_key.trim_matches('/')
             )
         })
     }
@@ -279,7 +271,7 @@ impl Options {
             entrypoints: self.allowed_entrypoints.clone(),
             denied_backends: self.deny_backends.clone(),
             allowed_backends: self.allow_backends.clone(),
-            etcd_endpoints: self.etcd_endpoints.clone(),
+            etcd_endpoints: self.etcd.endpoints.clone(),
         })
     }
 
@@ -370,7 +362,8 @@ mod tests {
             [ControllerKind::Pods, ControllerKind::Services]
         );
         assert!(cli.options.leader_elect);
-        assert_eq!(cli.options.etcd_endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(cli.options.etcd.endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(cli.options.etcd.max_txn_ops, 128);
         assert_eq!(
             bind_address(":8081").unwrap(),
             Ok("0.0.0.0:8081".parse().unwrap())

@@ -10,28 +10,274 @@
 //! | `traefik/http/routers/n/service` | `n` |
 //! | `traefik/http/services/n/loadBalancer/servers/0/url` | the backend URL |
 //!
-//! [`TraefikKv::sync`] reads every key under `routers/n/` and `services/n/`, then in one
-//! transaction puts the keys that differ and deletes, one by one, those the route no
-//! longer has (etcd refuses a transaction that deletes a prefix and puts a key under it).
-//! The transaction only commits if nothing under those prefixes changed since the read.
+//! [`TraefikKv::sync`] reads every key under `routers/n/` and `services/n/` (page by page,
+//! at one revision), then in one transaction puts the keys that differ and deletes those
+//! the route no longer has. The stale keys are deleted as key ranges that lie between the
+//! route's own keys, so a transaction holds at most a dozen operations however many stale
+//! keys there are (etcd refuses more than its `--max-txn-ops`, and refuses a transaction
+//! whose deleted range contains a key it also puts). The transaction only commits if
+//! nothing under those prefixes changed since the read, so a range deletes exactly the
+//! stale keys that were read, and the route is never seen half-written.
 //!
 //! It also keeps one unused middleware key ([`PLACEHOLDER_KEY`]) under the root: Traefik's
 //! etcd watch fails and backs off while nothing is under the root, and with only non-route
 //! keys left it would keep serving the last deleted route (traefik#8092).
+//!
+//! The connection is configured by [`EtcdOptions`]: endpoints, TLS (CA, client
+//! certificate) and user/password authentication. Error messages name no endpoint
+//! address, because they end up in object statuses and logs.
 
-use std::{collections::BTreeMap, fmt, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    KvClient, TlsOptions, Txn, TxnOp,
 };
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 use tokio::sync::Mutex;
 use tracing::{debug, info};
 
 /// The unused middleware key that keeps Traefik's watch alive (relative to the root).
 pub const PLACEHOLDER_KEY: &str = "http/middlewares/traefik-operator-placeholder/headers/customResponseHeaders/X-Traefik-Operator";
 
+/// The smallest `--etcd-max-txn-ops` accepted: a sync of a route with `k` keys sends at most
+/// `2k + 3` operations in one transaction (11 for today's 4 keys), and etcd's own lowest
+/// sensible setting is far above that.
+pub const MIN_TXN_OPS: u32 = 16;
+
 /// How often [`TraefikKv::sync`] retries a transaction that lost a race before giving up.
 const ATTEMPTS: usize = 5;
+
+/// Keys per range read: keeps every response far below gRPC's 4 MiB message limit however
+/// many keys there are.
+const PAGE: i64 = 1000;
+
+/// A password that `Debug` never prints.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    /// Wraps `password`.
+    pub fn new(password: impl Into<String>) -> Self {
+        Self(password.into())
+    }
+
+    /// The password itself, for the etcd client only.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Password {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Password(<redacted>)")
+    }
+}
+
+impl From<String> for Password {
+    fn from(password: String) -> Self {
+        Self(password)
+    }
+}
+
+/// How to reach and authenticate to the etcd that Traefik's KV provider reads. Every flag
+/// can also be given by the environment variable shown; TLS is on as soon as a CA file is
+/// given (or an endpoint is `https://`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct EtcdOptions {
+    /// etcd endpoints of Traefik's KV provider, comma-separated (`host:port` or URLs; with
+    /// TLS, `host:port` means `https://host:port`).
+    #[arg(
+        long = "etcd-endpoints",
+        env = "ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:2379"
+    )]
+    pub endpoints: Vec<String>,
+
+    /// The root key Traefik reads (its `--providers.etcd.rootkey`).
+    #[arg(
+        long = "etcd-root-key",
+        env = "ETCD_ROOT_KEY",
+        default_value = "traefik"
+    )]
+    pub root_key: String,
+
+    /// PEM file of the CA that signed etcd's serving certificate; turns TLS on (Traefik's
+    /// `--providers.etcd.tls.ca`).
+    #[arg(long = "etcd-ca-file", env = "ETCD_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// PEM client certificate for etcd's `--client-cert-auth` (needs `--etcd-key-file`).
+    #[arg(long = "etcd-cert-file", env = "ETCD_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+
+    /// PEM private key of `--etcd-cert-file`.
+    #[arg(long = "etcd-key-file", env = "ETCD_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// The name etcd's certificate must carry, when it is not the endpoints' host.
+    #[arg(long = "etcd-tls-server-name", env = "ETCD_TLS_SERVER_NAME")]
+    pub tls_server_name: Option<String>,
+
+    /// etcd user (etcd's auth enabled); it needs readwrite on the root key's prefix and on
+    /// the ownership records' (`--etcd-owner-prefix`).
+    #[arg(long = "etcd-username", env = "ETCD_USERNAME")]
+    pub username: Option<String>,
+
+    /// The etcd user's password (prefer the environment variable, from a Secret).
+    #[arg(long = "etcd-password", env = "ETCD_PASSWORD", hide_env_values = true)]
+    pub password: Option<Password>,
+
+    /// The most operations in one etcd transaction (etcd's `--max-txn-ops`).
+    #[arg(
+        long = "etcd-max-txn-ops",
+        env = "ETCD_MAX_TXN_OPS",
+        default_value_t = 128,
+        value_parser = clap::value_parser!(u32).range(i64::from(MIN_TXN_OPS)..)
+    )]
+    pub max_txn_ops: u32,
+}
+
+impl EtcdOptions {
+    /// Plaintext, unauthenticated etcd at `endpoints` under `root_key`.
+    pub fn plaintext(endpoints: Vec<String>, root_key: impl Into<String>) -> Self {
+        Self {
+            endpoints,
+            root_key: root_key.into(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            tls_server_name: None,
+            username: None,
+            password: None,
+            max_txn_ops: 128,
+        }
+    }
+
+    fn wants_tls(&self) -> bool {
+        self.ca_file.is_some()
+            || self.cert_file.is_some()
+            || self.key_file.is_some()
+            || self.tls_server_name.is_some()
+            || self
+                .endpoints
+                .iter()
+                .any(|e| e.to_ascii_lowercase().starts_with("https://"))
+    }
+}
+
+/// Why [`EtcdOptions`] cannot be used. Found before etcd is contacted; endpoints are
+/// named by their position in `--etcd-endpoints`, never by address.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdConfigError {
+    /// `--etcd-endpoints` is empty.
+    #[error("no etcd endpoints configured (--etcd-endpoints)")]
+    NoEndpoints,
+    /// An endpoint is neither `host:port` nor an `http(s)://` URL.
+    #[error("etcd endpoint #{index} (of --etcd-endpoints) is not host:port or an http(s) URL")]
+    BadEndpoint {
+        /// Its position in `--etcd-endpoints`, from 0.
+        index: usize,
+    },
+    /// An `http://` endpoint while TLS is configured.
+    #[error(
+        "etcd endpoint #{index} (of --etcd-endpoints) is http:// but TLS is configured; use \
+         https:// or host:port"
+    )]
+    PlainEndpointWithTls {
+        /// Its position in `--etcd-endpoints`, from 0.
+        index: usize,
+    },
+    /// One flag of a pair is missing.
+    #[error("{given} needs {missing}")]
+    Incomplete {
+        /// The flag given.
+        given: &'static str,
+        /// The flag it needs.
+        missing: &'static str,
+    },
+    /// TLS without a CA to verify etcd's certificate with.
+    #[error(
+        "TLS to etcd needs --etcd-ca-file (the CA of etcd's serving certificate); the operator \
+         trusts no system CA"
+    )]
+    TlsWithoutCa,
+    /// A file cannot be read.
+    #[error("cannot read the etcd {what} {path}: {source}")]
+    Read {
+        /// `CA file`, `client certificate` or `client key`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The operating system's reason.
+        source: std::io::Error,
+    },
+    /// A file holds no usable PEM.
+    #[error("the etcd {what} {path} holds no valid PEM {expected}: {reason}")]
+    Pem {
+        /// `CA file`, `client certificate` or `client key`.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What it should hold.
+        expected: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// `--etcd-max-txn-ops` too small for one sync.
+    #[error("--etcd-max-txn-ops {value} is below {MIN_TXN_OPS}, what one route's sync may need")]
+    MaxTxnOps {
+        /// The value given.
+        value: u32,
+    },
+}
+
+fn read_file(what: &'static str, path: &Path) -> Result<Vec<u8>, EtcdConfigError> {
+    std::fs::read(path).map_err(|source| EtcdConfigError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Checks that `path` holds at least one PEM certificate, and returns the file.
+fn read_certificates(what: &'static str, path: &Path) -> Result<Vec<u8>, EtcdConfigError> {
+    let pem = read_file(what, path)?;
+    let bad = |reason: String| EtcdConfigError::Pem {
+        what,
+        path: path.to_owned(),
+        expected: "certificate",
+        reason,
+    };
+    let mut found = 0;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        cert.map_err(|e| bad(e.to_string()))?;
+        found += 1;
+    }
+    if found == 0 {
+        return Err(bad("no CERTIFICATE block".into()));
+    }
+    Ok(pem)
+}
+
+/// Checks that `path` holds a PEM private key, and returns the file.
+fn read_private_key(path: &Path) -> Result<Vec<u8>, EtcdConfigError> {
+    let what = "client key";
+    let pem = read_file(what, path)?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| EtcdConfigError::Pem {
+        what,
+        path: path.to_owned(),
+        expected: "private key",
+        reason: e.to_string(),
+    })?;
+    Ok(pem)
+}
 
 /// One HTTP route: requests on `entrypoint` matching `rule` go to `url`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,25 +327,49 @@ impl Changes {
     }
 }
 
-/// Why talking to etcd failed. The messages are stable (no addresses of the moment, no
-/// timings), because they end up in object statuses.
+/// Why talking to etcd failed. The messages are stable (no addresses, no timings), because
+/// they end up in object statuses; [`detail`](Self::detail) has more for logs, with the
+/// endpoints' addresses replaced by their position in `--etcd-endpoints`.
 #[derive(Debug, thiserror::Error)]
 pub enum KvError {
     /// No answer: etcd is down, unreachable, or too slow.
-    #[error("etcd at {endpoints} is unreachable ({kind}); retrying")]
+    #[error("etcd is unreachable ({kind}); retrying")]
     Unreachable {
-        /// The configured endpoints.
-        endpoints: String,
         /// The kind of failure, e.g. `Unavailable`, `DeadlineExceeded`, `transport`.
         kind: String,
         /// The client's full error, for logs.
         detail: String,
     },
-    /// etcd answered with an error.
-    #[error("etcd at {endpoints} refused the request: {reason}")]
+    /// The TLS handshake failed: an untrusted certificate, or etcd wanting a client
+    /// certificate that was not given or that it does not trust.
+    #[error(
+        "TLS with etcd failed ({reason}); check --etcd-ca-file, --etcd-cert-file and \
+         --etcd-key-file"
+    )]
+    Tls {
+        /// The TLS library's reason, e.g. `received fatal alert: CertificateRequired`.
+        reason: String,
+        /// The client's full error, for logs.
+        detail: String,
+    },
+    /// etcd did not accept the user and password.
+    #[error("etcd rejected the credentials ({reason}); check --etcd-username and --etcd-password")]
+    Unauthenticated {
+        /// etcd's message.
+        reason: String,
+    },
+    /// The user may not read or write the keys.
+    #[error(
+        "etcd denied access ({reason}); the etcd user needs a role with readwrite on the root \
+         key's prefix and on --etcd-owner-prefix"
+    )]
+    PermissionDenied {
+        /// etcd's message.
+        reason: String,
+    },
+    /// etcd answered with another error.
+    #[error("etcd refused the request: {reason}")]
     Refused {
-        /// The configured endpoints.
-        endpoints: String,
         /// etcd's message.
         reason: String,
     },
@@ -109,16 +379,108 @@ pub enum KvError {
         /// The route.
         name: String,
     },
+    /// One sync would need more operations than etcd allows in a transaction.
+    #[error(
+        "updating route {name} needs {ops} operations in one etcd transaction, more than \
+         --etcd-max-txn-ops {max}"
+    )]
+    TooManyOps {
+        /// The route.
+        name: String,
+        /// Operations needed.
+        ops: usize,
+        /// `--etcd-max-txn-ops`.
+        max: u32,
+    },
 }
 
 impl KvError {
-    /// The client's full error text, for logs.
+    /// The client's full error text, for logs (endpoint addresses replaced by their
+    /// position).
     pub fn detail(&self) -> String {
         match self {
-            KvError::Unreachable { detail, .. } => detail.clone(),
+            KvError::Unreachable { detail, .. } | KvError::Tls { detail, .. } => detail.clone(),
             other => other.to_string(),
         }
     }
+}
+
+/// An error and its sources, outermost first.
+fn chain<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut all = vec![err];
+    while let Some(source) = all.last().and_then(|e| e.source()) {
+        all.push(source);
+    }
+    all
+}
+
+/// The TLS failure somewhere in `errors`, if any. rustls' error travels inside an
+/// `io::Error` (whose `source()` skips it), sometimes only as its text: an alert etcd sent
+/// after the handshake, such as `CertificateRequired`, reaches us as `InvalidData` with
+/// rustls' message.
+fn tls_failure(errors: &[&(dyn std::error::Error + 'static)]) -> Option<String> {
+    errors.iter().find_map(|e| {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        let io = e.downcast_ref::<std::io::Error>()?;
+        if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            return Some(tls.to_string());
+        }
+        let text = io.to_string();
+        let lower = text.to_ascii_lowercase();
+        (io.kind() == std::io::ErrorKind::InvalidData
+            && [
+                "alert",
+                "certificate",
+                "handshake",
+                "peer is incompatible",
+                "peer misbehaved",
+            ]
+            .iter()
+            .any(|sign| lower.contains(sign)))
+        .then_some(text)
+    })
+}
+
+/// Stale keys among `existing` as key ranges `[start, end)` that contain no key of
+/// `keep`: one range per run of stale keys between two kept keys. `existing` must be the
+/// keys under one prefix only, so that no range reaches beyond it.
+fn stale_ranges(existing: &BTreeSet<Vec<u8>>, keep: &BTreeSet<Vec<u8>>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut ranges = Vec::new();
+    let mut run: Option<(&Vec<u8>, &Vec<u8>)> = None;
+    for key in existing.union(keep) {
+        if keep.contains(key) {
+            ranges.extend(run.take());
+        } else {
+            run = Some(run.map_or((key, key), |(first, _)| (first, key)));
+        }
+    }
+    ranges.extend(run);
+    ranges
+        .into_iter()
+        .map(|(first, last)| {
+            // The smallest key after `last`: the range ends right behind it.
+            let mut end = last.clone();
+            end.push(0);
+            (first.clone(), end)
+        })
+        .collect()
+}
+
+/// The end of etcd's range of every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff: to the end of the key space.
+    vec![0]
 }
 
 /// A connection to the etcd that Traefik's KV provider reads. Cheap to share behind an
@@ -126,27 +488,151 @@ impl KvError {
 pub struct TraefikKv {
     endpoints: Vec<String>,
     root: String,
+    connect: ConnectOptions,
+    tls: bool,
+    username: Option<String>,
+    max_txn_ops: u32,
     client: Mutex<Option<Client>>,
+    /// The reason of the last TLS failure, until a request succeeds. etcd closes the
+    /// connection right after its alert, and the next attempts often see only a closed
+    /// connection or a broken pipe (`Cancelled`, `Unknown`); that is the same failure, and
+    /// says so.
+    last_tls_failure: std::sync::Mutex<Option<String>>,
 }
 
 impl fmt::Debug for TraefikKv {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Addresses stay out of logs; how many endpoints there are is enough.
         f.debug_struct("TraefikKv")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &self.endpoints.len())
             .field("root", &self.root)
+            .field("tls", &self.tls)
+            .field("username", &self.username)
             .finish_non_exhaustive()
     }
 }
 
+fn base_connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+        // etcd's simple tokens expire (5 min by default); a long-lived client re-authenticates.
+        .with_auto_token_refresh(true)
+}
+
 impl TraefikKv {
     /// A writer for Traefik's provider at `endpoints` (`host:port` or URLs) under `root`
-    /// (Traefik's `--providers.etcd.rootkey`, by default `traefik`). Nothing is contacted yet.
+    /// (Traefik's `--providers.etcd.rootkey`, by default `traefik`), over plaintext and
+    /// without authentication. Nothing is contacted yet.
     pub fn new(endpoints: Vec<String>, root: impl Into<String>) -> Self {
         Self {
             endpoints,
             root: root.into().trim_end_matches('/').to_owned(),
+            connect: base_connect_options(),
+            tls: false,
+            username: None,
+            max_txn_ops: 128,
             client: Mutex::new(None),
+            last_tls_failure: std::sync::Mutex::new(None),
         }
+    }
+
+    /// A writer configured by `options`: TLS when a CA is given, a client certificate,
+    /// user and password. The files are read and checked now; etcd is contacted on first
+    /// use.
+    ///
+    /// # Errors
+    ///
+    /// [`EtcdConfigError`]: no or malformed endpoints, a flag missing its pair, a file
+    /// that cannot be read or holds no valid PEM, `max_txn_ops` below [`MIN_TXN_OPS`].
+    pub fn connect_with(options: &EtcdOptions) -> Result<Self, EtcdConfigError> {
+        if options.endpoints.is_empty() {
+            return Err(EtcdConfigError::NoEndpoints);
+        }
+        if options.max_txn_ops < MIN_TXN_OPS {
+            return Err(EtcdConfigError::MaxTxnOps {
+                value: options.max_txn_ops,
+            });
+        }
+        let tls = options.wants_tls();
+        for (index, endpoint) in options.endpoints.iter().enumerate() {
+            let url = if endpoint.contains("://") {
+                endpoint.clone()
+            } else {
+                format!("http://{endpoint}")
+            };
+            let parsed =
+                url::Url::parse(&url).map_err(|_| EtcdConfigError::BadEndpoint { index })?;
+            match parsed.scheme() {
+                "http" if tls && endpoint.contains("://") => {
+                    return Err(EtcdConfigError::PlainEndpointWithTls { index });
+                }
+                "http" | "https" if parsed.host().is_some() => {}
+                _ => return Err(EtcdConfigError::BadEndpoint { index }),
+            }
+        }
+        let mut connect = base_connect_options();
+        match (&options.cert_file, &options.key_file) {
+            (Some(_), None) => {
+                return Err(EtcdConfigError::Incomplete {
+                    given: "--etcd-cert-file",
+                    missing: "--etcd-key-file",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(EtcdConfigError::Incomplete {
+                    given: "--etcd-key-file",
+                    missing: "--etcd-cert-file",
+                });
+            }
+            _ => {}
+        }
+        if tls {
+            let ca = options
+                .ca_file
+                .as_deref()
+                .ok_or(EtcdConfigError::TlsWithoutCa)?;
+            let mut config = TlsOptions::new()
+                .ca_certificate(Certificate::from_pem(read_certificates("CA file", ca)?));
+            if let (Some(cert), Some(key)) = (&options.cert_file, &options.key_file) {
+                config = config.identity(Identity::from_pem(
+                    read_certificates("client certificate", cert)?,
+                    read_private_key(key)?,
+                ));
+            }
+            if let Some(name) = &options.tls_server_name {
+                config = config.domain_name(name.clone());
+            }
+            connect = connect.with_tls(config);
+        }
+        match (&options.username, &options.password) {
+            (Some(user), Some(password)) => {
+                connect = connect.with_user(user.clone(), password.expose());
+            }
+            (Some(_), None) => {
+                return Err(EtcdConfigError::Incomplete {
+                    given: "--etcd-username",
+                    missing: "--etcd-password",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(EtcdConfigError::Incomplete {
+                    given: "--etcd-password",
+                    missing: "--etcd-username",
+                });
+            }
+            (None, None) => {}
+        }
+        Ok(Self {
+            endpoints: options.endpoints.clone(),
+            root: options.root_key.trim_end_matches('/').to_owned(),
+            connect,
+            tls,
+            username: options.username.clone(),
+            max_txn_ops: options.max_txn_ops,
+            client: Mutex::new(None),
+            last_tls_failure: std::sync::Mutex::new(None),
+        })
     }
 
     /// The root key.
@@ -154,35 +640,98 @@ impl TraefikKv {
         &self.root
     }
 
-    fn unreachable(&self, kind: impl Into<String>, detail: String) -> KvError {
-        KvError::Unreachable {
-            endpoints: self.endpoints.join(","),
-            kind: kind.into(),
-            detail,
+    /// `text` with every endpoint's address replaced by its position.
+    fn redact(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        for (index, endpoint) in self.endpoints.iter().enumerate() {
+            let name = format!("etcd endpoint #{index}");
+            let bare = endpoint
+                .split_once("://")
+                .map_or(endpoint.as_str(), |(_, rest)| rest)
+                .trim_end_matches('/');
+            for form in [endpoint.as_str(), bare] {
+                if !form.is_empty() {
+                    text = text.replace(form, &name);
+                }
+            }
+            // The host alone, e.g. in a certificate name mismatch; a dotless name such as
+            // `etcd` is left, as replacing it would mangle words like `etcdserver`.
+            if let Some((host, _port)) = bare.rsplit_once(':')
+                && (host.contains('.') || host.contains(':'))
+            {
+                text = text.replace(host, &format!("the host of {name}"));
+            }
         }
+        text
     }
 
     fn classify(&self, err: etcd_client::Error) -> KvError {
+        // etcd-client's error has no `source()`: start from what it wraps.
+        let errors = match &err {
+            etcd_client::Error::GRpcStatus(status) => chain(status),
+            etcd_client::Error::TransportError(transport) => chain(transport),
+            etcd_client::Error::IoError(io) => chain(io),
+            other => chain(other),
+        };
+        let detail = self.redact(
+            &errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(": "),
+        );
+        let mut last_tls = self
+            .last_tls_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(reason) = tls_failure(&errors) {
+            let reason = self.redact(&reason);
+            *last_tls = Some(reason.clone());
+            return KvError::Tls { reason, detail };
+        }
+        let err = self.classify_answer(&err, detail);
+        match (err, &*last_tls) {
+            // Not `Unavailable` (refused, no route): that is etcd gone, whatever came before.
+            (KvError::Unreachable { kind, detail }, Some(reason))
+                if kind == "Cancelled" || kind == "Unknown" =>
+            {
+                KvError::Tls {
+                    reason: reason.clone(),
+                    detail,
+                }
+            }
+            (err, _) => err,
+        }
+    }
+
+    fn classify_answer(&self, err: &etcd_client::Error, detail: String) -> KvError {
         match err {
             etcd_client::Error::GRpcStatus(status) => {
                 // tonic's `Code`, by name: etcd-client does not re-export the type.
                 let code = format!("{:?}", status.code());
+                let reason = self.redact(status.message());
                 match code.as_str() {
                     "Unavailable" | "DeadlineExceeded" | "Unknown" | "Cancelled" => {
-                        self.unreachable(code, status.to_string())
+                        KvError::Unreachable { kind: code, detail }
                     }
-                    _ => KvError::Refused {
-                        endpoints: self.endpoints.join(","),
-                        reason: status.message().to_owned(),
-                    },
+                    "PermissionDenied" => KvError::PermissionDenied { reason },
+                    // etcd answers a wrong password with InvalidArgument, and an expired or
+                    // missing token with Unauthenticated.
+                    _ if code == "Unauthenticated" || reason.contains("authenticat") => {
+                        KvError::Unauthenticated { reason }
+                    }
+                    _ => KvError::Refused { reason },
                 }
             }
-            etcd_client::Error::TransportError(e) => self.unreachable("transport", e.to_string()),
-            etcd_client::Error::IoError(e) => self.unreachable("io", e.to_string()),
-            other => KvError::Refused {
-                endpoints: self.endpoints.join(","),
-                reason: other.to_string(),
+            etcd_client::Error::TransportError(_) => KvError::Unreachable {
+                kind: "transport".into(),
+                detail,
             },
+            etcd_client::Error::IoError(_) => KvError::Unreachable {
+                kind: "io".into(),
+                detail,
+            },
+            _ => KvError::Refused { reason: detail },
         }
     }
 
@@ -191,37 +740,96 @@ impl TraefikKv {
         if let Some(client) = &*slot {
             return Ok(client.clone());
         }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5));
-        let client = Client::connect(&self.endpoints, Some(options))
+        debug!(
+            endpoints = self.endpoints.len(),
+            tls = self.tls,
+            username = self.username.as_deref(),
+            "connecting to etcd"
+        );
+        let client = Client::connect(&self.endpoints, Some(self.connect.clone()))
             .await
             .map_err(|e| self.classify(e))?;
         *slot = Some(client.clone());
         Ok(client)
     }
 
-    /// Forgets the connection after an unreachable etcd, so the next call dials afresh.
+    /// Forgets the connection after a failure that a fresh one may not have (etcd back,
+    /// a certificate or password replaced), so the next call dials afresh.
     async fn reset(&self, err: &KvError) {
-        if matches!(err, KvError::Unreachable { .. }) {
+        if matches!(
+            err,
+            KvError::Unreachable { .. } | KvError::Tls { .. } | KvError::Unauthenticated { .. }
+        ) {
             *self.client.lock().await = None;
         }
     }
 
-    /// Runs `txn`, dialling again after an unreachable etcd.
-    pub(crate) async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, KvError> {
+    /// Runs `op` on the KV client, connecting first if need be.
+    async fn call<T, F, Fut>(&self, op: F) -> Result<T, KvError>
+    where
+        F: FnOnce(KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let result = match self.client().await {
-            Ok(client) => client
-                .kv_client()
-                .txn(txn)
-                .await
-                .map_err(|e| self.classify(e)),
+            Ok(client) => op(client.kv_client()).await.map_err(|e| self.classify(e)),
             Err(err) => Err(err),
         };
-        if let Err(err) = &result {
-            self.reset(err).await;
+        match &result {
+            Ok(_) => {
+                *self
+                    .last_tls_failure
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = None;
+            }
+            Err(err) => self.reset(err).await,
         }
         result
+    }
+
+    /// Runs `txn` (for the ownership records kept beside the routes).
+    pub(crate) async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, KvError> {
+        self.call(|mut kv| async move { kv.txn(txn).await }).await
+    }
+
+    /// Every key in `[start, end)` (just `start` when `end` is `None`) at `revision` (0:
+    /// the latest), page by page at one revision. Returns that revision and the keys with
+    /// their values (empty when `keys_only`).
+    async fn range(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+        revision: i64,
+        keys_only: bool,
+    ) -> Result<(i64, Vec<(Vec<u8>, Vec<u8>)>), KvError> {
+        let mut revision = revision;
+        let mut from = start.to_vec();
+        let mut all = Vec::new();
+        loop {
+            let mut options = GetOptions::new().with_revision(revision);
+            if let Some(end) = end {
+                options = options.with_range(end).with_limit(PAGE);
+            }
+            if keys_only {
+                options = options.with_keys_only();
+            }
+            let key = from.clone();
+            let mut response = self
+                .call(|mut kv| async move { kv.get(key, Some(options)).await })
+                .await?;
+            if revision == 0 {
+                revision = response.header().map_or(0, |h| h.revision());
+            }
+            let more = response.more();
+            let kvs = response.take_kvs();
+            let Some(last) = kvs.last() else { break };
+            from = last.key().to_vec();
+            from.push(0);
+            all.extend(kvs.into_iter().map(|kv| kv.into_key_value()));
+            if !more || end.is_none() {
+                break;
+            }
+        }
+        Ok((revision, all))
     }
 
     /// Makes the keys of the route named `name` exactly `route`'s (none when `route` is
@@ -237,46 +845,54 @@ impl TraefikKv {
             format!("{}/http/services/{name}/", self.root),
         ];
         let placeholder = format!("{}/{PLACEHOLDER_KEY}", self.root);
-        let desired = route.map(|r| r.keys(&self.root)).unwrap_or_default();
+        let desired: BTreeMap<Vec<u8>, Vec<u8>> = route
+            .map(|r| r.keys(&self.root))
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| (k.into_bytes(), v.into_bytes()))
+            .collect();
         for _ in 0..ATTEMPTS {
-            let read = Txn::new().and_then(vec![
-                TxnOp::get(prefixes[0].as_str(), Some(GetOptions::new().with_prefix())),
-                TxnOp::get(prefixes[1].as_str(), Some(GetOptions::new().with_prefix())),
-                TxnOp::get(
-                    placeholder.as_str(),
-                    Some(GetOptions::new().with_keys_only()),
-                ),
-            ]);
-            let response = self.txn(read).await?;
-            let revision = response.header().map_or(0, |h| h.revision());
-            let mut existing = BTreeMap::new();
-            let mut has_placeholder = false;
-            for (i, op) in response.op_responses().into_iter().enumerate() {
-                if let TxnOpResponse::Get(get) = op {
-                    for kv in get.kvs() {
-                        if i == 2 {
-                            has_placeholder = true;
-                        } else {
-                            existing.insert(
-                                String::from_utf8_lossy(kv.key()).into_owned(),
-                                String::from_utf8_lossy(kv.value()).into_owned(),
-                            );
-                        }
-                    }
-                }
+            let mut revision = 0;
+            let mut existing = Vec::new();
+            for prefix in &prefixes {
+                let (at, keys) = self
+                    .range(
+                        prefix.as_bytes(),
+                        Some(&prefix_end(prefix.as_bytes())),
+                        revision,
+                        false,
+                    )
+                    .await?;
+                revision = at;
+                existing.push(keys.into_iter().collect::<BTreeMap<_, _>>());
             }
+            let (_, found) = self
+                .range(placeholder.as_bytes(), None, revision, true)
+                .await?;
+            let has_placeholder = !found.is_empty();
 
             let mut ops = Vec::new();
             let mut changes = Changes::default();
             for (key, value) in &desired {
-                if existing.get(key) != Some(value) {
-                    ops.push(TxnOp::put(key.as_str(), value.as_str(), None));
+                if existing.iter().all(|keys| keys.get(key) != Some(value)) {
+                    ops.push(TxnOp::put(key.clone(), value.clone(), None));
                     changes.put += 1;
                 }
             }
-            for key in existing.keys().filter(|k| !desired.contains_key(*k)) {
-                ops.push(TxnOp::delete(key.as_str(), None));
-                changes.deleted += 1;
+            for (prefix, keys) in prefixes.iter().zip(&existing) {
+                let keep: BTreeSet<Vec<u8>> = desired
+                    .keys()
+                    .filter(|k| k.starts_with(prefix.as_bytes()))
+                    .cloned()
+                    .collect();
+                let present: BTreeSet<Vec<u8>> = keys.keys().cloned().collect();
+                changes.deleted += present.difference(&keep).count();
+                for (start, end) in stale_ranges(&present, &keep) {
+                    ops.push(TxnOp::delete(
+                        start,
+                        Some(DeleteOptions::new().with_range(end)),
+                    ));
+                }
             }
             if !has_placeholder {
                 ops.push(TxnOp::put(placeholder.as_str(), "unused", None));
@@ -285,13 +901,21 @@ impl TraefikKv {
                 debug!(route = name, "etcd already up to date");
                 return Ok(changes);
             }
+            if ops.len() > self.max_txn_ops as usize {
+                return Err(KvError::TooManyOps {
+                    name: name.to_owned(),
+                    ops: ops.len(),
+                    max: self.max_txn_ops,
+                });
+            }
             let guard: Vec<Compare> = prefixes
                 .iter()
                 .map(|p| {
                     Compare::mod_revision(p.as_str(), CompareOp::Less, revision + 1).with_prefix()
                 })
                 .collect();
-            let write = self.txn(Txn::new().when(guard).and_then(ops)).await?;
+            let txn = Txn::new().when(guard).and_then(ops);
+            let write = self.call(|mut kv| async move { kv.txn(txn).await }).await?;
             if write.succeeded() {
                 info!(
                     route = name,
@@ -322,7 +946,24 @@ impl TraefikKv {
         let txn = Txn::new()
             .when(vec![Compare::version(key.as_str(), CompareOp::Equal, 0)])
             .and_then(vec![TxnOp::put(key.as_str(), "unused", None)]);
-        self.txn(txn).await.map(|_| ())
+        self.call(|mut kv| async move { kv.txn(txn).await })
+            .await
+            .map(|_| ())
+    }
+
+    /// [`ensure_placeholder`](Self::ensure_placeholder) as a start-up task: an etcd not
+    /// reachable yet is logged, not fatal (every sync writes the placeholder too).
+    ///
+    /// # Errors
+    ///
+    /// Never.
+    pub async fn write_placeholder_at_start(
+        self: std::sync::Arc<Self>,
+    ) -> Result<(), std::convert::Infallible> {
+        if let Err(err) = self.ensure_placeholder().await {
+            tracing::warn!(error = %err, detail = %err.detail(), "etcd not reachable at start; syncs will retry");
+        }
+        Ok(())
     }
 
     /// The names of the routers under the root whose names start with `prefix`, for
@@ -332,30 +973,29 @@ impl TraefikKv {
     ///
     /// [`KvError`] when etcd is unreachable or refuses.
     pub async fn route_names(&self, prefix: &str) -> Result<Vec<String>, KvError> {
-        let mut names = Vec::new();
+        let mut names = BTreeSet::new();
         for kind in ["routers", "services"] {
             let dir = format!("{}/http/{kind}/", self.root);
-            let read = Txn::new().and_then(vec![TxnOp::get(
-                format!("{dir}{prefix}"),
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )]);
-            for op in self.txn(read).await?.op_responses() {
-                if let TxnOpResponse::Get(get) = op {
-                    for kv in get.kvs() {
-                        let key = String::from_utf8_lossy(kv.key());
-                        if let Some(name) = key
-                            .strip_prefix(&dir)
-                            .and_then(|rest| rest.split('/').next())
-                        {
-                            names.push(name.to_owned());
-                        }
-                    }
+            let start = format!("{dir}{prefix}");
+            let (_, keys) = self
+                .range(
+                    start.as_bytes(),
+                    Some(&prefix_end(start.as_bytes())),
+                    0,
+                    true,
+                )
+                .await?;
+            for (key, _) in keys {
+                let key = String::from_utf8_lossy(&key);
+                if let Some(name) = key
+                    .strip_prefix(&dir)
+                    .and_then(|rest| rest.split('/').next())
+                {
+                    names.insert(name.to_owned());
                 }
             }
         }
-        names.sort();
-        names.dedup();
-        Ok(names)
+        Ok(names.into_iter().collect())
     }
 
     /// Every key and value under the root, for diagnostics and tests.
@@ -364,21 +1004,253 @@ impl TraefikKv {
     ///
     /// [`KvError`] when etcd is unreachable or refuses.
     pub async fn dump(&self) -> Result<BTreeMap<String, String>, KvError> {
-        let read = Txn::new().and_then(vec![TxnOp::get(
-            format!("{}/", self.root),
-            Some(GetOptions::new().with_prefix()),
-        )]);
-        let mut all = BTreeMap::new();
-        for op in self.txn(read).await?.op_responses() {
-            if let TxnOpResponse::Get(get) = op {
-                for kv in get.kvs() {
-                    all.insert(
-                        String::from_utf8_lossy(kv.key()).into_owned(),
-                        String::from_utf8_lossy(kv.value()).into_owned(),
-                    );
-                }
-            }
+        let start = format!("{}/", self.root);
+        let (_, keys) = self
+            .range(
+                start.as_bytes(),
+                Some(&prefix_end(start.as_bytes())),
+                0,
+                false,
+            )
+            .await?;
+        Ok(keys
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    String::from_utf8_lossy(&k).into_owned(),
+                    String::from_utf8_lossy(&v).into_owned(),
+                )
+            })
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(list: &[&str]) -> BTreeSet<Vec<u8>> {
+        list.iter().map(|k| k.as_bytes().to_vec()).collect()
+    }
+
+    fn in_range(key: &[u8], (start, end): &(Vec<u8>, Vec<u8>)) -> bool {
+        key >= start.as_slice() && key < end.as_slice()
+    }
+
+    #[test]
+    fn stale_keys_become_few_ranges_that_spare_the_kept_keys() {
+        let p = "t/http/routers/n/";
+        let keep = keys(&[
+            &format!("{p}entrypoints/0"),
+            &format!("{p}rule"),
+            &format!("{p}service"),
+        ]);
+        let mut existing: BTreeSet<Vec<u8>> = (1..=300)
+            .map(|i| format!("{p}entrypoints/{i}").into_bytes())
+            .collect();
+        existing.extend(keys(&[
+            &format!("{p}entrypoints/0"),
+            &format!("{p}middlewares/0"),
+            &format!("{p}rule"),
+            &format!("{p}tls/certresolver"),
+            &format!("{p}zzz"),
+        ]));
+        let ranges = stale_ranges(&existing, &keep);
+        assert!(ranges.len() <= keep.len() + 1, "{ranges:?}");
+        for key in &existing {
+            let covered = ranges.iter().any(|r| in_range(key, r));
+            assert_eq!(
+                covered,
+                !keep.contains(key),
+                "{}",
+                String::from_utf8_lossy(key)
+            );
         }
-        Ok(all)
+        for key in &keep {
+            assert!(!ranges.iter().any(|r| in_range(key, r)));
+        }
+        // Nothing stale: nothing to delete; nothing kept: one range.
+        assert!(stale_ranges(&keep, &keep).is_empty());
+        assert_eq!(stale_ranges(&existing, &BTreeSet::new()).len(), 1);
+    }
+
+    #[test]
+    fn prefix_ends_cover_exactly_the_prefix() {
+        assert_eq!(prefix_end(b"a/"), b"a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), [0]);
+    }
+
+    #[test]
+    fn the_password_is_never_debug_printed() {
+        let mut options = EtcdOptions::plaintext(vec!["127.0.0.1:2379".into()], "traefik");
+        options.username = Some("operator".into());
+        options.password = Some(Password::new("s3cret-pw"));
+        let printed = format!("{options:?}");
+        assert!(!printed.contains("s3cret-pw"), "{printed}");
+        assert!(printed.contains("operator"), "{printed}");
+        let kv = TraefikKv::connect_with(&options).unwrap();
+        let printed = format!("{kv:?}");
+        assert!(
+            !printed.contains("s3cret-pw") && !printed.contains("127.0.0.1"),
+            "{printed}"
+        );
+    }
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        etcd: EtcdOptions,
+    }
+
+    #[test]
+    fn every_etcd_flag_has_an_environment_variable_and_the_password_stays_hidden() {
+        use clap::{CommandFactory, Parser};
+        let command = Flags::command();
+        for arg in command.get_arguments() {
+            let long = arg.get_long().unwrap();
+            let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(
+                env.as_deref(),
+                Some(long.replace('-', "_").to_uppercase().as_str()),
+                "--{long}"
+            );
+            assert_eq!(
+                arg.is_hide_env_values_set(),
+                long == "etcd-password",
+                "--{long}"
+            );
+        }
+        let flags = Flags::try_parse_from([
+            "x",
+            "--etcd-endpoints=a:2379,b:2379",
+            "--etcd-ca-file=/ca.crt",
+            "--etcd-username=operator",
+            "--etcd-password=s3cret-pw",
+        ])
+        .unwrap();
+        assert_eq!(flags.etcd.endpoints, ["a:2379", "b:2379"]);
+        assert_eq!(
+            flags.etcd.password.as_ref().map(Password::expose),
+            Some("s3cret-pw")
+        );
+        assert!(Flags::try_parse_from(["x", "--etcd-max-txn-ops=8"]).is_err());
+    }
+
+    fn temp_file(name: &str, contents: &str) -> PathBuf {
+        let path = std::env::temp_dir().join(format!("{}-{name}", std::process::id()));
+        std::fs::write(&path, contents).unwrap();
+        path
+    }
+
+    #[test]
+    fn unusable_tls_and_auth_settings_are_clear_errors() {
+        let base = || EtcdOptions::plaintext(vec!["10.9.8.7:2379".into()], "traefik");
+        let error = |options: &EtcdOptions| TraefikKv::connect_with(options).unwrap_err();
+
+        let mut missing = base();
+        missing.ca_file = Some("/nonexistent/etcd-ca.crt".into());
+        let err = error(&missing);
+        assert!(matches!(err, EtcdConfigError::Read { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains("cannot read the etcd CA file /nonexistent/etcd-ca.crt"),
+            "{err}"
+        );
+
+        let garbage = temp_file("garbage.pem", "not a certificate\n");
+        let mut bad_pem = base();
+        bad_pem.ca_file = Some(garbage.clone());
+        let err = error(&bad_pem);
+        assert!(matches!(err, EtcdConfigError::Pem { .. }), "{err}");
+        assert!(
+            err.to_string().contains("holds no valid PEM certificate"),
+            "{err}"
+        );
+
+        let truncated = temp_file(
+            "truncated.pem",
+            "-----BEGIN CERTIFICATE-----\nMIIB!!!not base64\n",
+        );
+        bad_pem.ca_file = Some(truncated.clone());
+        assert!(matches!(error(&bad_pem), EtcdConfigError::Pem { .. }));
+
+        let mut half = base();
+        half.cert_file = Some(garbage.clone());
+        assert_eq!(
+            error(&half).to_string(),
+            "--etcd-cert-file needs --etcd-key-file"
+        );
+
+        let mut no_ca = base();
+        no_ca.endpoints = vec!["https://10.9.8.7:2379".into()];
+        assert!(matches!(error(&no_ca), EtcdConfigError::TlsWithoutCa));
+
+        let mut plain = base();
+        plain.endpoints = vec!["127.0.0.1:2379".into(), "http://10.9.8.7:2379".into()];
+        plain.ca_file = Some(garbage.clone());
+        let err = error(&plain);
+        assert!(
+            matches!(err, EtcdConfigError::PlainEndpointWithTls { index: 1 }),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("10.9.8.7"), "{err}");
+
+        let mut user_only = base();
+        user_only.username = Some("operator".into());
+        assert_eq!(
+            error(&user_only).to_string(),
+            "--etcd-username needs --etcd-password"
+        );
+
+        let mut no_endpoints = base();
+        no_endpoints.endpoints.clear();
+        assert!(matches!(error(&no_endpoints), EtcdConfigError::NoEndpoints));
+
+        let mut tiny = base();
+        tiny.max_txn_ops = 3;
+        assert!(matches!(
+            error(&tiny),
+            EtcdConfigError::MaxTxnOps { value: 3 }
+        ));
+
+        for path in [garbage, truncated] {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    #[test]
+    fn messages_redact_endpoint_addresses() {
+        let kv = TraefikKv::new(
+            vec!["https://10.9.8.7:2379".into(), "etcd-1.example:2379".into()],
+            "traefik",
+        );
+        let text = kv.redact(
+            "dial 10.9.8.7:2379 failed; etcd-1.example:2379 too; certificate not valid for \
+             name \"10.9.8.7\"; etcdserver: too many requests",
+        );
+        assert!(
+            !text.contains("10.9.8.7") && !text.contains("etcd-1.example"),
+            "{text}"
+        );
+        assert!(text.contains("etcd endpoint #0") && text.contains("etcd endpoint #1"));
+        assert!(text.contains("etcdserver: too many requests"), "{text}");
+    }
+
+    /// A real failed connection: neither the message (for statuses) nor the detail (for
+    /// logs) names the address.
+    #[tokio::test]
+    async fn an_unreachable_etcd_is_reported_without_its_address() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let kv = TraefikKv::new(vec![endpoint.clone()], "traefik");
+        let err = kv.dump().await.unwrap_err();
+        assert!(matches!(err, KvError::Unreachable { .. }), "{err:?}");
+        let port = endpoint.rsplit(':').next().unwrap();
+        for text in [err.to_string(), err.detail(), format!("{err:?}")] {
+            assert!(!text.contains(&endpoint) && !text.contains(port), "{text}");
+        }
+        assert!(err.to_string().starts_with("etcd is unreachable"), "{err}");
     }
 }

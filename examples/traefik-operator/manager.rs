@@ -2,7 +2,7 @@
 //! kube-informer's [`Manager`]: the selected controllers on shared informers, probes,
 //! metrics, optional leader election, bounded shutdown.
 
-use std::{convert::Infallible, error::Error as StdError, sync::Arc};
+use std::{error::Error as StdError, sync::Arc};
 
 use futures::TryFutureExt;
 use k8s_openapi::{
@@ -17,15 +17,14 @@ use kube_informer::{
 };
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
 pub use super::cli::{Cli, Command, ControllerKind, Options};
 use super::{
     crd::TraefikService,
-    kv::TraefikKv,
+    kv::{EtcdConfigError, TraefikKv},
     ownership::Ownership,
     pods,
-    policy::Policy,
     preflight::{self, PreflightError},
     services::{self, UrlTemplate},
     sweep::{Routes, Sweeps},
@@ -38,6 +37,9 @@ pub enum ManagerError {
     /// A flag's value is unusable.
     #[error("invalid flags: {0}")]
     Flags(String),
+    /// The etcd settings are unusable (a missing or unparsable certificate, ...).
+    #[error(transparent)]
+    EtcdConfig(#[from] EtcdConfigError),
     /// An install step is missing (the CRD, RBAC).
     #[error(transparent)]
     Preflight(#[from] PreflightError),
@@ -69,37 +71,28 @@ pub async fn run(
             info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "leader election enabled");
             manager = manager.leader_election(config);
         }
-        let policy = Arc::new(options.policy().map_err(ManagerError::Flags)?);
-        wire(&mut manager, &options, &client, &policy)?;
+        wire(&mut manager, &options, &client)?;
         manager.bind().await?.run(cancel).await?;
         Ok(())
     }
     .await;
     // The manager logs its own failures, with their causes.
-    if let Err(err @ (ManagerError::Flags(_) | ManagerError::Preflight(_))) = &result {
+    if let Err(err) = &result
+        && !matches!(err, ManagerError::Manager(_))
+    {
         error!(error = %err, "the operator cannot start");
     }
     result
 }
 
 /// Adds the selected controllers, and the etcd placeholder, to `manager`.
-fn wire(
-    manager: &mut Manager,
-    options: &Options,
-    client: &Client,
-    policy: &Arc<Policy>,
-) -> Result<(), ManagerError> {
-    let kv = Arc::new(TraefikKv::new(
-        options.etcd_endpoints.clone(),
-        options.etcd_root_key.clone(),
-    ));
-    let placeholder = kv.clone();
+fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(), ManagerError> {
+    let policy = Arc::new(options.policy().map_err(ManagerError::Flags)?);
+    let kv = Arc::new(TraefikKv::connect_with(&options.etcd)?);
     // A task, so that a standby replica writes nothing to etcd.
-    manager.add("etcd-placeholder", move |_| async move {
-        if let Err(err) = placeholder.ensure_placeholder().await {
-            warn!(error = %err, detail = %err.detail(), "etcd not reachable at start; syncs will retry");
-        }
-        Ok::<_, Infallible>(())
+    let placeholder = kv.clone();
+    manager.add("etcd-placeholder", move |_| {
+        placeholder.write_placeholder_at_start()
     });
     let ownership = Ownership::new(kv, &options.owner_prefix(), &options.instance);
     let routes = Arc::new(ownership.map_err(ManagerError::Flags)?);

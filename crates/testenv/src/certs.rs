@@ -106,6 +106,64 @@ impl Credentials {
     }
 }
 
+/// The files written by [`EtcdCredentials::generate`]: a CA of their own, etcd's serving
+/// certificate for `127.0.0.1` and `localhost`, and one client certificate.
+#[derive(Debug, Clone)]
+pub(crate) struct EtcdCredentials {
+    pub(crate) ca_cert: PathBuf,
+    pub(crate) server_cert: PathBuf,
+    pub(crate) server_key: PathBuf,
+    pub(crate) client_cert: PathBuf,
+    pub(crate) client_key: PathBuf,
+}
+
+impl EtcdCredentials {
+    /// Generates fresh keys and certificates into `dir`; the client certificate's common
+    /// name is `client_name`.
+    pub(crate) fn generate(dir: &Path, client_name: &str) -> Result<Self> {
+        let ca_key = KeyPair::generate()?;
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.distinguished_name = distinguished_name("kube-testenv-etcd-ca", None);
+        ca_params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let issuer = Issuer::new(ca_params, ca_key);
+
+        let mut server = CertificateParams::new(vec!["localhost".to_owned()])?;
+        server
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        server.distinguished_name = distinguished_name("kube-testenv-etcd", None);
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server_key = KeyPair::generate()?;
+        let server_cert = server.signed_by(&server_key, &issuer)?;
+
+        let mut client = CertificateParams::new(Vec::<String>::new())?;
+        client.distinguished_name = distinguished_name(client_name, None);
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client_key = KeyPair::generate()?;
+        let client_cert = client.signed_by(&client_key, &issuer)?;
+
+        let creds = Self {
+            ca_cert: dir.join("etcd-ca.crt"),
+            server_cert: dir.join("etcd-server.crt"),
+            server_key: dir.join("etcd-server.key"),
+            client_cert: dir.join("etcd-client.crt"),
+            client_key: dir.join("etcd-client.key"),
+        };
+        write(&creds.ca_cert, &ca_cert.pem())?;
+        write(&creds.server_cert, &server_cert.pem())?;
+        write(&creds.server_key, &server_key.serialize_pem())?;
+        write(&creds.client_cert, &client_cert.pem())?;
+        write(&creds.client_key, &client_key.serialize_pem())?;
+        Ok(creds)
+    }
+}
+
 fn write(path: &Path, contents: &str) -> Result<()> {
     std::fs::write(path, contents).map_err(Error::io("writing", path))
 }

@@ -15,26 +15,41 @@ use crate::{Error, Result, ports::free_port, process::Supervised};
 pub(crate) struct Etcd {
     process: Supervised,
     client_port: u16,
+    /// Where `/health` answers over plain HTTP: the client URL, or with TLS (which wants a
+    /// client certificate there) a metrics listener of its own.
+    probe_url: String,
+}
+
+/// The files of an etcd member that serves TLS and requires client certificates.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerTls {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+    pub(crate) trusted_ca: PathBuf,
+    /// The plain-HTTP port of `/health` and `/metrics`.
+    pub(crate) metrics_port: u16,
 }
 
 impl Etcd {
     pub(crate) async fn start(binary: &Path, dir: &Path, timeout: Duration) -> Result<Self> {
-        Self::start_on(binary, dir, free_port()?, free_port()?, timeout).await
+        Self::start_on(binary, dir, free_port()?, free_port()?, timeout, None).await
     }
 
     /// Starts a member on the given ports, with its data in `dir/etcd-data` (kept across
-    /// restarts on the same ports).
+    /// restarts on the same ports), serving clients over TLS when `tls` is given.
     pub(crate) async fn start_on(
         binary: &Path,
         dir: &Path,
         client_port: u16,
         peer_port: u16,
         timeout: Duration,
+        tls: Option<&ServerTls>,
     ) -> Result<Self> {
-        let client_url = format!("http://127.0.0.1:{client_port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client_url = format!("{scheme}://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let data_dir: PathBuf = dir.join("etcd-data");
-        let args = vec![
+        let mut args = vec![
             "--name=default".to_owned(),
             format!("--data-dir={}", data_dir.display()),
             format!("--listen-client-urls={client_url}"),
@@ -46,10 +61,27 @@ impl Etcd {
             "--unsafe-no-fsync=true".to_owned(),
             "--log-level=warn".to_owned(),
         ];
+        let probe_url = match tls {
+            Some(tls) => {
+                args.extend([
+                    format!("--cert-file={}", tls.cert.display()),
+                    format!("--key-file={}", tls.key.display()),
+                    "--client-cert-auth=true".to_owned(),
+                    format!("--trusted-ca-file={}", tls.trusted_ca.display()),
+                    format!(
+                        "--listen-metrics-urls=http://127.0.0.1:{}",
+                        tls.metrics_port
+                    ),
+                ]);
+                format!("http://127.0.0.1:{}", tls.metrics_port)
+            }
+            None => client_url.clone(),
+        };
         let process = Supervised::start("etcd", binary, &args, &dir.join("etcd.log"))?;
         let mut etcd = Self {
             process,
             client_port,
+            probe_url,
         };
         etcd.wait_ready(timeout).await?;
         Ok(etcd)
@@ -73,7 +105,7 @@ impl Etcd {
         let mut last_problem = String::from("no probe yet");
         while started.elapsed() < timeout {
             self.process.check_running()?;
-            match self.request("/health", None).await {
+            match self.probe().await {
                 Ok(body) if body.contains("true") => return Ok(()),
                 Ok(body) => last_problem = format!("/health answered {body}"),
                 Err(err) => last_problem = err.to_string(),
@@ -86,6 +118,18 @@ impl Etcd {
             last_problem,
             log: self.log().to_owned(),
         })
+    }
+
+    async fn probe(&self) -> Result<String> {
+        let uri = format!("{}/health", self.probe_url);
+        let (status, text) =
+            crate::http::request(http::Method::GET, &uri, None, Duration::from_secs(10))
+                .await
+                .map_err(|reason| self.error("/health", reason))?;
+        if !status.is_success() {
+            return Err(self.error("/health", format!("{status}: {text}")));
+        }
+        Ok(text)
     }
 
     /// Compacts the key space up to the current revision, so that every

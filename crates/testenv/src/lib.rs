@@ -39,6 +39,6 @@ mod process;
 pub use binaries::{Binaries, KUBERNETES_VERSION, TOXIPROXY_VERSION, ToxiproxyBinary};
 pub use env::{Builder, TestEnv};
 pub use error::{Error, Result};
-pub use etcd_server::EtcdServer;
+pub use etcd_server::{EtcdServer, EtcdTls};
 pub use fault_proxy::FaultProxy;
 pub use kubeconfig::CONTEXT;
