@@ -10,7 +10,7 @@ use kube_informer::{
 };
 
 use super::{
-    kv::EtcdOptions,
+    etcd::EtcdOptions,
     policy::{Cidr, DEFAULT_DENIED_BACKENDS, HostPolicy, Policy},
     services::UrlTemplate,
 };

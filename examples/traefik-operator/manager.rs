@@ -22,7 +22,8 @@ use tracing::{error, info};
 pub use super::cli::{Cli, Command, ControllerKind, Options};
 use super::{
     crd::TraefikService,
-    kv::{EtcdConfigError, TraefikKv},
+    etcd::EtcdConfigError,
+    kv::TraefikKv,
     ownership::Ownership,
     pods,
     preflight::{self, PreflightError},

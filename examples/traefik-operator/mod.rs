@@ -5,7 +5,8 @@
 //! reads (`k8s service <-watch- operator -> etcd <- traefik`).
 //!
 //! * [`crd`]: the `TraefikService` custom resource and its generated CRD;
-//! * [`kv`]: Traefik's keys in etcd, written transactionally;
+//! * [`kv`]: Traefik's keys in etcd, written transactionally; [`etcd`]: how to reach it
+//!   (TLS, authentication);
 //! * [`traefik_service`]: the `TraefikService` controller (finalizer, status);
 //! * [`services`]: Service mode, Services opted in by annotation, no CRD;
 //! * [`policy`]: which hosts, entrypoints and backends a namespace may route;
@@ -20,6 +21,7 @@
 
 pub mod cli;
 pub mod crd;
+pub mod etcd;
 pub mod kv;
 pub mod manager;
 pub mod ownership;

@@ -15,7 +15,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use traefik_operator::{
     crd::TraefikService,
-    kv::{EtcdOptions, KvError, Password, TraefikKv},
+    etcd::{EtcdOptions, Password},
+    kv::{KvError, TraefikKv},
     manager::{self, Cli, ManagerError},
 };
 
