@@ -21,8 +21,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    SyncedLine, UPDATE_LABEL, UpdatesLine, client_go_version, command_output, lock_version, machine, median,
-    memory_of, unix_nanos, workqueue_report,
+    SyncedLine, UPDATE_LABEL, UpdatesLine, client_go_version, command_output, lock_version,
+    machine, median, memory_of, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
