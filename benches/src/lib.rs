@@ -251,6 +251,16 @@ pub fn lock_version(name: &str) -> String {
         .unwrap_or_else(|| "unknown".to_owned())
 }
 
+/// The client-go version the Go subjects (`go-subject/go.mod`) require, or `unknown`.
+pub fn client_go_version() -> String {
+    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("go-subject/go.mod");
+    std::fs::read_to_string(go_mod)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("k8s.io/client-go "))
+        .map_or_else(|| "unknown".to_owned(), |v| v.trim().to_owned())
+}
+
 /// The machine in one line: CPU model, CPUs, RAM and kernel.
 pub fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

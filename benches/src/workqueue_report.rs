@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::workqueue_cases::{CaseResult, ITEMS, WorkqueueLine};
-use crate::{command_output, lock_version, machine, median};
+use crate::{client_go_version, command_output, lock_version, machine, median};
 
 /// The Rust subject's executable, beside the driver's.
 pub const RUST_BINARY: &str = "subject-workqueue";
@@ -169,12 +169,7 @@ async fn run_subject(binary: &Path, min_ms: u64) -> anyhow::Result<WorkqueueLine
 
 /// The subjects' versions and toolchains, in one line.
 fn versions() -> String {
-    let go_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("go-subject/go.mod");
-    let client_go = std::fs::read_to_string(go_mod)
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("k8s.io/client-go "))
-        .map_or_else(|| "unknown".to_owned(), |v| v.trim().to_owned());
+    let client_go = client_go_version();
     format!(
         "kube-informer {} `Queue` / `DelayingQueue` on tokio {}'s multi-threaded runtime ({}); \
          client-go {client_go} `workqueue.NewTyped` / `NewTypedDelayingQueue` ({})",

@@ -85,10 +85,7 @@ async fn reconcile(
         Some(cm) => hash_of(&cm),
         None => "absent".to_owned(),
     };
-    let template = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.metadata.as_ref());
+    let template = deployment.spec.template.metadata.as_ref();
     if template.and_then(|m| annotation(m, HASH)) != Some(hash.as_str()) {
         tracing::info!(deployment = name, config_map, %hash, "rolling out");
         let patch =

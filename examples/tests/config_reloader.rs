@@ -35,7 +35,6 @@ fn deployment(name: &str, config_map: Option<&str>) -> Deployment {
 
 fn template_hash(d: &Deployment) -> Option<String> {
     d.spec
-        .as_ref()?
         .template
         .metadata
         .as_ref()?

@@ -364,10 +364,23 @@ func jsonTag(sf reflect.StructField) (string, map[string]bool) {
 		opts[o] = true
 	}
 	name := parts[0]
+	// encoding/json inlines an embedded struct that its tag gives no name; k8s.io/api
+	// wrote that as `json:",inline"` up to v0.36 and as `json:""` since v0.37.
+	if name == "" && !opts["inline"] && sf.Anonymous && isStruct(sf.Type) {
+		opts["inline"] = true
+	}
 	if name == "" && !opts["inline"] {
 		name = sf.Name
 	}
 	return name, opts
+}
+
+// isStruct reports whether t is a struct or a pointer to one.
+func isStruct(t reflect.Type) bool {
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.Struct
 }
 
 func fail(format string, args ...any) {

@@ -21,8 +21,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    SyncedLine, UPDATE_LABEL, UpdatesLine, command_output, lock_version, machine, median,
-    memory_of, unix_nanos, workqueue_report,
+    SyncedLine, UPDATE_LABEL, UpdatesLine, client_go_version, command_output, lock_version,
+    machine, median, memory_of, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -619,10 +619,11 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
     let _ = writeln!(
         out,
         "- subjects: kube-informer {} (kube-client {}), kube-runtime {} `watcher` + \
-         `reflector`, client-go v0.36.3 `SharedIndexInformer` ({}); {}",
+         `reflector`, client-go {} `SharedIndexInformer` ({}); {}",
         lock_version("kube-informer"),
         lock_version("kube-client"),
         lock_version("kube-runtime"),
+        client_go_version(),
         command_output("go", &["env", "GOVERSION"]),
         command_output("rustc", &["--version"]),
     );

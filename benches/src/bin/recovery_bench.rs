@@ -24,7 +24,7 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    command_output, lock_version, machine, median,
+    client_go_version, command_output, lock_version, machine, median,
     recovery::{EventLine, RecoveryLine},
     unix_nanos,
 };
@@ -489,10 +489,11 @@ fn build_subjects() -> anyhow::Result<Binaries> {
 /// The versions the report names.
 fn versions() -> String {
     format!(
-        "kube-informer {} (kube-client {}, defaults), client-go v0.36.3 \
+        "kube-informer {} (kube-client {}, defaults), client-go {} \
          `SharedInformerFactory` (defaults, {}); {}; Toxiproxy v2.5.0",
         lock_version("kube-informer"),
         lock_version("kube-client"),
+        client_go_version(),
         command_output("go", &["env", "GOVERSION"]),
         command_output("rustc", &["--version"]),
     )

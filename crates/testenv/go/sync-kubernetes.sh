@@ -7,7 +7,7 @@
 # replaces each staging module with its published v0.<minor>.<patch> tag, so
 # the list never drifts from upstream by hand-editing.
 #
-# Usage: ./sync-kubernetes.sh v1.36.3
+# Usage: ./sync-kubernetes.sh v1.37.2
 set -euo pipefail
 version=${1:?usage: $0 vMAJOR.MINOR.PATCH}
 staging=v0.${version#v1.}
