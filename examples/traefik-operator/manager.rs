@@ -1,6 +1,5 @@
-//! The manager: what the tutorial's `main.go` sets up with controller-runtime, as wiring of
-//! kube-informer's [`Manager`]: the selected controllers on shared informers, probes,
-//! metrics, optional leader election, bounded shutdown.
+//! What the tutorial's `main.go` sets up with controller-runtime, wired on kube-informer's
+//! [`Manager`]: controllers on shared informers, probes, metrics, leader election.
 
 use std::{error::Error as StdError, sync::Arc};
 
