@@ -285,6 +285,16 @@ impl fmt::Debug for TraefikKv {
     }
 }
 
+/// Both flags of a pair, or neither.
+fn paired(a: (bool, &'static str), b: (bool, &'static str)) -> Result<(), EtcdConfigError> {
+    match (a, b) {
+        ((true, given), (false, missing)) | ((false, missing), (true, given)) => {
+            Err(EtcdConfigError::Incomplete { given, missing })
+        }
+        _ => Ok(()),
+    }
+}
+
 fn base_connect_options() -> ConnectOptions {
     ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
@@ -345,21 +355,14 @@ impl TraefikKv {
             }
         }
         let mut connect = base_connect_options();
-        match (&options.cert_file, &options.key_file) {
-            (Some(_), None) => {
-                return Err(EtcdConfigError::Incomplete {
-                    given: "--etcd-cert-file",
-                    missing: "--etcd-key-file",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(EtcdConfigError::Incomplete {
-                    given: "--etcd-key-file",
-                    missing: "--etcd-cert-file",
-                });
-            }
-            _ => {}
-        }
+        paired(
+            (options.cert_file.is_some(), "--etcd-cert-file"),
+            (options.key_file.is_some(), "--etcd-key-file"),
+        )?;
+        paired(
+            (options.username.is_some(), "--etcd-username"),
+            (options.password.is_some(), "--etcd-password"),
+        )?;
         if tls {
             let ca = options
                 .ca_file
@@ -378,23 +381,8 @@ impl TraefikKv {
             }
             connect = connect.with_tls(config);
         }
-        match (&options.username, &options.password) {
-            (Some(user), Some(password)) => {
-                connect = connect.with_user(user.clone(), password.expose());
-            }
-            (Some(_), None) => {
-                return Err(EtcdConfigError::Incomplete {
-                    given: "--etcd-username",
-                    missing: "--etcd-password",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(EtcdConfigError::Incomplete {
-                    given: "--etcd-password",
-                    missing: "--etcd-username",
-                });
-            }
-            (None, None) => {}
+        if let (Some(user), Some(password)) = (&options.username, &options.password) {
+            connect = connect.with_user(user.clone(), password.expose());
         }
         Ok(Self {
             endpoints: options.endpoints.clone(),

@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, text::encode},
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    metrics::{TypedMetric, counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 use tokio::net::TcpListener;
@@ -189,43 +189,53 @@ impl Collector for InformerCollector {
             restarts.get_or_create(&labels).inc_by(state.watch_restarts);
             lists.get_or_create(&labels).inc_by(state.lists);
         }
-        for (name, help, family) in [
+        let gauges = [
             (
                 "informer_objects",
                 "Objects in the informer's cache",
-                &objects,
+                objects,
             ),
             (
                 "informer_synced",
                 "Whether the informer has synced (1) or not (0)",
-                &synced,
+                synced,
             ),
             (
                 "informer_last_sync_resource_version",
                 "The resourceVersion the informer's cache last synced to",
-                &version,
+                version,
             ),
-        ] {
-            let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
-            family.encode(metric)?;
-        }
-        for (name, help, family) in [
+        ];
+        let counters = [
             (
                 "informer_watch_restarts",
                 "Watches the informer opened again after its first one",
-                &restarts,
+                restarts,
             ),
             (
                 "informer_lists",
                 "Lists the informer started, the first one included",
-                &lists,
+                lists,
             ),
-        ] {
-            let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
-            family.encode(metric)?;
+        ];
+        for (name, help, family) in gauges {
+            encode_family(&mut encoder, name, help, &family)?;
+        }
+        for (name, help, family) in counters {
+            encode_family(&mut encoder, name, help, &family)?;
         }
         Ok(())
     }
+}
+
+fn encode_family<M: EncodeMetric + TypedMetric>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    family: &Family<InformerLabels, M>,
+) -> Result<(), std::fmt::Error> {
+    let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+    family.encode(metric)
 }
 
 pub(super) fn register_informer_metrics(registry: &mut Registry, factory: InformerFactory) {
