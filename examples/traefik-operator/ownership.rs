@@ -114,11 +114,6 @@ impl Ownership {
         })
     }
 
-    /// The etcd connection.
-    pub fn kv(&self) -> &TraefikKv {
-        &self.kv
-    }
-
     fn record_key(&self, route: &str) -> String {
         format!("{}routes/{route}", self.prefix)
     }
@@ -127,44 +122,42 @@ impl Ownership {
         format!("{}hosts/{host}/", self.prefix)
     }
 
-    /// The record of `route`, with its mod revision, and the revision read at.
-    async fn record(&self, route: &str) -> Result<(Option<(RouteOwner, i64)>, i64), KvError> {
-        let key = self.record_key(route);
-        let response = self
-            .kv
-            .txn(Txn::new().and_then(vec![TxnOp::get(key.as_str(), None)]))
-            .await?;
+    /// In one read: the record of `route` with its mod revision, the namespaces claiming
+    /// each of `hosts`, and the revision read at.
+    async fn read(
+        &self,
+        route: &str,
+        hosts: &BTreeSet<String>,
+    ) -> Result<(Option<(RouteOwner, i64)>, Vec<Vec<String>>, i64), KvError> {
+        let mut reads = vec![TxnOp::get(self.record_key(route), None)];
+        reads.extend(
+            hosts
+                .iter()
+                .map(|h| TxnOp::get(self.host_prefix(h), Some(GetOptions::new().with_prefix()))),
+        );
+        let response = self.kv.txn(Txn::new().and_then(reads)).await?;
         let revision = response.header().map_or(0, |h| h.revision());
-        let mut found = None;
-        for op in response.op_responses() {
-            if let TxnOpResponse::Get(get) = op
-                && let Some(kv) = get.kvs().first()
-            {
-                // A record that does not parse is nobody's: it is claimed anew.
-                found = serde_json::from_slice::<RouteOwner>(kv.value())
-                    .ok()
-                    .map(|owner| (owner, kv.mod_revision()));
-            }
-        }
-        Ok((found, revision))
+        let mut gets = response.op_responses().into_iter().map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        });
+        // A record that does not parse is nobody's: it is claimed anew.
+        let record = gets.next().unwrap_or_default().first().and_then(|kv| {
+            serde_json::from_slice::<RouteOwner>(kv.value())
+                .ok()
+                .map(|owner| (owner, kv.mod_revision()))
+        });
+        let claims = gets
+            .map(|kvs| kvs.iter().map(|kv| text(kv.value())).collect())
+            .collect();
+        Ok((record, claims, revision))
     }
 
-    /// Whether this instance may write or remove `route`: its record is ours, or it has
-    /// none (a route from before records, or none at all).
-    ///
-    /// # Errors
-    ///
-    /// [`ClaimError::OwnedElsewhere`], or etcd's error.
-    pub async fn check(&self, route: &str) -> Result<(), ClaimError> {
-        match self.record(route).await?.0 {
-            Some((owner, _)) if owner.instance != self.instance => {
-                Err(ClaimError::OwnedElsewhere {
-                    route: route.to_owned(),
-                    instance: owner.instance,
-                })
-            }
-            _ => Ok(()),
-        }
+    fn owned_elsewhere(&self, route: &str, owner: &RouteOwner) -> Option<ClaimError> {
+        (owner.instance != self.instance).then(|| ClaimError::OwnedElsewhere {
+            route: route.to_owned(),
+            instance: owner.instance.clone(),
+        })
     }
 
     /// Records `route` as this instance's, for `namespace`, holding `hosts`: refused when
@@ -187,39 +180,23 @@ impl Ownership {
             hosts: hosts.clone(),
         };
         for _ in 0..ATTEMPTS {
-            let (record, revision) = self.record(route).await?;
-            if let Some((owner, _)) = &record
-                && owner.instance != self.instance
+            let (record, claims, revision) = self.read(route, hosts).await?;
+            if let Some(refused) = record
+                .as_ref()
+                .and_then(|(o, _)| self.owned_elsewhere(route, o))
             {
-                return Err(ClaimError::OwnedElsewhere {
-                    route: route.to_owned(),
-                    instance: owner.instance.clone(),
-                });
+                return Err(refused);
             }
             let held = record
                 .as_ref()
                 .map(|(owner, _)| owner.hosts.clone())
                 .unwrap_or_default();
-            // Every claim on the wanted hosts, read in one transaction.
-            let prefixes: Vec<String> = hosts.iter().map(|h| self.host_prefix(h)).collect();
-            let reads = prefixes
-                .iter()
-                .map(|p| TxnOp::get(p.as_str(), Some(GetOptions::new().with_prefix())))
-                .collect::<Vec<_>>();
-            let claims = self.kv.txn(Txn::new().and_then(reads)).await?;
-            let revision = claims.header().map_or(revision, |h| h.revision());
-            for (host, op) in hosts.iter().zip(claims.op_responses()) {
-                let TxnOpResponse::Get(get) = op else {
-                    continue;
-                };
-                for kv in get.kvs() {
-                    let holder = text(kv.value());
-                    if holder != namespace {
-                        return Err(ClaimError::HostTaken {
-                            host: host.clone(),
-                            holder,
-                        });
-                    }
+            for (host, holders) in hosts.iter().zip(claims) {
+                if let Some(holder) = holders.into_iter().find(|h| h != namespace) {
+                    return Err(ClaimError::HostTaken {
+                        host: host.clone(),
+                        holder,
+                    });
                 }
             }
             if record.as_ref().is_some_and(|(owner, _)| *owner == wanted) {
@@ -245,8 +222,9 @@ impl Ownership {
                 }
                 None => Compare::version(record_key.as_str(), CompareOp::Equal, 0),
             }];
-            guard.extend(prefixes.iter().map(|p| {
-                Compare::mod_revision(p.as_str(), CompareOp::Less, revision + 1).with_prefix()
+            guard.extend(hosts.iter().map(|h| {
+                Compare::mod_revision(self.host_prefix(h), CompareOp::Less, revision + 1)
+                    .with_prefix()
             }));
             if self
                 .kv
@@ -259,35 +237,6 @@ impl Ownership {
             }
         }
         Err(ClaimError::Contended(route.to_owned()))
-    }
-
-    /// Drops this instance's record of `route` and its host claims (after its keys are
-    /// gone). A record of another instance is left alone.
-    ///
-    /// # Errors
-    ///
-    /// etcd's error.
-    pub async fn release(&self, route: &str) -> Result<(), KvError> {
-        let Some((owner, modified)) = self.record(route).await?.0 else {
-            return Ok(());
-        };
-        if owner.instance != self.instance {
-            return Ok(());
-        }
-        let record_key = self.record_key(route);
-        let mut ops = vec![TxnOp::delete(record_key.as_str(), None)];
-        for host in &owner.hosts {
-            ops.push(TxnOp::delete(
-                format!("{}{route}", self.host_prefix(host)),
-                None,
-            ));
-        }
-        let guard = Compare::mod_revision(record_key.as_str(), CompareOp::Equal, modified);
-        // Lost to a concurrent claim of the same route: that claim now owns it.
-        self.kv
-            .txn(Txn::new().when(vec![guard]).and_then(ops))
-            .await?;
-        Ok(())
     }
 
     /// Writes `route` for `namespace` if this instance may: claims it and `hosts`, then
@@ -319,16 +268,32 @@ impl Ownership {
     ///
     /// etcd's error.
     pub async fn remove(&self, route: &str) -> Result<Changes, KvError> {
-        match self.check(route).await {
-            Ok(()) => {}
-            Err(ClaimError::Etcd(err)) => return Err(err),
-            Err(refused) => {
-                debug!(route, reason = %refused, "not removing another instance's route");
-                return Ok(Changes::default());
-            }
+        let (record, _, _) = self.read(route, &BTreeSet::new()).await?;
+        if let Some(refused) = record
+            .as_ref()
+            .and_then(|(o, _)| self.owned_elsewhere(route, o))
+        {
+            debug!(route, reason = %refused, "not removing another instance's route");
+            return Ok(Changes::default());
         }
         let changes = self.kv.sync(route, None).await?;
-        self.release(route).await?;
+        // With its keys gone, the record and the host claims go too (a route from before
+        // records has none).
+        if let Some((owner, modified)) = record {
+            let record_key = self.record_key(route);
+            let mut ops = vec![TxnOp::delete(record_key.as_str(), None)];
+            for host in &owner.hosts {
+                ops.push(TxnOp::delete(
+                    format!("{}{route}", self.host_prefix(host)),
+                    None,
+                ));
+            }
+            let guard = Compare::mod_revision(record_key.as_str(), CompareOp::Equal, modified);
+            // Lost to a concurrent claim of the same route: that claim now owns it.
+            self.kv
+                .txn(Txn::new().when(vec![guard]).and_then(ops))
+                .await?;
+        }
         Ok(changes)
     }
 
