@@ -131,14 +131,6 @@ pub enum PolicyError {
         /// What it may claim.
         allowed: String,
     },
-    /// A host another namespace holds.
-    #[error("host {host:?} is already routed for namespace {holder:?}")]
-    HostTaken {
-        /// The host.
-        host: String,
-        /// The namespace holding it.
-        holder: String,
-    },
     /// The backend's address is in a denied range.
     #[error("backend address {address} is in the denied range {range}")]
     BackendDenied {
