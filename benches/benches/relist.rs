@@ -46,13 +46,13 @@ fn relist(writer: &StoreWriter<ConfigMap>, objects: &[(ObjectKey, Arc<ConfigMap>
         Apply::Atomic => {
             ReflectorStore::start_list(writer);
             for (key, obj) in objects {
-                ReflectorStore::list_object(writer, key.clone(), obj.clone());
+                ReflectorStore::list_object(writer, key.clone(), obj.clone(), None);
             }
             ReflectorStore::finish_list(writer, "");
         }
         Apply::PerObject => {
             for (key, obj) in objects {
-                ReflectorStore::upsert(writer, key.clone(), obj.clone());
+                ReflectorStore::upsert(writer, key.clone(), obj.clone(), None);
             }
         }
     }

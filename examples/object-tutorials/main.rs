@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use kube_client::{Api, Client, Resource};
 use kube_informer::{ApiListWatch, Controller, ControllerConfig, ObjectKey, SharedInformer};
 use labels::log_labels;
-use serde::de::DeserializeOwned;
+use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 
 /// Logs the labels of Pods and Services in one namespace, the client-go
@@ -103,6 +103,7 @@ fn label_logging_controller<K>(client: Client, args: &Args) -> Controller<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
+        + Serialize
         + DeserializeOwned
         + std::fmt::Debug
         + Send

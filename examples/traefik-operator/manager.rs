@@ -14,7 +14,7 @@ use kube_informer::{
     Action, ControllerBuilder, InformerHandle, Manager, ObjectKey, retry_with_backoff,
     strip_managed_fields,
 };
-use serde::de::DeserializeOwned;
+use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -149,7 +149,7 @@ impl Wiring<'_> {
     fn informer<K>(&self) -> InformerHandle<K>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
-        K: Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K: Clone + Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     {
         let resync = self.options.resync_period;
         self.manager

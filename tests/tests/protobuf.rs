@@ -17,11 +17,13 @@ use kube_client::{
     core::{ApiResource, DynamicObject, GroupVersionKind},
 };
 use kube_informer::{
-    ApiListWatch, Error, ListOptions, ListWatch, WatchEvent, WatchOptions, WireFormat,
+    ApiListWatch, Change, Error, ListOptions, ListWatch, ObjectKey, SharedInformer, WatchEvent,
+    WatchOptions, WireFormat,
 };
 use kube_testenv::TestEnv;
 use serde_json::{Value, json};
 use tests::test_namespace;
+use tokio_util::sync::CancellationToken;
 
 /// A kind to create objects of: its API resource and whether it is namespaced.
 struct Kind {
@@ -410,14 +412,52 @@ async fn read(
             .expect("watch events within 30s")
             .expect("the watch to stay open")
             .expect("a decodable event");
-        if let WatchEvent::Added(o) = event
-            && names.contains(o.metadata.name.as_ref().unwrap())
-        {
-            watched.push(serde_json::to_value(&o).unwrap());
+        let added = match event {
+            WatchEvent::Added(o)
+            | WatchEvent::Decoded {
+                change: Change::Added,
+                object: o,
+                ..
+            } => o,
+            _ => continue,
+        };
+        if names.contains(added.metadata.name.as_ref().unwrap()) {
+            watched.push(serde_json::to_value(&added).unwrap());
         }
     }
     watched.sort_by_key(|v| v["metadata"]["name"].as_str().map(str::to_owned));
     (listed, watched)
+}
+
+/// The default cache keeps each object as the protobuf bytes the server sent and decodes
+/// them on every read: through a paged list (list items, untyped) and a streaming list
+/// (watch events, typed) alike, a read must return what the server's JSON says.
+async fn compact_cache_matches(
+    api: &Api<DynamicObject>,
+    kind: &Kind,
+    name: &str,
+    json_listed: &Value,
+    json_watched: &Value,
+) {
+    let key = ObjectKey::new(api.namespace(), name);
+    for (paged, expected) in [(true, json_listed), (false, json_watched)] {
+        let builder = SharedInformer::builder(
+            ApiListWatch::new(api.clone()).wire_format(WireFormat::Protobuf),
+        );
+        let builder = if paged {
+            builder.paged_list()
+        } else {
+            builder.streaming_list()
+        };
+        let informer = builder.build().spawn(CancellationToken::new());
+        informer.wait_synced_or_fatal().await.expect("a sync");
+        let store = informer.store();
+        assert!(store.is_compact(), "compact by default");
+        let cached = store.get_by_key(&key).expect("the object cached");
+        let what = format!("{} {key}, paged list: {paged}", kind.resource.kind);
+        assert_eq!(&serde_json::to_value(&*cached).unwrap(), expected, "{what}");
+        informer.stop().await;
+    }
 }
 
 /// The one difference protobuf cannot avoid: objects embedded in an object (a StatefulSet's
@@ -464,6 +504,7 @@ async fn built_in_kinds_read_the_same_in_protobuf_and_json() {
         for object in json_list.iter_mut().chain(&mut json_watch) {
             without_embedded_type_meta(object);
         }
+        compact_cache_matches(&api, kind, &names[0], &json_list[0], &json_watch[0]).await;
         let (pb_list, pb_watch) = read(&api, WireFormat::Protobuf, &names).await;
         let what = format!("{} {}", kind.resource.kind, names[0]);
         assert_eq!(json_list.len(), 1, "{what}: listed once");

@@ -58,7 +58,7 @@ struct Args {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "kube-informer,kube-informer-compact,kube-runtime,client-go"
+        default_value = "kube-informer,kube-informer-decoded,kube-informer-json-codec,kube-runtime,client-go"
     )]
     subjects: Vec<String>,
     /// kube-apiserver's `--watch-cache`.
@@ -181,7 +181,7 @@ async fn main() -> anyhow::Result<()> {
     for subject in &args.subjects {
         if !binaries.contains_key(subject.as_str()) {
             bail!(
-                "unknown subject {subject}; known: kube-informer, kube-informer-compact, \
+                "unknown subject {subject}; known: kube-informer, kube-informer-decoded, kube-informer-json-codec, \
                  kube-informer-json, kube-runtime, client-go, client-go-json"
             );
         }
@@ -295,7 +295,11 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     let mut binaries = HashMap::new();
     binaries.insert("kube-informer", dir.join("subject-kube-informer"));
     binaries.insert("kube-runtime", dir.join("subject-kube-runtime"));
-    binaries.insert("kube-informer-compact", dir.join("subject-kube-informer"));
+    binaries.insert("kube-informer-decoded", dir.join("subject-kube-informer"));
+    binaries.insert(
+        "kube-informer-json-codec",
+        dir.join("subject-kube-informer"),
+    );
     binaries.insert("kube-informer-json", dir.join("subject-kube-informer"));
     binaries.insert("client-go-json", go_binary.clone());
     binaries.insert("client-go", go_binary);
@@ -307,13 +311,16 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     Ok(binaries)
 }
 
-/// The options a subject runs with beyond the common ones: `kube-informer-compact` is
-/// kube-informer with a compact cache (and the default sync, a streaming list); `kube-informer-json` and
-/// `client-go-json` read JSON instead of protobuf, which both prefer for built-in kinds
-/// (kube-runtime only reads JSON).
+/// The options a subject runs with beyond the common ones. `kube-informer` runs the
+/// library's defaults (a streaming list into a compact cache of the server's bytes);
+/// `kube-informer-decoded` keeps decoded objects (the default before the compact one) and
+/// `kube-informer-json-codec` compact JSON the store encodes (the compact cache before it
+/// kept the server's bytes); `kube-informer-json` and `client-go-json` read JSON instead of
+/// protobuf, which both prefer for built-in kinds (kube-runtime only reads JSON).
 fn subject_options(subject: &str) -> &'static [&'static str] {
     match subject {
-        "kube-informer-compact" => &["--compact"],
+        "kube-informer-decoded" => &["--cache", "decoded"],
+        "kube-informer-json-codec" => &["--cache", "json-codec"],
         "kube-informer-json" => &["--json"],
         "client-go-json" => &["-json"],
         _ => &[],

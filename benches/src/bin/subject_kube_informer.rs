@@ -1,8 +1,10 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
-//! for the protocol. With no flag it runs the defaults (paged lists, objects kept decoded);
-//! `--paged-list` and `--compact` turn on the informer options of those names; `--json`
-//! reads JSON instead of protobuf.
+//! for the protocol. With no flag it runs the library's defaults (a streaming list, a
+//! compact cache of the bytes the server sent); `--paged-list` and `--decoded` turn on the
+//! informer options of those names, `--json-codec` keeps the cache as compact JSON encoded
+//! by the store (the compact cache before it kept the server's bytes); `--json` reads JSON
+//! instead of protobuf.
 
 use std::{
     sync::{
@@ -16,8 +18,19 @@ use benches::{Recorder, SubjectArgs};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
-use kube_informer::{ApiListWatch, SharedInformer, WireFormat, handler_fn};
+use kube_informer::{ApiListWatch, JsonCodec, SharedInformer, WireFormat, handler_fn};
 use tokio_util::sync::CancellationToken;
+
+/// How the cache keeps objects.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Cache {
+    /// The default: compact, as the bytes the server sent.
+    Wire,
+    /// Decoded, shared objects (`InformerBuilder::decoded`).
+    Decoded,
+    /// Compact JSON the store encodes and checks (`InformerBuilder::codec(JsonCodec)`).
+    JsonCodec,
+}
 
 /// The subject's command line: the common one plus the informer's options.
 #[derive(Debug, Parser)]
@@ -27,9 +40,9 @@ struct Args {
     /// Sync by paged lists instead of a streaming list (`sendInitialEvents`, the default).
     #[arg(long)]
     paged_list: bool,
-    /// Keep the cache as compact JSON instead of decoded objects.
-    #[arg(long)]
-    compact: bool,
+    /// How the cache keeps objects.
+    #[arg(long, value_enum, default_value_t = Cache::Wire)]
+    cache: Cache,
     /// List and watch in JSON instead of protobuf.
     #[arg(long)]
     json: bool,
@@ -41,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
     let Args {
         common: args,
         paged_list,
-        compact,
+        cache,
         json,
     } = Args::parse();
     let client = benches::client(&args.kubeconfig).await?;
@@ -56,9 +69,11 @@ async fn main() -> anyhow::Result<()> {
     if paged_list {
         builder = builder.paged_list();
     }
-    if compact {
-        builder = builder.compact();
-    }
+    builder = match cache {
+        Cache::Wire => builder.compact(),
+        Cache::Decoded => builder.decoded(),
+        Cache::JsonCodec => builder.codec(Arc::new(JsonCodec)),
+    };
     let informer = builder.build();
     let recorder = Arc::new(Recorder::new("kube-informer", args.updates));
     let adds = Arc::new(AtomicUsize::new(0));

@@ -29,7 +29,13 @@ fn cm(name: &str) -> ConfigMap {
 
 fn informer<K>(fake: FakeListWatch<K>) -> RunningInformer<K>
 where
-    K: kube_core::Resource + Clone + Send + Sync + 'static,
+    K: kube_core::Resource
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
     FakeListWatch<K>: kube_informer::ListWatch<K>,
 {
     SharedInformer::builder(fake)

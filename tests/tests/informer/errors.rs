@@ -17,7 +17,7 @@ use kube_informer::{
     BackoffConfig, Error, ListOptions, ListWatch, SharedInformer, Verb, WatchOptions,
 };
 use kube_testenv::TestEnv;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tests::{
     Ev, cache_state, config_map, error_log, name, next_event, recorder, run, test_namespace,
@@ -148,14 +148,14 @@ async fn rbac_forbidden_is_fatal_at_start_and_heals_when_granted() {
 }
 
 /// A ConfigMap as a stricter program sees it: `data.required` must exist.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 struct StrictConfigMap {
     metadata: ObjectMeta,
     #[allow(dead_code)]
     data: StrictData,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 struct StrictData {
     #[allow(dead_code)]
     required: String,

@@ -157,7 +157,7 @@ async fn stream_page<K: Resource + Send + 'static, L: ListWatch<K>>(
     let mut names = Vec::new();
     while let Some(item) = stream.next().await {
         match item? {
-            ListItem::Object(o) => names.push(name(&o)),
+            ListItem::Object(o) | ListItem::Decoded { object: o, .. } => names.push(name(&o)),
             ListItem::Undecodable(u) => panic!("every ConfigMap here decodes: {u:?}"),
             ListItem::End {
                 resource_version,

@@ -24,7 +24,7 @@ use crate::{
         BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
         SyncedVersion,
     },
-    store::{Codec, IndexFn, JsonCodec, TransformFn, Writer},
+    store::{Codec, IndexFn, TransformFn, Writer},
 };
 
 /// Options of a [`SharedInformer`]; from [`SharedInformer::builder`].
@@ -35,13 +35,40 @@ pub struct InformerBuilder<K, L> {
     transform: Option<TransformFn<K>>,
     indexers: Vec<(String, IndexFn<K>)>,
     error_hook: Option<ErrorHook>,
-    codec: Option<Arc<dyn Codec<K>>>,
+    storage: Storage<K>,
     divergence: Option<Divergence>,
+}
+
+/// How the informer's store keeps objects.
+enum Storage<K> {
+    /// Compact, the default: as the bytes the server sent, else compact JSON
+    /// (`Writer::compact`, taken where `K`'s serde bounds are known).
+    Compact(fn() -> Writer<K>),
+    /// As the decoded, shared `Arc<K>`s.
+    Decoded,
+    /// Every object encoded by a codec of the user's.
+    Codec(Arc<dyn Codec<K>>),
+}
+
+impl<K: Resource + Serialize + DeserializeOwned + 'static> Storage<K> {
+    fn compact() -> Self {
+        Storage::Compact(Writer::compact)
+    }
+}
+
+impl<K: Resource> Storage<K> {
+    fn writer(self) -> Writer<K> {
+        match self {
+            Storage::Compact(compact) => compact(),
+            Storage::Decoded => Writer::new(),
+            Storage::Codec(codec) => Writer::with_codec(codec),
+        }
+    }
 }
 
 impl<K, L> InformerBuilder<K, L>
 where
-    K: Resource + Send + Sync + 'static,
+    K: Resource + Serialize + DeserializeOwned + Send + Sync + 'static,
     L: ListWatch<K>,
 {
     /// Default options over `list_watch`.
@@ -53,9 +80,64 @@ where
             transform: None,
             indexers: Vec::new(),
             error_hook: None,
-            codec: None,
+            storage: Storage::compact(),
             divergence: None,
         }
+    }
+
+    /// Keep the cache compact: the default. Each object is kept as the bytes the API
+    /// server sent it in (protobuf for built-in kinds), or, when it came without them
+    /// (a transformed object, a JSON watch event, a `ListWatch` of your own), as compact
+    /// JSON ([`JsonCodec`](crate::JsonCodec)).
+    ///
+    /// Objects take a fraction of the memory this way (see
+    /// [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)),
+    /// and syncing costs nothing more: the bytes were read anyway. Each read (`get`,
+    /// `list`, listers) decodes, some microseconds per Pod, and hands out a fresh `Arc`;
+    /// event handlers get the objects as decoded from the watch, and the old object of an
+    /// update is decoded once for all handlers. Programs that read the whole cache often
+    /// and can spare the memory choose [`decoded`](Self::decoded).
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{SharedInformer, testing::FakeListWatch};
+    ///
+    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+    ///     .decoded()
+    ///     .compact()
+    ///     .build();
+    /// assert!(informer.store().is_compact());
+    /// ```
+    #[must_use]
+    pub fn compact(mut self) -> Self {
+        self.storage = Storage::compact();
+        self
+    }
+}
+
+impl<K, L> InformerBuilder<K, L>
+where
+    K: Resource + Send + Sync + 'static,
+    L: ListWatch<K>,
+{
+    /// Keep each object decoded, as the `Arc<K>` that readers and handlers share: reads
+    /// cost nothing but the `Arc`'s count, and a `Pod` takes about ten times the memory
+    /// of its bytes (`k8s-openapi` types inline every optional field, and `managedFields`
+    /// decode into trees of maps).
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{SharedInformer, testing::FakeListWatch};
+    ///
+    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+    ///     .decoded()
+    ///     .build();
+    /// assert!(!informer.store().is_compact());
+    /// ```
+    #[must_use]
+    pub fn decoded(mut self) -> Self {
+        self.storage = Storage::Decoded;
+        self
     }
 
     /// Re-deliver every cached object as `on_update(obj, obj)` this often to each handler
@@ -142,11 +224,13 @@ where
         self
     }
 
-    /// Keep the cache in `codec`'s encoding (a compact [`Store`](crate::Store)): objects are decoded on
-    /// each read and to deliver update and delete events, in exchange for much less memory.
+    /// Keep every object in `codec`'s encoding (a compact [`Store`](crate::Store)), for
+    /// another format than the default [`compact`](Self::compact) one (compression, say):
+    /// each object is encoded, and its encoding checked to decode, as it is stored; the
+    /// bytes the server sent are not kept.
     #[must_use]
     pub fn codec(mut self, codec: Arc<dyn Codec<K>>) -> Self {
-        self.codec = Some(codec);
+        self.storage = Storage::Codec(codec);
         self
     }
 
@@ -200,10 +284,7 @@ where
     /// Builds the informer; it does nothing until [`spawn`](SharedInformer::spawn) or
     /// [`run`](SharedInformer::run).
     pub fn build(self) -> SharedInformer<K> {
-        let store = match self.codec {
-            Some(codec) => Writer::with_codec(codec),
-            None => Writer::new(),
-        };
+        let store = self.storage.writer();
         for (name, f) in self.indexers {
             if let Err(e) = store.add_indexer(&name, f) {
                 warn!(error = %e, "indexer ignored");
@@ -243,34 +324,5 @@ where
             self.divergence.map(Arc::new),
         );
         SharedInformer::new_unstarted(handle, Box::new(move |token| reflector.run(token).boxed()))
-    }
-}
-
-impl<K, L> InformerBuilder<K, L>
-where
-    K: Resource + Serialize + DeserializeOwned + Send + Sync + 'static,
-    L: ListWatch<K>,
-{
-    /// Keep the cache as compact JSON ([`JsonCodec`]); see [`codec`](Self::codec).
-    ///
-    /// Objects take much less memory this way than decoded (see
-    /// [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)).
-    /// Each read (`get`, `list`, listers) decodes, a few microseconds per Pod, and hands out
-    /// a fresh `Arc`; event handlers still get the objects as decoded from the watch, and
-    /// the old object of an update is decoded once for all handlers.
-    ///
-    /// ```
-    /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_informer::{SharedInformer, testing::FakeListWatch};
-    ///
-    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
-    ///     .streaming_list()
-    ///     .compact()
-    ///     .build();
-    /// assert!(informer.store().is_compact());
-    /// ```
-    #[must_use]
-    pub fn compact(self) -> Self {
-        self.codec(Arc::new(JsonCodec))
     }
 }

@@ -12,7 +12,7 @@ use std::{
 use dashmap::{DashMap, mapref::entry::Entry};
 use kube_client::{Api, Client};
 use kube_core::Resource;
-use serde::de::DeserializeOwned;
+use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
@@ -276,7 +276,14 @@ impl InformerFactory {
     /// configuration.
     pub fn informer<K>(&self, scope: Scope) -> InformerHandle<K>
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
         K::Scope: FactoryScope,
     {
         self.informer_with(scope, |builder| builder)
@@ -294,7 +301,14 @@ impl InformerFactory {
         + 'static,
     ) -> InformerHandle<K>
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
         K::Scope: FactoryScope,
     {
         let key = (TypeId::of::<K>(), scope);
@@ -318,7 +332,14 @@ impl InformerFactory {
 
     fn build<K>(&self, scope: &Scope, customize: Customize<K>) -> SharedInformer<K>
     where
-        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = ()>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
         K::Scope: FactoryScope,
     {
         let api = K::Scope::api::<K>(self.inner.client.clone(), scope.namespace.as_deref());

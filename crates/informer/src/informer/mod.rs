@@ -19,6 +19,7 @@ use std::{
 
 use futures::{FutureExt, future::BoxFuture};
 use kube_core::Resource;
+use serde::{Serialize, de::DeserializeOwned};
 use tokio::{
     runtime::Handle,
     sync::{mpsc, watch},
@@ -174,7 +175,7 @@ enum Lifecycle {
     Stopped,
 }
 
-impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
+impl<K: Resource + Serialize + DeserializeOwned + Send + Sync + 'static> SharedInformer<K> {
     /// An informer with default options over `list_watch` (an `Api<K>`, an
     /// [`ApiListWatch`](crate::ApiListWatch), a `testing::FakeListWatch`, ...).
     pub fn new<L: ListWatch<K>>(list_watch: L) -> Self {
@@ -185,7 +186,9 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
     pub fn builder<L: ListWatch<K>>(list_watch: L) -> InformerBuilder<K, L> {
         InformerBuilder::new(list_watch)
     }
+}
 
+impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
     fn new_unstarted(handle: InformerHandle<K>, starter: Starter) -> Self {
         Self { handle, starter }
     }

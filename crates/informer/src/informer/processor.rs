@@ -21,7 +21,7 @@ use super::handler::{DeletedFinalStateUnknown, DeletedObject, Notification};
 use crate::{
     error::Error,
     key::ObjectKey,
-    list_watch::ObjectVersion,
+    list_watch::{ObjectVersion, RawObject},
     reflector::ReflectorStore,
     store::{IndexFn, StoreChange, Writer},
 };
@@ -168,10 +168,10 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         p.store.start_list();
     }
 
-    fn list_object(&self, key: ObjectKey, object: Arc<K>) {
+    fn list_object(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
-        if let Some(change) = p.store.list_object(key, object) {
+        if let Some(change) = p.store.list_object(key, object, raw) {
             let note = Self::notification(&dist, change);
             Processor::broadcast(&mut dist, &[note]);
         }
@@ -181,11 +181,11 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         self.0.store.list_undecodable(key);
     }
 
-    fn upsert(&self, key: ObjectKey, object: Arc<K>) {
+    fn upsert(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         dist.applied.advance(&*object);
-        if let Some(change) = p.store.upsert(key, object) {
+        if let Some(change) = p.store.upsert(key, object, raw) {
             let note = Self::notification(&dist, change);
             Processor::broadcast(&mut dist, &[note]);
         }

@@ -264,7 +264,7 @@ async fn collect_page<K>(
     let mut items = Vec::new();
     while let Some(item) = stream.next().await {
         match item? {
-            ListItem::Object(obj) => items.push(obj),
+            ListItem::Object(obj) | ListItem::Decoded { object: obj, .. } => items.push(obj),
             ListItem::Undecodable(undecodable) => {
                 return Err(Error::UndecodableObject {
                     resource,

@@ -19,13 +19,12 @@ use futures::{
 };
 use serde::de::DeserializeOwned;
 
+use bytes::Bytes;
+
 use super::{
-    KeyOnly, ListEnd, ListItem, ListStream,
+    KeyOnly, ListEnd, ListItem, ListStream, RawFormat, RawObject,
     json_list::{ListDecodeError, ListDecoder},
-    protobuf::{
-        deserializer::from_message, error::ProtobufError, list_decoder::ProtobufListDecoder,
-        schema::Message,
-    },
+    protobuf::{error::ProtobufError, list_decoder::ProtobufListDecoder},
 };
 use crate::error::{BoxError, Error, Verb};
 
@@ -69,30 +68,37 @@ impl BodySplitter {
     }
 
     fn item_decoder(&self) -> ItemDecoder {
-        match self {
-            BodySplitter::Json(_) => ItemDecoder::Json,
-            BodySplitter::Protobuf(splitter) => ItemDecoder::Protobuf(splitter.item_message()),
-        }
+        ItemDecoder(match self {
+            BodySplitter::Json(_) => RawFormat::Json,
+            BodySplitter::Protobuf(splitter) => RawFormat::Protobuf {
+                resource: splitter.resource(),
+                typed: false,
+            },
+        })
     }
 }
 
 /// How one item's bytes become an object.
 #[derive(Clone, Copy)]
-enum ItemDecoder {
-    Json,
-    Protobuf(&'static Message),
-}
+struct ItemDecoder(RawFormat);
 
 impl ItemDecoder {
-    fn decode<K: DeserializeOwned>(self, batch: &Batch) -> Result<Vec<ListItem<K>>, BoxError> {
+    fn decode<K: DeserializeOwned>(self, batch: Batch) -> Result<Vec<ListItem<K>>, BoxError> {
         let mut items = Vec::with_capacity(batch.len());
-        for bytes in batch.items() {
-            let item = match self.object::<K>(bytes) {
-                Ok(object) => ListItem::Object(object),
+        let bytes = Bytes::from(batch.bytes);
+        let starts = std::iter::once(0).chain(batch.ends.iter().copied());
+        for (start, end) in starts.zip(batch.ends.iter().copied()) {
+            let item = &bytes[start..end];
+            let item = match self.0.decode::<K>(item) {
+                Ok(object) => ListItem::Decoded {
+                    object,
+                    // A slice of the batch: a store that keeps it copies it out.
+                    raw: RawObject::new(bytes.slice(start..end), self.0),
+                },
                 // One bad object must not fail the list: read its key alone, so the
                 // reflector can keep its last good state and apply everything else.
                 Err(error) => {
-                    let keyed = self.object::<KeyOnly>(bytes).ok();
+                    let keyed = self.0.decode::<KeyOnly>(item).ok();
                     match keyed.and_then(|k| k.undecodable(error.to_string())) {
                         Some(undecodable) => ListItem::Undecodable(undecodable),
                         None => return Err(error),
@@ -102,13 +108,6 @@ impl ItemDecoder {
             items.push(item);
         }
         Ok(items)
-    }
-
-    fn object<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T, BoxError> {
-        Ok(match self {
-            ItemDecoder::Json => serde_json::from_slice(bytes)?,
-            ItemDecoder::Protobuf(message) => from_message(bytes, message, None)?,
-        })
     }
 }
 
@@ -127,13 +126,6 @@ impl Batch {
 
     fn len(&self) -> usize {
         self.ends.len()
-    }
-
-    fn items(&self) -> impl Iterator<Item = &[u8]> {
-        let starts = std::iter::once(0).chain(self.ends.iter().copied());
-        starts
-            .zip(&self.ends)
-            .map(|(start, &end)| &self.bytes[start..end])
     }
 }
 
@@ -166,13 +158,13 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
         let batch = std::mem::take(&mut self.batch);
         let decoder = self.decoder;
         if self.parallelism > 1 && batch.len() >= BATCH_ITEMS / 4 {
-            let task = tokio::task::spawn_blocking(move || decoder.decode::<K>(&batch));
+            let task = tokio::task::spawn_blocking(move || decoder.decode::<K>(batch));
             self.in_flight.push_back(Box::pin(async move {
                 task.await
                     .map_err(|e| -> BoxError { e.to_string().into() })?
             }));
         } else {
-            let decoded = decoder.decode::<K>(&batch);
+            let decoded = decoder.decode::<K>(batch);
             self.in_flight
                 .push_back(Box::pin(std::future::ready(decoded)));
         }
@@ -301,9 +293,13 @@ mod tests {
         let mut rv = None;
         for item in items {
             match item {
-                ListItem::Object(o) => {
-                    names.push(o["metadata"]["name"].as_str().unwrap().to_owned())
+                ListItem::Decoded { object, raw } => {
+                    // Each item's bytes, and only its own, decode to it again.
+                    let again: Value = raw.format().decode(raw.as_bytes()).unwrap();
+                    assert_eq!(again, object);
+                    names.push(object["metadata"]["name"].as_str().unwrap().to_owned())
                 }
+                ListItem::Object(o) => panic!("a body's items come with their bytes: {o}"),
                 ListItem::End {
                     resource_version, ..
                 } => rv = Some(resource_version),
@@ -400,10 +396,7 @@ mod tests {
             "configmaps".into(),
         );
         let items: Vec<ListItem<ConfigMap>> = stream.try_collect().await.unwrap();
-        let objects = items
-            .iter()
-            .filter(|i| matches!(i, ListItem::Object(_)))
-            .count();
+        let objects = items.iter().filter(|i| i.object().is_some()).count();
         let undecodable: Vec<&crate::list_watch::Undecodable> = items
             .iter()
             .filter_map(|i| match i {

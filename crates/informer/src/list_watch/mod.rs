@@ -5,6 +5,7 @@ mod api;
 mod json_list;
 mod list_body;
 mod protobuf;
+mod raw;
 mod watch_body;
 mod wire_format;
 
@@ -20,6 +21,8 @@ use crate::{error::Error, key::ObjectKey};
 
 pub use api::ApiListWatch;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
+pub(crate) use raw::RawFormat;
+pub use raw::RawObject;
 pub use wire_format::WireFormat;
 
 /// Options of one list call (one page).
@@ -54,6 +57,14 @@ pub struct ListPage<K> {
 pub enum ListItem<K> {
     /// The next object of the page.
     Object(K),
+    /// The next object of the page, with the bytes it was decoded from (what
+    /// [`ApiListWatch`] sends): a compact store keeps them instead of encoding the object.
+    Decoded {
+        /// The object.
+        object: K,
+        /// Its bytes, as the server sent them.
+        raw: RawObject,
+    },
     /// The next object of the page, which does not decode as `K`; its key was read from its
     /// metadata alone. The reflector keeps the object's last good state and reports it.
     Undecodable(Undecodable),
@@ -64,6 +75,16 @@ pub enum ListItem<K> {
         /// Token for the next page; `None` on the last page.
         continue_token: Option<String>,
     },
+}
+
+impl<K> ListItem<K> {
+    /// The object of an [`Object`](Self::Object) or [`Decoded`](Self::Decoded) item.
+    pub fn object(&self) -> Option<&K> {
+        match self {
+            ListItem::Object(object) | ListItem::Decoded { object, .. } => Some(object),
+            ListItem::Undecodable(_) | ListItem::End { .. } => None,
+        }
+    }
 }
 
 /// An object that arrived but does not decode as the informer's type: a field of the wrong
@@ -170,6 +191,17 @@ pub enum WatchEvent<K> {
     /// An `ERROR` event: the server ends the watch with this status (410 when the start
     /// resourceVersion was compacted away).
     Error(Box<Status>),
+    /// An object was added or changed ([`Change::Added`] or [`Change::Modified`]), with the
+    /// bytes it was decoded from (what [`ApiListWatch`] sends): a compact store keeps them
+    /// instead of encoding the object.
+    Decoded {
+        /// Which change.
+        change: Change,
+        /// The object.
+        object: K,
+        /// Its bytes, as the server sent them.
+        raw: RawObject,
+    },
     /// A change to an object that does not decode as `K` (see [`Undecodable`]).
     Undecodable {
         /// Which change.
@@ -177,6 +209,21 @@ pub enum WatchEvent<K> {
         /// The object's key, and why it does not decode.
         object: Undecodable,
     },
+}
+
+impl<K> WatchEvent<K> {
+    /// The object of an added, modified, deleted or decoded event.
+    pub fn object(&self) -> Option<&K> {
+        match self {
+            WatchEvent::Added(object)
+            | WatchEvent::Modified(object)
+            | WatchEvent::Deleted(object)
+            | WatchEvent::Decoded { object, .. } => Some(object),
+            WatchEvent::Bookmark { .. } | WatchEvent::Error(_) | WatchEvent::Undecodable { .. } => {
+                None
+            }
+        }
+    }
 }
 
 /// A watch stream: events, or errors (transport, undecodable event) after which the stream

@@ -193,11 +193,9 @@ mod tests {
     }
 
     fn name(event: &Result<WatchEvent<Pod>, Error>) -> String {
-        match event {
-            Ok(WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p)) => {
-                p.metadata.name.clone().unwrap_or_default()
-            }
-            other => panic!("{other:?}"),
+        match event.as_ref().ok().and_then(WatchEvent::object) {
+            Some(p) => p.metadata.name.clone().unwrap_or_default(),
+            None => panic!("{event:?}"),
         }
     }
 

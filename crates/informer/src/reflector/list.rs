@@ -8,7 +8,7 @@ use tracing::{debug, info};
 use super::{Reflector, ReflectorStore, state::ListFrom};
 use crate::{
     error::{Error, Verb},
-    list_watch::{ListItem, ListOptions, ListWatch},
+    list_watch::{ListItem, ListOptions, ListWatch, RawObject},
 };
 use kube_client::api::VersionMatch;
 
@@ -46,16 +46,12 @@ where
             let mut end = None;
             while let Some(item) = page.next().await {
                 match item? {
-                    ListItem::Object(obj) => match self.prepare(obj) {
-                        Ok((key, obj)) => {
-                            listed += 1;
-                            self.store.list_object(key, obj);
-                        }
-                        Err(_) => self.report(&Error::MalformedEvent {
-                            resource: self.resource.clone(),
-                            detail: "listed object has no metadata.name; skipped".to_owned(),
-                        }),
-                    },
+                    ListItem::Object(obj) => {
+                        listed += usize::from(self.list_one(obj, None));
+                    }
+                    ListItem::Decoded { object, raw } => {
+                        listed += usize::from(self.list_one(object, Some(raw)));
+                    }
                     // Listed, so not gone: its last good state stays in the store.
                     ListItem::Undecodable(undecodable) => {
                         self.report(&self.undecodable(Verb::List, &undecodable));
@@ -97,5 +93,22 @@ where
             "listed"
         );
         Ok(list_rv)
+    }
+
+    /// Stores one listed object; false (reported) for one without a name, which is skipped.
+    fn list_one(&self, obj: K, raw: Option<RawObject>) -> bool {
+        match self.prepare(obj, raw) {
+            Ok((key, obj, raw)) => {
+                self.store.list_object(key, obj, raw);
+                true
+            }
+            Err(_) => {
+                self.report(&Error::MalformedEvent {
+                    resource: self.resource.clone(),
+                    detail: "listed object has no metadata.name; skipped".to_owned(),
+                });
+                false
+            }
+        }
     }
 }

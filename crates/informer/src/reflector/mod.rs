@@ -25,7 +25,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::{
     error::{Error, StreamingRefusal, Verb, panic_message},
     key::ObjectKey,
-    list_watch::{ListWatch, Undecodable},
+    list_watch::{ListWatch, RawObject, Undecodable},
     store::{TransformFn, Writer},
 };
 
@@ -45,13 +45,14 @@ use watch::StreamingList;
 pub trait ReflectorStore<K>: Send + Sync + 'static {
     /// A full list begins; one in progress, if any, was abandoned.
     fn start_list(&self);
-    /// An object of the full list in progress.
-    fn list_object(&self, key: ObjectKey, object: Arc<K>);
+    /// An object of the full list in progress, with the bytes it arrived in when the
+    /// source kept them (a compact store keeps those instead of encoding the object).
+    fn list_object(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>);
     /// An object of the full list in progress that did not decode: it exists, and keeps
     /// its last good state.
     fn list_undecodable(&self, key: ObjectKey);
-    /// An object was added or modified.
-    fn upsert(&self, key: ObjectKey, object: Arc<K>);
+    /// An object was added or modified; `raw` as for [`list_object`](Self::list_object).
+    fn upsert(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>);
     /// An object was deleted; `object` is its last state.
     fn delete(&self, key: ObjectKey, object: Arc<K>);
     /// The watch reached `resource_version` with no change since the last event (a
@@ -71,16 +72,16 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
         Writer::start_list(self);
     }
 
-    fn list_object(&self, key: ObjectKey, object: Arc<K>) {
-        Writer::list_object(self, key, object);
+    fn list_object(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
+        Writer::list_object(self, key, object, raw);
     }
 
     fn list_undecodable(&self, key: ObjectKey) {
         Writer::list_undecodable(self, key);
     }
 
-    fn upsert(&self, key: ObjectKey, object: Arc<K>) {
-        self.insert_keyed(key, object);
+    fn upsert(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
+        self.insert_keyed(key, object, raw);
     }
 
     fn delete(&self, key: ObjectKey, _object: Arc<K>) {
@@ -538,13 +539,19 @@ where
         }
     }
 
-    fn prepare(&self, obj: K) -> Result<(ObjectKey, Arc<K>), K> {
-        let obj = match &self.transform {
-            Some(t) => t(obj),
-            None => obj,
+    /// The object to store, keyed, and its wire bytes: none once transformed, as they are
+    /// no longer the object's.
+    fn prepare(
+        &self,
+        obj: K,
+        raw: Option<RawObject>,
+    ) -> Result<(ObjectKey, Arc<K>, Option<RawObject>), K> {
+        let (obj, raw) = match &self.transform {
+            Some(t) => (t(obj), None),
+            None => (obj, raw),
         };
         match ObjectKey::from_object(&obj) {
-            Ok(key) => Ok((key, Arc::new(obj))),
+            Ok(key) => Ok((key, Arc::new(obj), raw)),
             Err(_) => Err(obj),
         }
     }

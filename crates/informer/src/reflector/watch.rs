@@ -189,7 +189,13 @@ where
             if initial.is_some()
                 && !matches!(
                     event,
-                    WatchEvent::Added(_) | WatchEvent::Error(_) | WatchEvent::Bookmark { .. }
+                    WatchEvent::Added(_)
+                        | WatchEvent::Decoded {
+                            change: Change::Added,
+                            ..
+                        }
+                        | WatchEvent::Error(_)
+                        | WatchEvent::Bookmark { .. }
                 )
             {
                 // A streaming list's initial events are all `ADDED`s, up to the end
@@ -203,9 +209,14 @@ where
                 );
                 return WatchEnd::Failed { error, events };
             }
-            let (obj, deleted) = match event {
-                WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, false),
-                WatchEvent::Deleted(o) => (o, true),
+            let (obj, raw, deleted) = match event {
+                WatchEvent::Added(o) | WatchEvent::Modified(o) => (o, None, false),
+                WatchEvent::Deleted(o) => (o, None, true),
+                WatchEvent::Decoded {
+                    change,
+                    object,
+                    raw,
+                } => (object, Some(raw), change == Change::Deleted),
                 WatchEvent::Bookmark {
                     resource_version,
                     initial_events_end,
@@ -263,8 +274,8 @@ where
                 }
             };
             let rv = obj.meta().resource_version.clone();
-            let (key, obj) = match self.prepare(obj) {
-                Ok(pair) => pair,
+            let (key, obj, raw) = match self.prepare(obj, raw) {
+                Ok(prepared) => prepared,
                 Err(_) => {
                     let error = Error::MalformedEvent {
                         resource: self.resource.clone(),
@@ -277,10 +288,10 @@ where
                 // Only `ADDED`s come before the end bookmark (checked above).
                 (Some(phase), _) => {
                     phase.listed += 1;
-                    self.store.list_object(key, obj);
+                    self.store.list_object(key, obj, raw);
                 }
                 (None, true) => self.store.delete(key, obj),
-                (None, false) => self.store.upsert(key, obj),
+                (None, false) => self.store.upsert(key, obj, raw),
             }
             // During a streaming list the objects' versions are not in order; only the
             // end bookmark says which version the whole state has.

@@ -9,7 +9,6 @@ use std::{
 };
 
 use kube_core::Resource;
-#[cfg(any(test, feature = "testing"))]
 use serde::{Serialize, de::DeserializeOwned};
 use tracing::{error, warn};
 
@@ -19,7 +18,11 @@ mod lister;
 mod relist;
 mod selector;
 
-use crate::{error::Error, key::ObjectKey};
+use crate::{
+    error::{BoxError, Error},
+    key::ObjectKey,
+    list_watch::{RawFormat, RawObject},
+};
 
 pub use codec::{Codec, JsonCodec};
 use index::{Index, IndexValues, apply_change, compute_values};
@@ -114,8 +117,26 @@ struct Shared<K> {
     state: RwLock<State<K>>,
     /// Serializes writers; holds the index functions (changed only by `add_indexer`).
     writer: Mutex<Vec<IndexFn<K>>>,
-    /// Set for a compact store.
-    codec: Option<Arc<dyn Codec<K>>>,
+    keeping: Keeping<K>,
+}
+
+/// How a store keeps its objects.
+enum Keeping<K> {
+    /// As the shared `Arc<K>` each was decoded into.
+    Decoded,
+    /// Encoded by `codec`; with `wire`, objects that came with the bytes the server sent
+    /// ([`RawObject`]) keep those instead, and `wire` decodes them.
+    Encoded {
+        codec: Arc<dyn Codec<K>>,
+        wire: Option<WireDecoder<K>>,
+    },
+}
+
+/// Decodes bytes kept as they came from the wire.
+type WireDecoder<K> = fn(RawFormat, &[u8]) -> Result<K, BoxError>;
+
+fn decode_wire<K: DeserializeOwned>(format: RawFormat, bytes: &[u8]) -> Result<K, BoxError> {
+    format.decode(bytes)
 }
 
 struct State<K> {
@@ -123,13 +144,18 @@ struct State<K> {
     indexes: Vec<Index>,
 }
 
-/// One stored object: shared as decoded, or encoded by the store's codec (with its
-/// resourceVersion beside the bytes, so a relist can tell an unchanged object without
-/// decoding it).
+/// One stored object: shared as decoded, encoded by the store's codec, or as the bytes
+/// the server sent (with its resourceVersion beside the bytes, so a relist can tell an
+/// unchanged object without decoding it).
 enum Slot<K> {
     Object(Arc<K>),
     Packed {
         bytes: Arc<[u8]>,
+        version: Option<Arc<str>>,
+    },
+    Wire {
+        bytes: Arc<[u8]>,
+        format: RawFormat,
         version: Option<Arc<str>>,
     },
 }
@@ -142,6 +168,15 @@ impl<K> Clone for Slot<K> {
                 bytes: bytes.clone(),
                 version: version.clone(),
             },
+            Slot::Wire {
+                bytes,
+                format,
+                version,
+            } => Slot::Wire {
+                bytes: bytes.clone(),
+                format: *format,
+                version: version.clone(),
+            },
         }
     }
 }
@@ -151,7 +186,7 @@ impl<K: Resource> Slot<K> {
     fn version(&self) -> Option<&str> {
         match self {
             Slot::Object(o) => o.meta().resource_version.as_deref(),
-            Slot::Packed { version, .. } => version.as_deref(),
+            Slot::Packed { version, .. } | Slot::Wire { version, .. } => version.as_deref(),
         }
     }
 }
@@ -173,7 +208,7 @@ impl<K> fmt::Debug for Store<K> {
                 "indexes",
                 &st.indexes.iter().map(|i| &*i.name).collect::<Vec<_>>(),
             )
-            .field("compact", &self.shared.codec.is_some())
+            .field("compact", &self.is_compact())
             .finish()
     }
 }
@@ -200,16 +235,26 @@ impl<K> Store<K> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The slot to keep for `obj`: encoded in a compact store, unless its bytes do not
-    /// decode back. Checking each encoding once here is what lets every read of a compact
-    /// store return what `len` and the indexes count.
-    fn pack(&self, key: &ObjectKey, obj: Arc<K>) -> Slot<K>
+    /// The slot to keep for `obj`: in a compact store, the bytes it came in if it came
+    /// with them (they just decoded), else its encoding, unless that does not decode back.
+    /// Checking each encoding once here is what lets every read of a compact store return
+    /// what `len` and the indexes count.
+    fn pack(&self, key: &ObjectKey, obj: Arc<K>, raw: Option<RawObject>) -> Slot<K>
     where
         K: Resource,
     {
-        let Some(codec) = &self.shared.codec else {
+        let Keeping::Encoded { codec, wire } = &self.shared.keeping else {
             return Slot::Object(obj);
         };
+        let version = || obj.meta().resource_version.as_deref().map(Arc::from);
+        if let (Some(_), Some(raw)) = (wire, raw) {
+            return Slot::Wire {
+                // Copied out of the buffer it arrived in, which may hold other objects.
+                bytes: Arc::from(raw.as_bytes()),
+                format: raw.format(),
+                version: version(),
+            };
+        }
         let bytes = match codec.encode(&obj) {
             Ok(bytes) => bytes,
             Err(err) => {
@@ -222,23 +267,31 @@ impl<K> Store<K> {
             return Slot::Object(obj);
         }
         Slot::Packed {
-            version: obj.meta().resource_version.as_deref().map(Arc::from),
+            version: version(),
             bytes: bytes.into(),
         }
     }
 
     /// The object in `slot`; `None` (with an error log) when its bytes do not decode.
     fn unpack(&self, key: &ObjectKey, slot: Slot<K>) -> Option<Arc<K>> {
-        match (slot, &self.shared.codec) {
-            (Slot::Object(obj), _) => Some(obj),
-            (Slot::Packed { bytes, .. }, Some(codec)) => match codec.decode(&bytes) {
-                Ok(obj) => Some(Arc::new(obj)),
-                Err(err) => {
-                    error!(%key, %err, "stored object does not decode; the codec does not round-trip");
-                    None
-                }
-            },
-            (Slot::Packed { .. }, None) => None,
+        let decoded = match (slot, &self.shared.keeping) {
+            (Slot::Object(obj), _) => return Some(obj),
+            (Slot::Packed { bytes, .. }, Keeping::Encoded { codec, .. }) => codec.decode(&bytes),
+            (
+                Slot::Wire { bytes, format, .. },
+                Keeping::Encoded {
+                    wire: Some(wire), ..
+                },
+            ) => wire(format, &bytes),
+            // A store keeps encoded slots only with the decoder for them.
+            (Slot::Packed { .. } | Slot::Wire { .. }, _) => Err("no decoder for the slot".into()),
+        };
+        match decoded {
+            Ok(obj) => Some(Arc::new(obj)),
+            Err(err) => {
+                error!(%key, %err, "stored object does not decode; the codec does not round-trip");
+                None
+            }
         }
     }
 
@@ -282,7 +335,7 @@ impl<K> Store<K> {
     /// under the read lock (keep it quick); a compact store decodes and filters after
     /// releasing it.
     pub fn list_filtered(&self, mut filter: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
-        if self.shared.codec.is_none() {
+        if !self.is_compact() {
             return self
                 .read()
                 .objects
@@ -316,7 +369,7 @@ impl<K> Store<K> {
     /// True for a store that keeps objects encoded (an informer built with
     /// [`compact`](crate::InformerBuilder::compact) or [`codec`](crate::InformerBuilder::codec)).
     pub fn is_compact(&self) -> bool {
-        self.shared.codec.is_some()
+        matches!(self.shared.keeping, Keeping::Encoded { .. })
     }
 
     /// The objects whose index `index` contains `value`.
@@ -415,9 +468,9 @@ impl<K: Resource> Default for Writer<K> {
     }
 }
 
-#[cfg(any(test, feature = "testing"))]
 impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
-    /// An empty compact store: objects are kept as compact JSON ([`JsonCodec`]).
+    /// An empty compact store: objects that come with the bytes the server sent them in
+    /// ([`RawObject`]) are kept as those bytes, others as compact JSON ([`JsonCodec`]).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -431,7 +484,10 @@ impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
     /// assert_eq!(writer.store().get_by_key("ns/a").unwrap(), cm);
     /// ```
     pub fn compact() -> Self {
-        Self::with_codec(Arc::new(JsonCodec))
+        Self::build(Keeping::Encoded {
+            codec: Arc::new(JsonCodec),
+            wire: Some(decode_wire::<K>),
+        })
     }
 }
 
@@ -446,15 +502,16 @@ impl<K: Resource> Store<K> {
 impl<K: Resource> Writer<K> {
     /// An empty store of shared objects with the built-in `namespace` index.
     pub fn new() -> Self {
-        Self::build(None)
+        Self::build(Keeping::Decoded)
     }
 
-    /// An empty compact store that keeps objects encoded by `codec`.
+    /// An empty compact store that keeps every object encoded by `codec` (the bytes the
+    /// server sent are not kept).
     pub fn with_codec(codec: Arc<dyn Codec<K>>) -> Self {
-        Self::build(Some(codec))
+        Self::build(Keeping::Encoded { codec, wire: None })
     }
 
-    fn build(codec: Option<Arc<dyn Codec<K>>>) -> Self {
+    fn build(keeping: Keeping<K>) -> Self {
         let func = index::namespace_index::<K>();
         let store = Store {
             shared: Arc::new(Shared {
@@ -463,7 +520,7 @@ impl<K: Resource> Writer<K> {
                     indexes: vec![Index::new(NAMESPACE_INDEX)],
                 }),
                 writer: Mutex::new(vec![func]),
-                codec,
+                keeping,
             }),
         };
         Self {
@@ -511,17 +568,22 @@ impl<K: Resource> Writer<K> {
     #[cfg(any(test, feature = "testing"))]
     pub fn insert(&self, obj: Arc<K>) -> Result<Option<Arc<K>>, Error> {
         let key = ObjectKey::from_object(&*obj)?;
-        Ok(self.insert_keyed(key, obj))
+        Ok(self.insert_keyed(key, obj, None))
     }
 
-    pub(crate) fn insert_keyed(&self, key: ObjectKey, obj: Arc<K>) -> Option<Arc<K>> {
+    pub(crate) fn insert_keyed(
+        &self,
+        key: ObjectKey,
+        obj: Arc<K>,
+        raw: Option<RawObject>,
+    ) -> Option<Arc<K>> {
         let fns = self.writer();
         let old_slot = self.read().objects.get(&key).cloned();
         let had_old = old_slot.is_some();
         let old = old_slot.and_then(|slot| self.unpack(&key, slot));
         let old_values = old.as_deref().map(|o| compute_values(&fns, o));
         let new_values = compute_values(&fns, &obj);
-        let slot = self.pack(&key, obj);
+        let slot = self.pack(&key, obj, raw);
         {
             let mut st = self.write();
             if had_old && old.is_none() {
@@ -593,7 +655,7 @@ impl<K: Resource> Writer<K> {
             for (index, values) in indexes.iter_mut().zip(&values) {
                 index.add(key, values);
             }
-            map.insert(key.clone(), self.pack(key, obj.clone()));
+            map.insert(key.clone(), self.pack(key, obj.clone(), None));
         }
         let mut st = self.write();
         let old = std::mem::replace(&mut st.objects, map);
@@ -793,6 +855,60 @@ mod tests {
         fn decode(&self, bytes: &[u8]) -> Result<ConfigMap, crate::error::BoxError> {
             Ok(serde_json::from_slice(bytes)?)
         }
+    }
+
+    /// A codec that cannot encode: a store that kept the wire's bytes never asked it to.
+    struct NoEncoding;
+
+    impl Codec<ConfigMap> for NoEncoding {
+        fn encode(&self, _: &ConfigMap) -> Result<Vec<u8>, crate::error::BoxError> {
+            Err("asked to encode".into())
+        }
+        fn decode(&self, bytes: &[u8]) -> Result<ConfigMap, crate::error::BoxError> {
+            Ok(serde_json::from_slice(bytes)?)
+        }
+    }
+
+    #[test]
+    fn a_compact_store_keeps_the_bytes_an_object_came_in_without_encoding_it() {
+        let store = Writer::build(Keeping::Encoded {
+            codec: Arc::new(NoEncoding),
+            wire: Some(decode_wire::<ConfigMap>),
+        });
+        store.add_indexer("app", label_index("app")).unwrap();
+        let web = cm("a", "x", "web");
+        // Arrived in a buffer holding more than this object: the store copies its part.
+        let buffer =
+            bytes::Bytes::from([b"[".as_slice(), &serde_json::to_vec(&*web).unwrap()].concat());
+        let raw = RawObject::new(buffer.slice(1..), RawFormat::Json);
+        store.insert_keyed("a/x".into(), web.clone(), Some(raw));
+        let slot = store.read().objects.get("a/x").cloned();
+        assert!(
+            matches!(slot, Some(Slot::Wire { .. })),
+            "kept as the wire's bytes"
+        );
+        assert_eq!(Arc::strong_count(&web), 1, "and not as the decoded object");
+        assert_eq!(store.get_by_key("a/x"), Some(web.clone()));
+        assert_eq!(
+            store.by_index("app", "web").unwrap(),
+            std::slice::from_ref(&web)
+        );
+
+        // Without bytes, the store encodes; this codec cannot, so the object stays decoded.
+        let db = cm("a", "x", "db");
+        let old = store.insert_keyed("a/x".into(), db.clone(), None);
+        assert_eq!(
+            old,
+            Some(web),
+            "the old object, decoded from the wire's bytes"
+        );
+        assert!(matches!(
+            store.read().objects.get("a/x"),
+            Some(Slot::Object(_))
+        ));
+        assert!(store.index_keys("app", "web").unwrap().is_empty());
+        assert_eq!(store.get_by_key("a/x"), Some(db));
+        store.check_invariants().unwrap();
     }
 
     #[test]

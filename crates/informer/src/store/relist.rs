@@ -19,7 +19,7 @@ use super::{
     Slot, Writer,
     index::{IndexValues, apply_change, compute_values},
 };
-use crate::key::ObjectKey;
+use crate::{key::ObjectKey, list_watch::RawObject};
 
 /// What a write changed, for the informer's handlers.
 #[derive(Debug)]
@@ -65,9 +65,12 @@ enum ListInProgress<K> {
     /// resourceVersion differs from the stored one, in the order they were listed.
     Staging {
         listed: HashSet<ObjectKey>,
-        changed: Vec<(ObjectKey, Arc<K>)>,
+        changed: Vec<Staged<K>>,
     },
 }
+
+/// A relist's changed object, with its wire bytes if it came with them.
+type Staged<K> = (ObjectKey, Arc<K>, Option<RawObject>);
 
 fn same_version<K: Resource>(a: &K, b: &K) -> bool {
     match (&a.meta().resource_version, &b.meta().resource_version) {
@@ -83,8 +86,13 @@ impl<K: Resource> Writer<K> {
 
     /// Inserts or replaces one object; returns what changed (`None` for an object stored
     /// at the same resourceVersion already).
-    pub(crate) fn upsert(&self, key: ObjectKey, obj: Arc<K>) -> Option<StoreChange<K>> {
-        match self.insert_keyed(key, obj.clone()) {
+    pub(crate) fn upsert(
+        &self,
+        key: ObjectKey,
+        obj: Arc<K>,
+        raw: Option<RawObject>,
+    ) -> Option<StoreChange<K>> {
+        match self.insert_keyed(key, obj.clone(), raw) {
             None => Some(StoreChange::Added(obj)),
             Some(old) if same_version(&*old, &*obj) => None,
             Some(old) => Some(StoreChange::Updated { old, new: obj }),
@@ -110,26 +118,31 @@ impl<K: Resource> Writer<K> {
 
     /// One object of the list in progress. Returns its change when applied at once (the
     /// first list); a relist's changes come from [`finish_list`](Self::finish_list).
-    pub(crate) fn list_object(&self, key: ObjectKey, obj: Arc<K>) -> Option<StoreChange<K>> {
+    pub(crate) fn list_object(
+        &self,
+        key: ObjectKey,
+        obj: Arc<K>,
+        raw: Option<RawObject>,
+    ) -> Option<StoreChange<K>> {
         let mut progress = self.progress();
         match &mut progress.current {
             None | Some(ListInProgress::Filling { .. }) => {
                 if let Some(ListInProgress::Filling { listed }) = &mut progress.current {
                     listed.insert(key.clone());
                 }
-                self.upsert(key, obj)
+                self.upsert(key, obj, raw)
             }
             Some(ListInProgress::Staging { listed, changed }) => {
                 if !listed.insert(key.clone()) {
                     // Listed twice: the later state counts.
-                    changed.retain(|(k, _)| *k != key);
+                    changed.retain(|(k, _, _)| *k != key);
                 }
                 let stored_version = self.read().objects.get(&key).and_then(|slot| {
                     let version = slot.version()?;
                     Some(version == obj.meta().resource_version.as_deref()?)
                 });
                 if stored_version != Some(true) {
-                    changed.push((key, obj));
+                    changed.push((key, obj, raw));
                 }
                 None
             }
@@ -169,11 +182,7 @@ impl<K: Resource> Writer<K> {
 
     /// Applies a staged relist: the decoding, encoding and index functions run first; the
     /// readers' lock is taken once, for the map updates only.
-    fn swap_in(
-        &self,
-        listed: &HashSet<ObjectKey>,
-        changed: Vec<(ObjectKey, Arc<K>)>,
-    ) -> Vec<StoreChange<K>> {
+    fn swap_in(&self, listed: &HashSet<ObjectKey>, changed: Vec<Staged<K>>) -> Vec<StoreChange<K>> {
         let fns = self.writer();
         // The slots a relist removes, and the one each changed object replaces (in the
         // order of `changed`), read at one instant.
@@ -187,7 +196,7 @@ impl<K: Resource> Writer<K> {
                 .collect();
             let replaced: Vec<Option<Slot<K>>> = changed
                 .iter()
-                .map(|(key, _)| st.objects.get(key).cloned())
+                .map(|(key, _, _)| st.objects.get(key).cloned())
                 .collect();
             (gone, replaced)
         };
@@ -222,14 +231,14 @@ impl<K: Resource> Writer<K> {
         let writes: Vec<Write<K>> = changed
             .into_iter()
             .zip(replaced)
-            .map(|((key, new), replaced)| {
+            .map(|((key, new, raw), replaced)| {
                 let old = replaced.map(|slot| self.unpack(&key, slot));
                 let old_values = old
                     .as_ref()
                     .and_then(|o| o.as_deref())
                     .map(|o| compute_values(&fns, o));
                 let new_values = compute_values(&fns, &new);
-                let slot = self.pack(&key, new.clone());
+                let slot = self.pack(&key, new.clone(), raw);
                 Write {
                     key,
                     old,
@@ -312,7 +321,9 @@ mod tests {
         writer.start_list();
         let mut changes: Vec<_> = objects
             .iter()
-            .filter_map(|o| writer.list_object(ObjectKey::from_object(&**o).unwrap(), o.clone()))
+            .filter_map(|o| {
+                writer.list_object(ObjectKey::from_object(&**o).unwrap(), o.clone(), None)
+            })
             .collect();
         changes.extend(writer.finish_list());
         changes
@@ -372,9 +383,21 @@ mod tests {
             assert_eq!(first.len(), 3, "the first list's adds, as they arrive");
 
             writer.start_list();
-            assert!(writer.list_object(key("c"), cm("c", "5", "web")).is_none());
-            assert!(writer.list_object(key("a"), cm("a", "1", "web")).is_none());
-            assert!(writer.list_object(key("d"), cm("d", "6", "db")).is_none());
+            assert!(
+                writer
+                    .list_object(key("c"), cm("c", "5", "web"), None)
+                    .is_none()
+            );
+            assert!(
+                writer
+                    .list_object(key("a"), cm("a", "1", "web"), None)
+                    .is_none()
+            );
+            assert!(
+                writer
+                    .list_object(key("d"), cm("d", "6", "db"), None)
+                    .is_none()
+            );
             // Half a relist in: the store is still the first list, indexes too.
             assert_eq!(
                 versions(&writer),
@@ -409,7 +432,7 @@ mod tests {
         let writer = Writer::new();
         list(&writer, &[cm("a", "1", "web"), cm("b", "1", "web")]);
         writer.start_list();
-        writer.list_object(key("a"), cm("a", "2", "db"));
+        writer.list_object(key("a"), cm("a", "2", "db"), None);
         // The list failed; the next one starts over and lists b alone.
         assert_eq!(versions(&writer), [pair("a", "1"), pair("b", "1")]);
         let changes = list(&writer, &[cm("b", "1", "web")]);
@@ -427,7 +450,7 @@ mod tests {
         list(&writer, &[cm("a", "1", "web"), cm("b", "1", "web")]);
         writer.start_list();
         writer.list_undecodable(key("a"));
-        writer.list_object(key("b"), cm("b", "2", "web"));
+        writer.list_object(key("b"), cm("b", "2", "web"), None);
         let changes = writer.finish_list();
         assert_eq!(
             summary(&changes),

@@ -48,9 +48,9 @@ impl ProtobufListDecoder {
         }
     }
 
-    /// The message of the list's items.
-    pub(crate) fn item_message(&self) -> &'static super::schema::Message {
-        self.resource.item
+    /// The resource listed.
+    pub(crate) fn resource(&self) -> &'static Resource {
+        self.resource
     }
 
     /// Scans `chunk`; calls `item` with the bytes (no envelope) of every item it completes.

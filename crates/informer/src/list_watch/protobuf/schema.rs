@@ -176,6 +176,15 @@ impl Resource {
         }
     }
 
+    /// `group/version`, or `version` for the core group.
+    pub(crate) fn api_version(&self) -> std::borrow::Cow<'static, str> {
+        if self.group.is_empty() {
+            self.version.into()
+        } else {
+            format!("{}/{}", self.group, self.version).into()
+        }
+    }
+
     /// The built-in resource a collection URL (`/api/v1/namespaces/x/pods`,
     /// `/apis/apps/v1/deployments`) lists, if the table has it.
     pub(crate) fn for_url(url: &str) -> Option<&'static Resource> {

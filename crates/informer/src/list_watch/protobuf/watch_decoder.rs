@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use bytes::Bytes;
 use kube_core::Status;
 use serde::{Deserialize, de::DeserializeOwned};
 
@@ -15,7 +16,7 @@ use super::{
     schema_table::STATUS,
     wire::{Raw, Reader, utf8},
 };
-use crate::list_watch::{Change, INITIAL_EVENTS_END, KeyOnly, WatchEvent};
+use crate::list_watch::{Change, INITIAL_EVENTS_END, KeyOnly, RawFormat, RawObject, WatchEvent};
 
 /// No watch frame may claim more than this: objects are limited to 1.5 MiB by etcd's
 /// default, so a larger length is a corrupt stream, not an object to buffer.
@@ -114,9 +115,19 @@ pub(crate) fn decode_event<K: DeserializeOwned>(
     }
     let object = |change: Change| match from_message::<K>(envelope.raw, resource.item, meta) {
         Ok(object) => Ok(match change {
-            Change::Added => WatchEvent::Added(object),
-            Change::Modified => WatchEvent::Modified(object),
+            // A store removes a deleted object: its bytes are of no use.
             Change::Deleted => WatchEvent::Deleted(object),
+            Change::Added | Change::Modified => WatchEvent::Decoded {
+                change,
+                object,
+                raw: RawObject::new(
+                    Bytes::copy_from_slice(envelope.raw),
+                    RawFormat::Protobuf {
+                        resource,
+                        typed: true,
+                    },
+                ),
+            },
         }),
         // The object's key alone may still read: one bad object need not end the watch.
         Err(error) => match from_message::<KeyOnly>(envelope.raw, resource.item, meta)
@@ -220,13 +231,24 @@ mod tests {
             let events = events(&body, chunk);
             assert_eq!(events.len(), 5);
             let rv = |e: &Result<WatchEvent<Pod>, ProtobufError>| match e {
-                Ok(WatchEvent::Added(p) | WatchEvent::Modified(p) | WatchEvent::Deleted(p)) => {
-                    p.metadata.resource_version.clone()
-                }
+                Ok(event) => event.object().unwrap().metadata.resource_version.clone(),
                 other => panic!("{other:?}"),
             };
             assert_eq!(rv(&events[0]).as_deref(), Some("10"));
-            assert!(matches!(events[1], Ok(WatchEvent::Modified(_))));
+            match &events[1] {
+                Ok(WatchEvent::Decoded {
+                    change: Change::Modified,
+                    object,
+                    raw,
+                }) => {
+                    // The bytes kept decode to the object delivered, type included.
+                    let again: Pod = raw.format().decode(raw.as_bytes()).unwrap();
+                    assert_eq!(&again, object);
+                    let value: serde_json::Value = raw.format().decode(raw.as_bytes()).unwrap();
+                    assert_eq!(value["kind"], "Pod");
+                }
+                other => panic!("{other:?}"),
+            }
             assert!(matches!(
                 &events[2],
                 Ok(WatchEvent::Bookmark { resource_version, initial_events_end: true }) if resource_version == "12"
