@@ -17,8 +17,8 @@ use kube_client::{
     api::{Patch, PatchParams},
 };
 use kube_informer::{
-    DivergenceCheck, Error, ListOptions, ListPage, ListStream, ListWatch, Repair, SharedInformer,
-    VersionPage, WatchEvent, WatchOptions, WatchStream,
+    Change, DivergenceCheck, Error, ListOptions, ListPage, ListStream, ListWatch, Repair,
+    SharedInformer, VersionPage, WatchEvent, WatchOptions, WatchStream,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -103,8 +103,16 @@ impl ListWatch<ConfigMap> for LosesOneEvent {
         let stream = ListWatch::<ConfigMap>::watch(&self.api, options).await?;
         Ok(stream
             .filter(move |event| {
-                let drop = matches!(event, Ok(WatchEvent::Modified(cm))
-                    if cm.metadata.name.as_deref() == Some(victim))
+                let modified = match event {
+                    Ok(WatchEvent::Modified(cm))
+                    | Ok(WatchEvent::Decoded {
+                        change: Change::Modified,
+                        object: cm,
+                        ..
+                    }) => Some(cm),
+                    _ => None,
+                };
+                let drop = modified.is_some_and(|cm| cm.metadata.name.as_deref() == Some(victim))
                     && !lost.swap(true, Ordering::SeqCst);
                 std::future::ready(!drop)
             })

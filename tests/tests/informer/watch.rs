@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_client::{Api, api::PostParams};
-use kube_informer::{ListOptions, ListWatch, WatchEvent, WatchOptions};
+use kube_informer::{Change, ListOptions, ListWatch, WatchEvent, WatchOptions};
 use kube_testenv::TestEnv;
 use tests::{config_map, rv, test_namespace, within};
 
@@ -37,7 +37,12 @@ async fn api_watch_streams_events_and_a_bookmark_before_its_timeout() {
     // The server ends the watch at its timeout; it sends a bookmark shortly before.
     while let Some(event) = within("the watch to end at its timeout", stream.next()).await {
         match event.expect("no stream error") {
-            WatchEvent::Added(o) => added = Some(o),
+            WatchEvent::Added(o)
+            | WatchEvent::Decoded {
+                change: Change::Added,
+                object: o,
+                ..
+            } => added = Some(o),
             WatchEvent::Bookmark {
                 resource_version, ..
             } => bookmark = Some(resource_version),
