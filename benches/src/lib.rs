@@ -16,6 +16,7 @@ use std::{
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
+pub mod faults;
 pub mod recovery;
 pub mod workqueue_cases;
 pub mod workqueue_report;
