@@ -17,6 +17,7 @@ use clap::Parser;
 use serde::{Deserialize, Serialize};
 
 pub mod faults;
+pub mod floor;
 pub mod recovery;
 pub mod workqueue_cases;
 pub mod workqueue_report;
