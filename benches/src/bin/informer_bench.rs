@@ -1015,7 +1015,9 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
          200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \
          kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
          `/proc/<pid>/clear_refs`) just before the subject started, minus its VmRSS then: \
-         what serving the subject's initial list cost the server; **relist peak** = the \
+         what serving the subject's initial list cost the server (the RSS it starts from depends \
+         on where the server's garbage collector was, so single runs vary with it; the \
+         absolute peak is in parentheses); **relist peak** = the \
          subject's VmHWM during a relist after 410 Gone (below); **sync / floor** = the \
          subject's sync time over the bare read of the same list.\n",
         args.reads
@@ -1175,7 +1177,7 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
     }
     let _ = writeln!(
         out,
-        "| subject | get p50 µs | get p99 µs | list ms | by_index ({}) µs | API server peak +MiB | relist peak MiB | sync / list floor | sync / streaming floor |",
+        "| subject | get p50 µs | get p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | relist peak MiB | sync / list floor | sync / streaming floor |",
         benches::GROUP_SIZE
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
@@ -1214,13 +1216,16 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p99_ns / 1e3)), 2),
             cell(runs(&|r| r.reads.as_ref().map(|x| x.list_ms)), 2),
             cell(runs(&|r| r.reads.as_ref().and_then(|x| x.by_index_us)), 1),
-            cell(
+            match (
                 runs(&|r| Some(
                     r.apiserver_peak_kb? as f64 / 1024.0
                         - r.apiserver_rss_before_kb? as f64 / 1024.0
                 )),
-                1
-            ),
+                runs(&|r| Some(r.apiserver_peak_kb? as f64 / 1024.0)),
+            ) {
+                (Some(delta), Some(peak)) => format!("+{delta:.1} ({peak:.0})"),
+                _ => "–".to_owned(),
+            },
             ratio(list_floor),
             ratio(stream_floor),
         );
@@ -1517,8 +1522,8 @@ fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-/// A tick's label: 1k, 10k, 100k, 1M for large values, plain digits below.
-fn tick_label(v: f64) -> String {
+/// An N tick's label: 1k, 10k, 100k, 1M for large values, plain digits below.
+fn n_label(v: f64) -> String {
     if v >= 1e6 {
         format!("{}M", v / 1e6)
     } else if v >= 1e3 {
@@ -1593,7 +1598,7 @@ fn chart(path: &Path, subjects: &[String], all: &Results) -> anyhow::Result<()> 
         let (x_lo, x_hi) = (min_x / 1.4, max_x * 1.4);
         let (y_lo, y_hi) = (min_y / 1.6, max_y * 1.6);
         let mut chart = ChartBuilder::on(area)
-            .margin_left(90)
+            .margin_left(104)
             .margin_right(30)
             .margin_top(50)
             .margin_bottom(170)
@@ -1603,7 +1608,7 @@ fn chart(path: &Path, subjects: &[String], all: &Results) -> anyhow::Result<()> 
         for y in log_ticks(y_lo, y_hi) {
             chart.draw_series(LineSeries::new([(x_lo, y), (x_hi, y)], grey))?;
             let (px, py) = chart.backend_coord(&(x_lo, y));
-            let label = tick_label(y);
+            let label = format!("{y}");
             bitmap_text(
                 &root,
                 &label,
@@ -1615,7 +1620,7 @@ fn chart(path: &Path, subjects: &[String], all: &Results) -> anyhow::Result<()> 
         for x in log_ticks(x_lo, x_hi) {
             chart.draw_series(LineSeries::new([(x, y_lo), (x, y_hi)], grey))?;
             let (px, py) = chart.backend_coord(&(x, y_lo));
-            let label = tick_label(x);
+            let label = n_label(x);
             bitmap_text(
                 &root,
                 &label,
@@ -1675,7 +1680,7 @@ fn chart(path: &Path, subjects: &[String], all: &Results) -> anyhow::Result<()> 
                 continue;
             }
             let legend_y = height as i32 - 80 + 22 * (i as i32 / 3);
-            let legend_x = 20 + 400 * (i as i32 % 3);
+            let legend_x = 20 + 390 * (i as i32 % 3);
             let swatch = if is_default { 14 } else { 6 };
             root.draw(&Rectangle::new(
                 [
