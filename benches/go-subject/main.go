@@ -4,7 +4,11 @@
 // Protocol (shared with the Rust subjects in benches/src/bin): print one JSON
 // line when synced with --expect objects cached; then, with --updates M, one
 // more line once M update events carrying the label bench-update were seen,
-// with the wall-clock time (Unix ns) each one reached the handler.
+// with the wall-clock time (Unix ns) each one reached the handler; with
+// --reads R, one more line with the times of R gets by random key, of full lists
+// and of by-index reads (the informer indexes the Pods by their bench-group
+// label); with --relist V, one more line once the handler saw a Pod's
+// bench-relist label set to V (set while the subject is cut off).
 package main
 
 import (
@@ -13,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +30,93 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-const updateLabel = "bench-update"
+const (
+	updateLabel = "bench-update"
+	groupLabel  = "bench-group"
+	groupSize   = 100
+	relistLabel = "bench-relist"
+)
+
+// xorShift draws the same random keys as the Rust subjects (benches/src/lib.rs).
+type xorShift uint64
+
+func (x *xorShift) below(n int) int {
+	*x ^= *x << 13
+	*x ^= *x >> 7
+	*x ^= *x << 17
+	return int(uint64(*x) % uint64(max(n, 1)))
+}
+
+func median(values []float64) float64 {
+	slices.Sort(values)
+	n := len(values)
+	switch {
+	case n == 0:
+		return 0
+	case n%2 == 1:
+		return values[n/2]
+	default:
+		return (values[n/2-1] + values[n/2]) / 2
+	}
+}
+
+// timeReads times reads of the informer's cache of n Pods and returns the
+// reads line (the same reads as benches::time_reads).
+func timeReads(indexer cache.Indexer, namespace string, n, samples int) (map[string]interface{}, error) {
+	random := xorShift(0x9e3779b97f4a7c15)
+	keys := make([]string, samples)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s/nginx-%05d", namespace, random.below(n))
+	}
+	gets := make([]float64, 0, samples)
+	for _, key := range keys {
+		started := time.Now()
+		_, found, err := indexer.GetByKey(key)
+		gets = append(gets, float64(time.Since(started).Nanoseconds()))
+		if err != nil || !found {
+			return nil, fmt.Errorf("get %s found nothing (%v)", key, err)
+		}
+	}
+	slices.Sort(gets)
+	rank := func(p float64) float64 {
+		if len(gets) == 0 {
+			return 0
+		}
+		r := int(p*float64(len(gets)) + 0.999999999)
+		return gets[min(max(r, 1), len(gets))-1]
+	}
+	lists := make([]float64, 0, 7)
+	for range 7 {
+		started := time.Now()
+		l := len(indexer.List())
+		lists = append(lists, float64(time.Since(started).Nanoseconds())/1e6)
+		if l != n {
+			return nil, fmt.Errorf("a list returned %d objects, expected %d", l, n)
+		}
+	}
+	full := max(n/groupSize, 1)
+	byIndex := make([]float64, 0, 200)
+	length := 0
+	for range 200 {
+		group := fmt.Sprintf("g%d", random.below(full))
+		started := time.Now()
+		objects, err := indexer.ByIndex(groupLabel, group)
+		byIndex = append(byIndex, float64(time.Since(started).Nanoseconds())/1e3)
+		if err != nil {
+			return nil, err
+		}
+		length = len(objects)
+	}
+	return map[string]interface{}{
+		"subject":      "client-go",
+		"get_samples":  samples,
+		"get_p50_ns":   rank(0.50),
+		"get_p99_ns":   rank(0.99),
+		"list_ms":      median(lists),
+		"by_index_us":  median(byIndex),
+		"by_index_len": length,
+	}, nil
+}
 
 func status() (rss, hwm int64) {
 	f, err := os.Open("/proc/self/status")
@@ -57,6 +148,8 @@ func main() {
 	expect := flag.Int("expect", 0, "objects to cache before reporting synced")
 	updates := flag.Int("updates", 0, "update events to wait for after sync")
 	jsonOnly := flag.Bool("json", false, "talk JSON only (client-go prefers protobuf for built-in types)")
+	reads := flag.Int("reads", 0, "after the updates, time this many gets by random key, lists and by-index reads (0 skips)")
+	relist := flag.String("relist", "", "then wait until the handler sees a Pod whose bench-relist label has this value")
 	flag.Parse()
 
 	config, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
@@ -75,11 +168,29 @@ func main() {
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithNamespace(*namespace))
 	informer := factory.Core().V1().Pods().Informer()
+	err = informer.AddIndexers(cache.Indexers{groupLabel: func(obj interface{}) ([]string, error) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return nil, nil
+		}
+		if group, ok := pod.Labels[groupLabel]; ok {
+			return []string{group}, nil
+		}
+		return nil, nil
+	}})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 
 	var mu sync.Mutex
 	var adds, updatesSeen, deletes int
 	received := make(map[string]int64, *updates)
 	done := make(chan struct{})
+	// Updates whose old and new resourceVersion are the same: a relist replays every
+	// object it already had as one.
+	replays := 0
+	relistSeen := make(chan int, 1)
 	_, err = informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj interface{}) {
 			mu.Lock()
@@ -96,6 +207,15 @@ func main() {
 			mu.Lock()
 			defer mu.Unlock()
 			updatesSeen++
+			if old, isPod := oldObj.(*corev1.Pod); isPod && old.ResourceVersion == pod.ResourceVersion {
+				replays++
+			}
+			if *relist != "" && pod.Labels[relistLabel] == *relist {
+				select {
+				case relistSeen <- replays:
+				default:
+				}
+			}
 			if !ok || *updates == 0 {
 				return
 			}
@@ -150,6 +270,27 @@ func main() {
 			"received": received,
 		})
 		mu.Unlock()
+		fmt.Println(string(line))
+	}
+	if *reads > 0 {
+		line, err := timeReads(informer.GetIndexer(), *namespace, *expect, *reads)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "client-go:", err)
+			os.Exit(1)
+		}
+		out, _ := json.Marshal(line)
+		fmt.Println(string(out))
+	}
+	if *relist != "" {
+		// The marker is on the Pod a list delivers last, so by then a relist has replayed
+		// every other object to this handler.
+		replayed := <-relistSeen
+		line, _ = json.Marshal(map[string]interface{}{
+			"subject":  "client-go",
+			"relisted": replayed > 0,
+			"cached":   len(informer.GetStore().ListKeys()),
+			"at_ns":    time.Now().UnixNano(),
+		})
 		fmt.Println(string(line))
 	}
 	// Stay up (the driver reads RSS and then kills the process) until stdin closes.

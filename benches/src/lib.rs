@@ -16,12 +16,41 @@ use std::{
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
+pub mod faults;
+pub mod floor;
 pub mod recovery;
 pub mod workqueue_cases;
 pub mod workqueue_report;
 
 /// The label whose value identifies one update of the update-latency scenario.
 pub const UPDATE_LABEL: &str = "bench-update";
+
+/// The label every Pod carries with the value `g<i / GROUP_SIZE>`, and the name of the
+/// index on it that every subject with indexes registers.
+pub const GROUP_LABEL: &str = "bench-group";
+
+/// How many Pods share one value of [`GROUP_LABEL`].
+pub const GROUP_SIZE: usize = 100;
+
+/// The label the relist scenario sets on one Pod while the subject is cut off; the
+/// subject reports its relist once it has seen that change.
+pub const RELIST_LABEL: &str = "bench-relist";
+
+/// The name of the benchmark's `i`th Pod.
+pub fn pod_name(i: usize) -> String {
+    format!("nginx-{i:05}")
+}
+
+/// The [`GROUP_LABEL`] value of the `i`th Pod.
+pub fn pod_group(i: usize) -> String {
+    format!("g{}", i / GROUP_SIZE)
+}
+
+/// The Pod whose name sorts last of `n` (lists return objects in key order, so its change
+/// is the last one a relist delivers).
+pub fn last_pod_name(n: usize) -> String {
+    (0..n).map(pod_name).max().unwrap_or_else(|| pod_name(0))
+}
 
 /// The command line every subject takes.
 #[derive(Debug, Parser)]
@@ -38,6 +67,15 @@ pub struct SubjectArgs {
     /// After sync, wait for this many update events carrying the `bench-update` label.
     #[arg(long, default_value_t = 0)]
     pub updates: usize,
+    /// After the updates, time this many gets by random key, full lists and by-index
+    /// reads of the cache, and print a [`ReadsLine`] (0 skips).
+    #[arg(long, default_value_t = 0)]
+    pub reads: usize,
+    /// Then wait for a relist: print a [`RelistLine`] once the handler has seen a Pod's
+    /// `bench-relist` label set to this value (the driver sets it while the subject is cut
+    /// off, on the Pod a list delivers last).
+    #[arg(long)]
+    pub relist: Option<String>,
 }
 
 /// The line a subject prints once synced.
@@ -67,6 +105,162 @@ pub struct UpdatesLine {
     /// For each update id (the `bench-update` label's value), when the handler saw it,
     /// Unix nanoseconds.
     pub received: HashMap<String, i64>,
+}
+
+/// The line a subject prints after timing reads of its cache (`--reads`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReadsLine {
+    /// Which subject.
+    pub subject: String,
+    /// Gets by key timed.
+    pub get_samples: usize,
+    /// Median of one get by a random key, ns.
+    pub get_p50_ns: f64,
+    /// 99th percentile of one get by a random key, ns.
+    pub get_p99_ns: f64,
+    /// Median time of one list of every object, ms.
+    pub list_ms: f64,
+    /// Median time of one by-index read of [`GROUP_SIZE`] objects, µs; `None` for a store
+    /// without indexes.
+    pub by_index_us: Option<f64>,
+    /// Objects the by-index reads returned (each), to check the index.
+    pub by_index_len: Option<usize>,
+}
+
+/// The line a subject prints once its cache has been filled again by a relist
+/// (`--relist`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RelistLine {
+    /// Which subject.
+    pub subject: String,
+    /// Whether the change arrived by a list (and not by a watch that resumed).
+    pub relisted: bool,
+    /// Objects in the cache then.
+    pub cached: usize,
+    /// When the change was seen, Unix ns.
+    pub at_ns: i64,
+}
+
+impl ReadsLine {
+    /// Prints the line.
+    pub fn print(&self) {
+        println!("{}", serde_json::to_string(self).expect("serialises"));
+    }
+}
+
+impl RelistLine {
+    /// Prints the line.
+    pub fn print(subject: &str, relisted: bool, cached: usize) {
+        let line = Self {
+            subject: subject.to_owned(),
+            relisted,
+            cached,
+            at_ns: unix_nanos(),
+        };
+        println!("{}", serde_json::to_string(&line).expect("serialises"));
+    }
+}
+
+/// Times reads of a cache of `n` benchmark Pods and returns the line to print: `samples`
+/// gets by random key (`key` makes the store's key of a Pod name beforehand, `get`
+/// returns whether it found the object), 7 full lists (`list` returns how many objects),
+/// and 200 by-index reads of a random group (`by_index` returns how many objects; `None`
+/// for a store without indexes).
+///
+/// # Errors
+///
+/// When a get finds nothing or a list has not `n` objects.
+pub fn time_reads<Q>(
+    subject: &str,
+    n: usize,
+    samples: usize,
+    key: impl Fn(&str) -> Q,
+    get: impl Fn(&Q) -> bool,
+    list: impl Fn() -> usize,
+    by_index: Option<&dyn Fn(&str) -> usize>,
+) -> anyhow::Result<ReadsLine> {
+    let mut random = XorShift(0x9e37_79b9_7f4a_7c15);
+    let names: Vec<String> = (0..samples)
+        .map(|_| pod_name(random.below(n.max(1))))
+        .collect();
+    let keys: Vec<Q> = names.iter().map(|name| key(name)).collect();
+    let mut gets = Vec::with_capacity(samples);
+    for (name, key) in names.iter().zip(&keys) {
+        let started = Instant::now();
+        let found = get(key);
+        gets.push(started.elapsed().as_nanos() as f64);
+        if !found {
+            anyhow::bail!("{subject}: get {name} found nothing");
+        }
+    }
+    gets.sort_by(f64::total_cmp);
+    let mut lists = Vec::new();
+    for _ in 0..7 {
+        let started = Instant::now();
+        let len = list();
+        lists.push(started.elapsed().as_secs_f64() * 1000.0);
+        if len != n {
+            anyhow::bail!("{subject}: a list returned {len} objects, expected {n}");
+        }
+    }
+    let (by_index_us, by_index_len) = match by_index {
+        Some(read) => {
+            let mut times = Vec::new();
+            let mut len = 0;
+            // Whole groups only, so every read returns GROUP_SIZE objects.
+            let full = (n / GROUP_SIZE).max(1);
+            for _ in 0..200 {
+                let group = format!("g{}", random.below(full));
+                let started = Instant::now();
+                len = read(&group);
+                times.push(started.elapsed().as_secs_f64() * 1e6);
+            }
+            (Some(median(times)), Some(len))
+        }
+        None => (None, None),
+    };
+    let rank = |p: f64| gets[((p * gets.len() as f64).ceil() as usize).clamp(1, gets.len()) - 1];
+    Ok(ReadsLine {
+        subject: subject.to_owned(),
+        get_samples: samples,
+        get_p50_ns: if gets.is_empty() {
+            f64::NAN
+        } else {
+            rank(0.50)
+        },
+        get_p99_ns: if gets.is_empty() {
+            f64::NAN
+        } else {
+            rank(0.99)
+        },
+        list_ms: median(lists),
+        by_index_us,
+        by_index_len,
+    })
+}
+
+/// A small deterministic generator for the random keys (the same keys for every subject).
+struct XorShift(u64);
+
+impl XorShift {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 % n.max(1) as u64) as usize
+    }
+}
+
+/// Resets the peak RSS (VmHWM) of process `pid` to its current RSS, by writing `5` to
+/// `/proc/<pid>/clear_refs`.
+///
+/// # Errors
+///
+/// When the file cannot be written (the process is gone, or not ours).
+pub fn reset_peak(pid: u32) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let path = format!("/proc/{pid}/clear_refs");
+    std::fs::write(&path, "5").with_context(|| format!("writing 5 to {path}"))
 }
 
 /// `(VmRSS, VmHWM)` of this process in KiB, from `/proc/self/status`.
@@ -147,9 +341,8 @@ impl Recorder {
         println!("{}", serde_json::to_string(&line).expect("serialises"));
     }
 
-    /// Waits for every expected update (if any), prints the updates line, then waits
-    /// until stdin closes (the driver reads memory, then closes it or kills the process).
-    pub async fn finish(&self) {
+    /// Waits for every expected update (if any) and prints the updates line.
+    pub async fn wait_for_updates(&self) {
         if self.expected_updates > 0 {
             loop {
                 let notified = self.done.notified();
@@ -176,9 +369,14 @@ impl Recorder {
             };
             println!("{}", serde_json::to_string(&line).expect("serialises"));
         }
-        let mut sink = Vec::new();
-        let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
     }
+}
+
+/// Waits until stdin closes (the driver reads memory, then closes it or kills the
+/// process).
+pub async fn wait_for_stdin() {
+    let mut sink = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut tokio::io::stdin(), &mut sink).await;
 }
 
 /// Logs to stderr (stdout carries a subject's results) at `default_filter`, unless

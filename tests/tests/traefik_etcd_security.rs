@@ -334,7 +334,11 @@ async fn a_missing_client_certificate_or_a_wrong_password_is_a_clear_error_and_r
         "{errors:?}"
     );
     assert!(
-        !errors.last().unwrap().to_string().contains(&etcd.endpoint()),
+        !errors
+            .last()
+            .unwrap()
+            .to_string()
+            .contains(&etcd.endpoint()),
         "{}",
         errors.last().unwrap()
     );

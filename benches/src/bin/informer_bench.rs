@@ -9,8 +9,13 @@
 //! fast as the API server takes them, the time until the subject saw all of them and the
 //! per-event latency from the update's response to the handler; then the same latency for
 //! updates sent at a steady pace the API server keeps up with, where it is the watch
-//! pipeline's (server and subject) rather than the server's queue. Results go to a JSON
-//! file and to `BENCHMARKS.md`.
+//! pipeline's (server and subject) rather than the server's queue. After the updates each
+//! subject times reads of its cache (gets by key, full lists, by-index reads), and the
+//! driver records kube-apiserver's peak RSS during each subject's sync. For each N it also
+//! times the floor (the same list read bare by the Rust client, unpaged and streaming) and,
+//! as a scenario of its own, each subject's peak RSS during a relist forced by a 410
+//! (through Toxiproxy, etcd compacted and kube-apiserver restarted while it is cut off).
+//! Results go to a JSON file and to `BENCHMARKS.md`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -21,8 +26,9 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    SyncedLine, UPDATE_LABEL, UpdatesLine, client_go_version, command_output, lock_version,
-    machine, median, memory_of, unix_nanos, workqueue_report,
+    GROUP_LABEL, RELIST_LABEL, ReadsLine, RelistLine, SyncedLine, UPDATE_LABEL, UpdatesLine,
+    client_go_version, command_output, lock_version, machine, median, memory_of, pod_group,
+    pod_name, reset_peak, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -45,6 +51,33 @@ struct Args {
     /// Runs of each subject per Pod count (subjects alternate).
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Runs of each subject for Pod counts of at least `--large-from` (`--runs` if not
+    /// given), so that a run up to 100,000 Pods stays affordable.
+    #[arg(long)]
+    runs_large: Option<usize>,
+    /// The smallest Pod count `--runs-large` applies to.
+    #[arg(long, default_value_t = 100_000)]
+    large_from: usize,
+    /// Gets by random key each subject times after the updates (0 skips the reads).
+    #[arg(long, default_value_t = 2000)]
+    reads: usize,
+    /// Runs of the relist scenario per subject per Pod count: the subject, through its own
+    /// Toxiproxy, is cut off while a Pod changes, etcd is compacted and kube-apiserver
+    /// restarted, so its watch gets 410 Gone and it relists; its peak RSS during the
+    /// relist is recorded. 0 skips the scenario.
+    #[arg(long, default_value_t = 1)]
+    relist_runs: usize,
+    /// Bare reads of the list per kind (unpaged, streaming) for the floor at each N, by the
+    /// Rust subjects' client (0 skips the floor).
+    #[arg(long, default_value_t = 5)]
+    floor_runs: usize,
+    /// Concurrent server-side applies when creating the Pods.
+    #[arg(long, default_value_t = 128)]
+    create_concurrency: usize,
+    /// How long to wait for any one line of a subject (its sync, its updates, its reads,
+    /// its relist), s.
+    #[arg(long, default_value_t = 900)]
+    timeout_s: u64,
     /// Label updates per run for the update-latency scenario (at most N; 0 skips it).
     #[arg(long, default_value_t = 1000)]
     updates: usize,
@@ -79,7 +112,7 @@ struct Args {
     /// Write the report and chart from an earlier run's JSON instead of measuring.
     #[arg(long)]
     from_json: Option<PathBuf>,
-    /// Concurrent requests when creating and updating Pods.
+    /// Concurrent requests of the burst of updates.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
     /// Runs of each workqueue subject, kube-informer's and client-go's (they alternate);
@@ -136,6 +169,57 @@ struct RunResult {
     /// Absent from results saved before the paced scenario existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     paced: Option<PacedResult>,
+    /// The subject's reads of its cache after the updates; absent before they existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reads: Option<ReadsLine>,
+    /// kube-apiserver's VmRSS just before the subject started, KiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_rss_before_kb: Option<u64>,
+    /// kube-apiserver's VmHWM when the subject had synced, reset just before it started,
+    /// KiB: its peak while serving the subject's initial list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_peak_kb: Option<u64>,
+}
+
+/// What the driver measured once per Pod count.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PodsResult {
+    pods: usize,
+    /// Time to create the Pods, s.
+    create_s: f64,
+    /// VmRSS of etcd and kube-apiserver once the Pods exist, KiB.
+    etcd_rss_kb: u64,
+    apiserver_rss_kb: u64,
+    /// The machine's MemAvailable then, KiB.
+    mem_available_kb: u64,
+    /// The floor: each bare protobuf list (unpaged) of the namespace's Pods, ms.
+    list_ms: Vec<f64>,
+    /// Its body, bytes.
+    list_bytes: u64,
+    /// Each bare streaming list (`sendInitialEvents=true`) up to the bookmark that ends
+    /// the initial events, ms.
+    streaming_ms: Vec<f64>,
+    /// Bytes read of it.
+    streaming_bytes: u64,
+}
+
+/// One subject's relist after a 410.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RelistResult {
+    pods: usize,
+    subject: String,
+    run: usize,
+    /// Whether the change came by a list (false: the watch resumed, nothing relisted).
+    relisted: bool,
+    cached: usize,
+    /// VmRSS just before the peak was reset (before the cut), KiB.
+    rss_before_kb: u64,
+    /// VmHWM once the relist was done and the CPUs idle again: the peak from the cut on.
+    peak_kb: u64,
+    /// VmRSS then.
+    rss_after_kb: u64,
+    /// From the proxy's restore to the subject's relist line, ms.
+    relist_ms: f64,
 }
 
 /// What the JSON file holds.
@@ -146,10 +230,57 @@ struct Results {
     /// The workqueue comparison; absent from results saved before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     workqueue: Option<workqueue_report::WorkqueueResults>,
+    /// Per Pod count: creation, the control plane's memory, the floor.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pods: Vec<PodsResult>,
+    /// The relist scenario.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    relists: Vec<RelistResult>,
 }
 
 const NOTES_MARKER: &str = "<!-- notes -->";
-const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The configuration the report singles out: kube-informer with its defaults.
+const DEFAULT_SUBJECT: &str = "kube-informer";
+
+/// The subjects: name, binary, and the options it runs with beyond the common ones.
+/// `kube-informer` runs the library's defaults (a streaming list into a compact cache of
+/// the server's bytes); `kube-informer-decoded` keeps decoded objects (the default before
+/// the compact one), `kube-informer-json-codec` compact JSON the store encodes (the compact
+/// cache before it kept the server's bytes), `kube-informer-paged` syncs by paged lists
+/// instead of a streaming list; `kube-informer-json` and `client-go-json` read JSON
+/// instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
+/// JSON). A kube-informer configuration is one more line here.
+const SUBJECTS: &[(&str, Binary, &[&str])] = &[
+    ("kube-informer", Binary::KubeInformer, &[]),
+    (
+        "kube-informer-decoded",
+        Binary::KubeInformer,
+        &["--cache", "decoded"],
+    ),
+    (
+        "kube-informer-json-codec",
+        Binary::KubeInformer,
+        &["--cache", "json-codec"],
+    ),
+    (
+        "kube-informer-paged",
+        Binary::KubeInformer,
+        &["--paged-list"],
+    ),
+    ("kube-informer-json", Binary::KubeInformer, &["--json"]),
+    ("kube-runtime", Binary::KubeRuntime, &[]),
+    ("client-go", Binary::ClientGo, &[]),
+    ("client-go-json", Binary::ClientGo, &["-json"]),
+];
+
+/// The subjects' executables.
+#[derive(Debug, Clone, Copy)]
+enum Binary {
+    KubeInformer,
+    KubeRuntime,
+    ClientGo,
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -171,6 +302,8 @@ async fn main() -> anyhow::Result<()> {
                 command: String::new(),
                 results: Vec::new(),
                 workqueue: None,
+                pods: Vec::new(),
+                relists: Vec::new(),
             });
         results.workqueue =
             Some(workqueue_report::measure(workqueue_runs, args.workqueue_ms).await?);
@@ -180,14 +313,12 @@ async fn main() -> anyhow::Result<()> {
     let binaries = subject_binaries()?;
     for subject in &args.subjects {
         if !binaries.contains_key(subject.as_str()) {
-            bail!(
-                "unknown subject {subject}; known: kube-informer, kube-informer-decoded, kube-informer-json-codec, \
-                 kube-informer-json, kube-runtime, client-go, client-go-json"
-            );
+            let known: Vec<&str> = SUBJECTS.iter().map(|(name, _, _)| *name).collect();
+            bail!("unknown subject {subject}; known: {}", known.join(", "));
         }
     }
     // Before the control plane starts, so nothing else runs meanwhile.
-    let workqueue = if workqueue_runs > 0 {
+    let workqueue_results = if workqueue_runs > 0 {
         Some(workqueue_report::measure(workqueue_runs, args.workqueue_ms).await?)
     } else {
         None
@@ -202,17 +333,48 @@ async fn main() -> anyhow::Result<()> {
         .start()
         .await?;
     let client = env.client().await?;
-    let mut results = Vec::new();
+    // The floor is read by the client the Rust subjects use.
+    let floor_client = benches::client(env.kubeconfig_path())
+        .await
+        .context("the floor's client")?;
+    // The relist scenario's path to the API server, and a kubeconfig through it.
+    let relist_route = if args.relist_runs > 0 {
+        let proxy = kube_testenv::FaultProxy::for_apiserver(&env)
+            .await
+            .context("starting the relist scenario's fault proxy")?;
+        let kubeconfig = env.dir().join("kubeconfig-relist");
+        env.kubeconfig_via(&proxy, &kubeconfig)
+            .with_context(|| format!("writing {}", kubeconfig.display()))?;
+        Some((proxy, kubeconfig))
+    } else {
+        None
+    };
+    let mut results = Results {
+        command,
+        results: Vec::new(),
+        workqueue: workqueue_results,
+        pods: Vec::new(),
+        relists: Vec::new(),
+    };
     for &n in &args.pods {
         let namespace = env.create_namespace(&format!("bench-{n}")).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let started = Instant::now();
-        create_pods(&pods, n, args.concurrency).await?;
-        eprintln!(
-            "created {n} Pods in {namespace} in {:.1} s",
-            started.elapsed().as_secs_f64()
-        );
-        for run in 0..args.runs {
+        create_pods(&pods, n, args.create_concurrency).await?;
+        let create_s = started.elapsed().as_secs_f64();
+        eprintln!("created {n} Pods in {namespace} in {create_s:.1} s");
+        wait_for_idle_cpus().await;
+        let pods_result = measure_floor(&args, &env, &floor_client, &namespace, n, create_s)
+            .await
+            .with_context(|| format!("the floor at {n} Pods"))?;
+        eprintln!("{}", serde_json::to_string(&pods_result)?);
+        results.pods.push(pods_result);
+        let runs = if n >= args.large_from {
+            args.runs_large.unwrap_or(args.runs)
+        } else {
+            args.runs
+        };
+        for run in 0..runs {
             let mut order = args.subjects.clone();
             let len = order.len().max(1);
             order.rotate_left(run % len);
@@ -223,6 +385,7 @@ async fn main() -> anyhow::Result<()> {
                     &binaries[subject.as_str()],
                     &subject,
                     env.kubeconfig_path(),
+                    &env,
                     &pods,
                     &namespace,
                     n,
@@ -231,32 +394,109 @@ async fn main() -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("{subject}, {n} Pods, run {run}"))?;
                 eprintln!("{}", serde_json::to_string(&result)?);
-                results.push(result);
+                results.results.push(result);
             }
         }
+        if let Some((proxy, kubeconfig)) = &relist_route {
+            for run in 0..args.relist_runs {
+                for subject in &args.subjects {
+                    wait_for_idle_cpus().await;
+                    let outcome = run_relist(
+                        &args,
+                        &binaries[subject.as_str()],
+                        subject,
+                        kubeconfig,
+                        &env,
+                        proxy,
+                        &pods,
+                        &namespace,
+                        n,
+                        run,
+                    )
+                    .await;
+                    // Whatever happened, the next subject finds the path and server up.
+                    proxy.reset().await.context("resetting the relist proxy")?;
+                    if !env.apiserver_running() {
+                        env.start_apiserver().await?;
+                    }
+                    let result =
+                        outcome.with_context(|| format!("relist of {subject}, {n} Pods"))?;
+                    eprintln!("{}", serde_json::to_string(&result)?);
+                    results.relists.push(result);
+                }
+            }
+        }
+        // Saved after every N, so a long run that breaks keeps what it measured.
+        save_json(&args, &results)?;
     }
-
-    let results = Results {
-        command,
-        results,
-        workqueue,
-    };
     save_and_write_outputs(&args, &results)
+}
+
+/// Creation time, the control plane's memory and the floor at `n` Pods.
+async fn measure_floor(
+    args: &Args,
+    env: &kube_testenv::TestEnv,
+    client: &kube_client::Client,
+    namespace: &str,
+    n: usize,
+    create_s: f64,
+) -> anyhow::Result<PodsResult> {
+    let (etcd_rss_kb, _) = memory_of(&env.etcd_pid().to_string());
+    let apiserver_rss_kb = env
+        .apiserver_pid()
+        .map_or(0, |pid| memory_of(&pid.to_string()).0);
+    let mut result = PodsResult {
+        pods: n,
+        create_s,
+        etcd_rss_kb,
+        apiserver_rss_kb,
+        mem_available_kb: mem_available_kb(),
+        list_ms: Vec::new(),
+        list_bytes: 0,
+        streaming_ms: Vec::new(),
+        streaming_bytes: 0,
+    };
+    // The reads alternate, back to back (the caller waited for idle CPUs once).
+    for _ in 0..args.floor_runs {
+        let (ms, bytes) = benches::floor::list(client, namespace).await?;
+        result.list_ms.push(ms);
+        result.list_bytes = bytes;
+        let (ms, bytes) = benches::floor::streaming_list(client, namespace).await?;
+        result.streaming_ms.push(ms);
+        result.streaming_bytes = bytes;
+    }
+    Ok(result)
+}
+
+/// MemAvailable from `/proc/meminfo`, KiB; 0 if unreadable.
+fn mem_available_kb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Saves the raw results to `--json`, then writes the report and chart.
 fn save_and_write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
+    save_json(args, results)?;
+    write_outputs(args, results)
+}
+
+/// Saves the raw results to `--json`.
+fn save_json(args: &Args, results: &Results) -> anyhow::Result<()> {
     if let Some(dir) = args.json.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    std::fs::write(&args.json, serde_json::to_string_pretty(results)?)?;
-    write_outputs(args, results)
+    std::fs::write(&args.json, serde_json::to_string_pretty(results)?)
+        .with_context(|| format!("writing {}", args.json.display()))
 }
 
 /// Writes the markdown report (keeping its notes) and the chart.
 fn write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
     let json = args.from_json.as_ref().unwrap_or(&args.json);
-    let mut report = report(args, json, &results.command, &results.results);
+    let mut report = report(args, json, results);
     if let Some(workqueue) = &results.workqueue {
         report = format!("{report}\n{}", workqueue_report::markdown(workqueue));
     }
@@ -267,7 +507,7 @@ fn write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
     std::fs::write(&args.out, format!("{report}\n{notes}"))?;
     eprintln!("wrote {} and {}", args.out.display(), json.display());
     if !results.results.is_empty() {
-        chart(&args.chart, &args.subjects, &results.results)
+        chart(&args.chart, &args.subjects, results)
             .with_context(|| format!("drawing {}", args.chart.display()))?;
         eprintln!("wrote {}", args.chart.display());
     }
@@ -292,17 +532,17 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     if !status.success() {
         bail!("go build in {} failed: {status}", go_module.display());
     }
-    let mut binaries = HashMap::new();
-    binaries.insert("kube-informer", dir.join("subject-kube-informer"));
-    binaries.insert("kube-runtime", dir.join("subject-kube-runtime"));
-    binaries.insert("kube-informer-decoded", dir.join("subject-kube-informer"));
-    binaries.insert(
-        "kube-informer-json-codec",
-        dir.join("subject-kube-informer"),
-    );
-    binaries.insert("kube-informer-json", dir.join("subject-kube-informer"));
-    binaries.insert("client-go-json", go_binary.clone());
-    binaries.insert("client-go", go_binary);
+    let binaries: HashMap<&'static str, PathBuf> = SUBJECTS
+        .iter()
+        .map(|(name, binary, _)| {
+            let path = match binary {
+                Binary::KubeInformer => dir.join("subject-kube-informer"),
+                Binary::KubeRuntime => dir.join("subject-kube-runtime"),
+                Binary::ClientGo => go_binary.clone(),
+            };
+            (*name, path)
+        })
+        .collect();
     for path in binaries.values() {
         if !path.is_file() {
             bail!("{} is missing; its build failed", path.display());
@@ -311,34 +551,28 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     Ok(binaries)
 }
 
-/// The options a subject runs with beyond the common ones. `kube-informer` runs the
-/// library's defaults (a streaming list into a compact cache of the server's bytes);
-/// `kube-informer-decoded` keeps decoded objects (the default before the compact one) and
-/// `kube-informer-json-codec` compact JSON the store encodes (the compact cache before it
-/// kept the server's bytes); `kube-informer-json` and `client-go-json` read JSON instead of
-/// protobuf, which both prefer for built-in kinds (kube-runtime only reads JSON).
+/// The options `subject` runs with beyond the common ones (see [`SUBJECTS`]).
 fn subject_options(subject: &str) -> &'static [&'static str] {
-    match subject {
-        "kube-informer-decoded" => &["--cache", "decoded"],
-        "kube-informer-json-codec" => &["--cache", "json-codec"],
-        "kube-informer-json" => &["--json"],
-        "client-go-json" => &["-json"],
-        _ => &[],
-    }
+    SUBJECTS
+        .iter()
+        .find(|(name, _, _)| *name == subject)
+        .map_or(&[], |(_, _, options)| options)
 }
 
-/// The client-go tutorial's nginx Pod.
-fn nginx_pod(name: &str) -> serde_json::Value {
+/// The client-go tutorial's nginx Pod, the `i`th of the benchmark, with its group label
+/// (shared by [`benches::GROUP_SIZE`] Pods, for the by-index reads).
+fn nginx_pod(i: usize) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": name,
+            "name": pod_name(i),
             "labels": {
                 "app": "nginx-app",
                 "type": "front-end",
                 "language": "c",
                 "business-service-type": "web",
+                GROUP_LABEL: pod_group(i),
             },
         },
         "spec": {
@@ -397,15 +631,22 @@ async fn create_pods(pods: &Api<Pod>, n: usize, concurrency: usize) -> anyhow::R
     let params = PatchParams::apply("informer-bench").force();
     futures::stream::iter(0..n)
         .map(|i| {
-            let name = format!("nginx-{i:05}");
+            let name = pod_name(i);
             let params = &params;
             async move {
-                pods.patch(&name, params, &Patch::Apply(nginx_pod(&name)))
+                pods.patch(&name, params, &Patch::Apply(nginx_pod(i)))
                     .await
                     .with_context(|| format!("applying Pod {name}"))
             }
         })
-        .buffer_unordered(concurrency)
+        .buffer_unordered(concurrency.max(1))
+        .enumerate()
+        .map(|(done, applied)| {
+            if (done + 1) % 10_000 == 0 {
+                eprintln!("  {} of {n} Pods created", done + 1);
+            }
+            applied
+        })
         .try_for_each(|_| async { Ok(()) })
         .await
 }
@@ -416,6 +657,7 @@ async fn run_subject(
     binary: &Path,
     subject: &str,
     kubeconfig: &Path,
+    env: &kube_testenv::TestEnv,
     pods: &Api<Pod>,
     namespace: &str,
     n: usize,
@@ -423,6 +665,14 @@ async fn run_subject(
 ) -> anyhow::Result<RunResult> {
     let updates = args.updates.min(n);
     let paced_updates = args.paced_updates.min(n);
+    // kube-apiserver's peak from here to the subject's sync is what serving its initial
+    // list cost the server.
+    let apiserver = env.apiserver_pid();
+    let apiserver_rss_before_kb = apiserver.map(|pid| memory_of(&pid.to_string()).0);
+    if let Some(pid) = apiserver {
+        reset_peak(pid).context("resetting kube-apiserver's peak RSS")?;
+    }
+    let timeout = Duration::from_secs(args.timeout_s);
     let spawned = Instant::now();
     let mut child = tokio::process::Command::new(binary)
         .arg("--kubeconfig")
@@ -430,6 +680,7 @@ async fn run_subject(
         .args(["--namespace", namespace])
         .args(["--expect", &n.to_string()])
         .args(["--updates", &(updates + paced_updates).to_string()])
+        .args(["--reads", &args.reads.to_string()])
         .args(subject_options(subject))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -440,13 +691,15 @@ async fn run_subject(
     let pid = child.id().context("the subject has a pid")?.to_string();
     let mut lines = BufReader::new(child.stdout.take().context("stdout is piped")?).lines();
     let mut next_line = async || -> anyhow::Result<String> {
-        tokio::time::timeout(TIMEOUT, lines.next_line())
+        tokio::time::timeout(timeout, lines.next_line())
             .await
             .context("timed out waiting for the subject")??
             .context("the subject exited early")
     };
-    let synced: SyncedLine = serde_json::from_str(&next_line().await?)?;
+    let synced: SyncedLine =
+        serde_json::from_str(&next_line().await?).context("reading the synced line")?;
     let spawn_to_synced_ms = spawned.elapsed().as_secs_f64() * 1000.0;
+    let apiserver_peak_kb = apiserver.map(|pid| memory_of(&pid.to_string()).1);
     if synced.cached != n {
         bail!("{subject} cached {} Pods, expected {n}", synced.cached);
     }
@@ -464,7 +717,12 @@ async fn run_subject(
         Vec::new()
     };
     let seen: Option<UpdatesLine> = if updates + paced_updates > 0 {
-        Some(serde_json::from_str(&next_line().await?)?)
+        Some(serde_json::from_str(&next_line().await?).context("reading the updates line")?)
+    } else {
+        None
+    };
+    let reads: Option<ReadsLine> = if args.reads > 0 {
+        Some(serde_json::from_str(&next_line().await?).context("reading the reads line")?)
     } else {
         None
     };
@@ -513,6 +771,93 @@ async fn run_subject(
         peak_rss_kb,
         update,
         paced,
+        reads,
+        apiserver_rss_before_kb,
+        apiserver_peak_kb,
+    })
+}
+
+/// The relist scenario, once for one subject: it syncs through `proxy`, which is then cut
+/// while the last Pod's relist label changes, etcd is compacted and kube-apiserver
+/// restarted; once the proxy lets it through again its watch gets 410 Gone and it lists
+/// anew. Its peak RSS is reset just before the cut and read once it reported the change
+/// and the CPUs are idle again (its events dispatched, the old cache freed).
+#[allow(clippy::too_many_arguments)]
+async fn run_relist(
+    args: &Args,
+    binary: &Path,
+    subject: &str,
+    kubeconfig: &Path,
+    env: &kube_testenv::TestEnv,
+    proxy: &kube_testenv::FaultProxy,
+    pods: &Api<Pod>,
+    namespace: &str,
+    n: usize,
+    run: usize,
+) -> anyhow::Result<RelistResult> {
+    let marker = format!("r{run}-{subject}");
+    let mut child = tokio::process::Command::new(binary)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--namespace", namespace])
+        .args(["--expect", &n.to_string()])
+        .args(["--relist", &marker])
+        .args(subject_options(subject))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let pid = child.id().context("the subject has a pid")?;
+    let mut lines = BufReader::new(child.stdout.take().context("stdout is piped")?).lines();
+    let timeout = Duration::from_secs(args.timeout_s);
+    let mut next_line = async || -> anyhow::Result<String> {
+        tokio::time::timeout(timeout, lines.next_line())
+            .await
+            .context("timed out waiting for the subject")??
+            .context("the subject exited early")
+    };
+    let synced: SyncedLine =
+        serde_json::from_str(&next_line().await?).context("reading the synced line")?;
+    if synced.cached != n {
+        bail!("{subject} cached {} Pods, expected {n}", synced.cached);
+    }
+    wait_for_idle_cpus().await;
+    let (rss_before_kb, _) = memory_of(&pid.to_string());
+    reset_peak(pid).with_context(|| format!("resetting {subject}'s peak RSS"))?;
+    let last = benches::last_pod_name(n);
+    let change = async {
+        let patch = serde_json::json!({"metadata": {"labels": {RELIST_LABEL: &marker}}});
+        pods.patch(&last, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .with_context(|| format!("setting the relist label of {last}"))?;
+        anyhow::Ok(())
+    };
+    eprintln!("{subject}: cutting it off, compacting etcd, restarting kube-apiserver");
+    let ((), restored_ns) = benches::faults::cut_compacted(env, &[proxy], true, change).await?;
+    let relist: RelistLine =
+        serde_json::from_str(&next_line().await?).context("reading the relist line")?;
+    let relist_ms = (relist.at_ns - restored_ns) as f64 / 1e6;
+    wait_for_idle_cpus().await;
+    let (rss_after_kb, peak_kb) = memory_of(&pid.to_string());
+    drop(child.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        child.kill().await?;
+    }
+    Ok(RelistResult {
+        pods: n,
+        subject: subject.to_owned(),
+        run,
+        relisted: relist.relisted,
+        cached: relist.cached,
+        rss_before_kb,
+        peak_kb,
+        rss_after_kb,
+        relist_ms,
     })
 }
 
@@ -557,13 +902,10 @@ async fn paced_updates_at(
 /// Sets Pod `nginx-<i>`'s update label to `id`; returns `id` and when the response came.
 async fn update_label(pods: Api<Pod>, i: usize, id: String) -> anyhow::Result<(String, i64)> {
     let patch = serde_json::json!({"metadata": {"labels": {UPDATE_LABEL: id}}});
-    pods.patch(
-        &format!("nginx-{i:05}"),
-        &PatchParams::default(),
-        &Patch::Merge(patch),
-    )
-    .await
-    .with_context(|| format!("updating Pod nginx-{i:05}"))?;
+    let name = pod_name(i);
+    pods.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .with_context(|| format!("updating Pod {name}"))?;
     Ok((id, unix_nanos()))
 }
 
@@ -591,8 +933,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> String {
+fn report(args: &Args, json: &Path, all: &Results) -> String {
     use std::fmt::Write;
+    let command = &all.command;
+    let results = &all.results;
     let mut out = String::new();
     let _ = writeln!(out, "# Informer benchmark\n");
     if results.is_empty() {
@@ -637,8 +981,23 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
     let _ = writeln!(
         out,
         "- Pods: the client-go tutorial's nginx Pod (4 labels, one container with \
-         requests/limits), created by server-side apply so `managedFields` are populated; \
-         no scheduler or kubelet runs, so they stay Pending\n"
+         requests/limits) plus a label `{GROUP_LABEL}: g<i / {}>` shared by {} Pods each, \
+         created by server-side apply so `managedFields` are populated; no scheduler or \
+         kubelet runs, so they stay Pending",
+        benches::GROUP_SIZE,
+        benches::GROUP_SIZE
+    );
+    let _ = writeln!(
+        out,
+        "- sync modes: kube-informer syncs by a streaming list (`sendInitialEvents`, \
+         KEP-3157) by default, `kube-informer-paged` by paged lists; client-go {}'s \
+         reflector streams too: its feature gate `WatchListClient` is Beta and on by \
+         default since 1.35 (`k8s.io/client-go/features/known_features.go`, \
+         `defaultVersionedKubernetesFeatureGates`), and `NewReflectorWithOptions` turns \
+         `useWatchList` on from it (`tools/cache/reflector.go`) for the generated \
+         informers' list-watch, which supports watch-list semantics; kube-runtime's \
+         `watcher` lists by pages (`watcher::Config::default()`)\n",
+        client_go_version()
     );
     let _ = writeln!(
         out,
@@ -654,6 +1013,22 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
          pace the API server keeps up with, so the latency is the watch pipeline's (server \
          and subject) rather than the server's backlog.\n",
         args.settle_ms, args.concurrency, args.paced_updates, args.paced_rate
+    );
+    let _ = writeln!(
+        out,
+        "Second table of each N, after the updates (so the reads change neither the steady \
+         memory nor the latencies): **get** = one read by a random key ({} keys, the same \
+         for every subject; client-go `GetByKey`), **list** = one list of all objects \
+         (median of 7), **by_index** = the objects of one `{GROUP_LABEL}` value (median of \
+         200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \
+         kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
+         `/proc/<pid>/clear_refs`) just before the subject started, minus its VmRSS then: \
+         what serving the subject's initial list cost the server (the RSS it starts from depends \
+         on where the server's garbage collector was, so single runs vary with it; the \
+         absolute peak is in parentheses); **relist peak** = the \
+         subject's VmHWM during a relist after 410 Gone (below); **sync / floor** = the \
+         subject's sync time over the bare read of the same list.\n",
+        args.reads
     );
     let _ = writeln!(
         out,
@@ -734,7 +1109,384 @@ fn report(args: &Args, json: &Path, command: &str, results: &[RunResult]) -> Str
             let _ = write!(out, " {:.1}{ratio} |", value / scale);
         }
         let _ = writeln!(out);
+        if runs_are_last_of(&by_key, *n, runs[0]) {
+            out.push_str(&depth_table(args, all, *n));
+        }
     }
+    out.push_str(&growth_section(args, all));
+    out.push_str(&relist_section(args, all));
+    out.push_str(&targets_section(all));
+    out
+}
+
+/// Whether `runs` are the last subject's of N `n` in the report's order.
+fn runs_are_last_of(
+    by_key: &BTreeMap<(usize, usize), Vec<&RunResult>>,
+    n: usize,
+    runs: &RunResult,
+) -> bool {
+    by_key
+        .range((n, 0)..=(n, usize::MAX))
+        .next_back()
+        .is_some_and(|(_, last)| std::ptr::eq(last[0], runs))
+}
+
+/// The median of `f` over the runs of `subject` at `n`, if any has a value.
+fn median_of(
+    results: &[RunResult],
+    n: usize,
+    subject: &str,
+    f: impl Fn(&RunResult) -> Option<f64>,
+) -> Option<f64> {
+    let values: Vec<f64> = results
+        .iter()
+        .filter(|r| r.pods == n && r.subject == subject)
+        .filter_map(f)
+        .collect();
+    (!values.is_empty()).then(|| median(values))
+}
+
+fn cell(value: Option<f64>, decimals: usize) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| format!("{v:.decimals$}"))
+}
+
+/// The floor's medians at `n`: (unpaged list ms, streaming list ms).
+fn floor_of(all: &Results, n: usize) -> (Option<f64>, Option<f64>) {
+    let Some(p) = all.pods.iter().find(|p| p.pods == n) else {
+        return (None, None);
+    };
+    let m = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v.clone()));
+    (m(&p.list_ms), m(&p.streaming_ms))
+}
+
+/// Reads, the API server's peak, the relist peak and the floor of every subject at `n`.
+fn depth_table(args: &Args, all: &Results, n: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let (list_floor, stream_floor) = floor_of(all, n);
+    if let Some(p) = all.pods.iter().find(|p| p.pods == n) {
+        let _ = writeln!(
+            out,
+            "\nFloor at {n} Pods (the same list read bare by the Rust subjects' kube client, \
+             protobuf, body read and discarded, request to last byte, median of {}): \
+             unpaged list **{} ms** ({:.1} MiB), streaming list to the initial-events-end \
+             bookmark **{} ms** ({:.1} MiB). Pods created in {:.1} s; then etcd {:.0} MiB, \
+             kube-apiserver {:.0} MiB RSS, {:.1} GiB of RAM available.\n",
+            p.list_ms.len(),
+            cell(list_floor, 1),
+            p.list_bytes as f64 / 1048576.0,
+            cell(stream_floor, 1),
+            p.streaming_bytes as f64 / 1048576.0,
+            p.create_s,
+            p.etcd_rss_kb as f64 / 1024.0,
+            p.apiserver_rss_kb as f64 / 1024.0,
+            p.mem_available_kb as f64 / 1048576.0,
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| subject | get p50 µs | get p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | relist peak MiB | sync / list floor | sync / streaming floor |",
+        benches::GROUP_SIZE
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    for subject in &args.subjects {
+        let runs = |f: &dyn Fn(&RunResult) -> Option<f64>| median_of(&all.results, n, subject, f);
+        if median_of(&all.results, n, subject, |r| Some(r.synced_ms)).is_none() {
+            continue;
+        }
+        let sync = runs(&|r| Some(r.synced_ms));
+        let relist: Vec<f64> = all
+            .relists
+            .iter()
+            .filter(|r| r.pods == n && r.subject == *subject)
+            .map(|r| r.peak_kb as f64 / 1024.0)
+            .collect();
+        let relisted_all = all
+            .relists
+            .iter()
+            .filter(|r| r.pods == n && r.subject == *subject)
+            .all(|r| r.relisted);
+        let relist_cell = if relist.is_empty() {
+            "–".to_owned()
+        } else if relisted_all {
+            format!("{:.1}", median(relist))
+        } else {
+            format!("{:.1} (**no relist seen**)", median(relist))
+        };
+        let ratio = |floor: Option<f64>| match (sync, floor) {
+            (Some(s), Some(f)) if f > 0.0 => format!("{:.2}×", s / f),
+            _ => "–".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "| {subject} | {} | {} | {} | {} | {} | {relist_cell} | {} | {} |",
+            cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p50_ns / 1e3)), 2),
+            cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p99_ns / 1e3)), 2),
+            cell(runs(&|r| r.reads.as_ref().map(|x| x.list_ms)), 2),
+            cell(runs(&|r| r.reads.as_ref().and_then(|x| x.by_index_us)), 1),
+            match (
+                runs(&|r| Some(
+                    r.apiserver_peak_kb? as f64 / 1024.0
+                        - r.apiserver_rss_before_kb? as f64 / 1024.0
+                )),
+                runs(&|r| Some(r.apiserver_peak_kb? as f64 / 1024.0)),
+            ) {
+                (Some(delta), Some(peak)) => format!("+{delta:.1} ({peak:.0})"),
+                _ => "–".to_owned(),
+            },
+            ratio(list_floor),
+            ratio(stream_floor),
+        );
+    }
+    out
+}
+
+/// How sync time, steady memory and peak memory grow from the smallest N to the largest.
+fn growth_section(args: &Args, all: &Results) -> String {
+    use std::fmt::Write;
+    let mut ns: Vec<usize> = all.results.iter().map(|r| r.pods).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    let mut out = String::new();
+    if ns.len() < 2 {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\n## Growth with N\n\nMedians per N; the last column is the largest N's value over \
+         the smallest's (N grew {:.0}×).\n",
+        ns[ns.len() - 1] as f64 / ns[0] as f64
+    );
+    type Row<'a> = (&'a str, &'a dyn Fn(&RunResult) -> Option<f64>);
+    let figures: [Row<'_>; 4] = [
+        ("sync ms", &|r| Some(r.synced_ms)),
+        ("steady MiB", &|r| Some(r.steady_rss_kb as f64 / 1024.0)),
+        ("peak MiB", &|r| Some(r.peak_rss_kb as f64 / 1024.0)),
+        ("API server peak +MiB", &|r| {
+            Some((r.apiserver_peak_kb? as f64 - r.apiserver_rss_before_kb? as f64) / 1024.0)
+        }),
+    ];
+    for (name, f) in figures {
+        let _ = write!(out, "| {name} |");
+        for n in &ns {
+            let _ = write!(out, " N = {n} |");
+        }
+        let _ = writeln!(out, " growth |");
+        let _ = write!(out, "|---|");
+        for _ in 0..=ns.len() {
+            let _ = write!(out, "---|");
+        }
+        let _ = writeln!(out);
+        let mut rows: Vec<(String, Vec<Option<f64>>)> = args
+            .subjects
+            .iter()
+            .map(|s| {
+                let values = ns
+                    .iter()
+                    .map(|&n| median_of(&all.results, n, s, f))
+                    .collect();
+                (s.clone(), values)
+            })
+            .collect();
+        if name == "sync ms" {
+            rows.push((
+                "floor: unpaged list".to_owned(),
+                ns.iter().map(|&n| floor_of(all, n).0).collect(),
+            ));
+            rows.push((
+                "floor: streaming list".to_owned(),
+                ns.iter().map(|&n| floor_of(all, n).1).collect(),
+            ));
+        }
+        for (label, values) in rows {
+            if values.iter().all(Option::is_none) {
+                continue;
+            }
+            let _ = write!(out, "| {label} |");
+            for v in &values {
+                let _ = write!(out, " {} |", cell(*v, 1));
+            }
+            let growth = match (
+                values.first().copied().flatten(),
+                values.last().copied().flatten(),
+            ) {
+                (Some(a), Some(b)) if a > 0.0 => format!("{:.1}×", b / a),
+                _ => "–".to_owned(),
+            };
+            let _ = writeln!(out, " {growth} |");
+        }
+        let _ = writeln!(out);
+    }
+    out
+}
+
+/// The relist scenario's table.
+fn relist_section(args: &Args, all: &Results) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    if all.relists.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "\n## Relist after 410 Gone\n\nA scenario of its own, {} run(s) per subject per N: \
+         the subject syncs through its own Toxiproxy; once the CPUs are idle its peak RSS \
+         is reset (`5` to `/proc/<pid>/clear_refs`); the proxy is cut, the last Pod's \
+         `{RELIST_LABEL}` label set, etcd compacted and kube-apiserver restarted (so its \
+         watch cache starts past the subject's resourceVersion); the proxy restored, the \
+         subject's watch gets 410 Gone and it lists again. The subject reports when its \
+         handler saw the change (that Pod comes last in a list, so the whole list has been \
+         taken in by then; kube-informer checks that it listed a second time, client-go \
+         that it replayed the cached objects, kube-runtime that its `InitDone` came); the \
+         driver reads VmHWM once the CPUs are idle again. **relist** = from the proxy's \
+         restore to that report, including the subject's reconnect backoff.\n",
+        all.relists.iter().map(|r| r.run + 1).max().unwrap_or(0)
+    );
+    let _ = writeln!(
+        out,
+        "| N | subject | relisted | RSS before MiB | peak during relist MiB | peak / before | RSS after MiB | relist ms |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let mut ns: Vec<usize> = all.relists.iter().map(|r| r.pods).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    for n in ns {
+        for subject in &args.subjects {
+            let runs: Vec<&RelistResult> = all
+                .relists
+                .iter()
+                .filter(|r| r.pods == n && r.subject == *subject)
+                .collect();
+            if runs.is_empty() {
+                continue;
+            }
+            let m = |f: fn(&RelistResult) -> f64| median(runs.iter().map(|r| f(r)).collect());
+            let relisted = runs.iter().filter(|r| r.relisted).count();
+            let _ = writeln!(
+                out,
+                "| {n} | {subject} | {relisted}/{} | {:.1} | {:.1} | {:.2}× | {:.1} | {:.0} |",
+                runs.len(),
+                m(|r| r.rss_before_kb as f64 / 1024.0),
+                m(|r| r.peak_kb as f64 / 1024.0),
+                m(|r| r.peak_kb as f64 / r.rss_before_kb.max(1) as f64),
+                m(|r| r.rss_after_kb as f64 / 1024.0),
+                m(|r| r.relist_ms),
+            );
+        }
+    }
+    out
+}
+
+/// The issue's targets at 10,000 Pods, each computed from the results.
+fn targets_section(all: &Results) -> String {
+    use std::fmt::Write;
+    const N: usize = 10_000;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n## Targets at N = {N}\n\nComputed from the JSON by the driver: medians over the \
+         runs; `{DEFAULT_SUBJECT}` is the default configuration.\n"
+    );
+    if !all.results.iter().any(|r| r.pods == N) {
+        let _ = writeln!(out, "No results at N = {N} in this run.");
+        return out;
+    }
+    let m = |subject: &str, f: &dyn Fn(&RunResult) -> Option<f64>| {
+        median_of(&all.results, N, subject, f)
+    };
+    let _ = writeln!(out, "| target | measured | met? |");
+    let _ = writeln!(out, "|---|---|---|");
+    let mut row = |target: &str, measured: Option<(String, bool)>| {
+        let (text, met) = measured.map_or_else(
+            || ("not measured (a subject missing)".to_owned(), "–"),
+            |(text, met)| (text, if met { "**yes**" } else { "no" }),
+        );
+        let _ = writeln!(out, "| {target} | {text} | {met} |");
+    };
+    let ratio_target = |name: &str,
+                        base: &str,
+                        f: &dyn Fn(&RunResult) -> Option<f64>,
+                        limit: f64,
+                        unit: &str,
+                        scale: f64| {
+        let (a, b) = (m(DEFAULT_SUBJECT, f)?, m(base, f)?);
+        let r = a / b;
+        Some((
+            format!(
+                "{name} {:.1} {unit} / {base} {:.1} {unit} = {r:.2}×",
+                a / scale,
+                b / scale
+            ),
+            r <= limit,
+        ))
+    };
+    let steady = |r: &RunResult| Some(r.steady_rss_kb as f64);
+    row(
+        "steady RSS ≤ 0.5× client-go",
+        ratio_target(DEFAULT_SUBJECT, "client-go", &steady, 0.5, "MiB", 1024.0),
+    );
+    row(
+        "steady RSS ≤ 0.8× kube-runtime",
+        ratio_target(DEFAULT_SUBJECT, "kube-runtime", &steady, 0.8, "MiB", 1024.0),
+    );
+    row(
+        "spawn-to-synced ≤ client-go",
+        ratio_target(
+            DEFAULT_SUBJECT,
+            "client-go",
+            &|r| Some(r.spawn_to_synced_ms),
+            1.0,
+            "ms",
+            1.0,
+        ),
+    );
+    row(
+        "paced p99 ≤ client-go",
+        ratio_target(
+            DEFAULT_SUBJECT,
+            "client-go",
+            &|r| r.paced.as_ref().map(|p| p.p99_ms * 1000.0),
+            1.0,
+            "µs",
+            1.0,
+        ),
+    );
+    row(
+        "burst p99 ≤ client-go",
+        ratio_target(
+            DEFAULT_SUBJECT,
+            "client-go",
+            &|r| r.update.as_ref().map(|u| u.p99_ms),
+            1.0,
+            "ms",
+            1.0,
+        ),
+    );
+    row(
+        "compact default's `get` p99 < 10 µs",
+        m(DEFAULT_SUBJECT, &|r| {
+            r.reads.as_ref().map(|x| x.get_p99_ns / 1e3)
+        })
+        .map(|p99| (format!("{DEFAULT_SUBJECT} {p99:.2} µs"), p99 < 10.0)),
+    );
+    let (list_floor, stream_floor) = floor_of(all, N);
+    row(
+        "default sync ≤ 1.5× the floor",
+        m(DEFAULT_SUBJECT, &|r| Some(r.synced_ms)).and_then(|sync| {
+            let stream = stream_floor?;
+            let list = list_floor.map_or_else(String::new, |l| {
+                format!("; {:.2}× the unpaged list's {l:.1} ms", sync / l)
+            });
+            Some((
+                format!(
+                    "{sync:.1} ms = {:.2}× the streaming list's {stream:.1} ms (the default \
+                     syncs by one){list}",
+                    sync / stream
+                ),
+                sync / stream <= 1.5,
+            ))
+        }),
+    );
     out
 }
 
@@ -760,59 +1512,111 @@ fn series(
         .collect()
 }
 
-/// Two panels, sync time and steady RSS against N, one line per subject. Text is drawn
-/// with an embedded 8×8 bitmap font, so no system font is needed.
-fn chart(path: &Path, subjects: &[String], results: &[RunResult]) -> anyhow::Result<()> {
-    use plotters::prelude::*;
-    const COLORS: [RGBColor; 6] = [
+/// Round tick values for a log axis over `lo..hi`: the powers of ten inside, with 2 and 5
+/// times them when fewer than three powers fall inside.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let (from, to) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+    let decades: Vec<f64> = (from..=to).map(|e| 10f64.powi(e)).collect();
+    let inside = decades.iter().filter(|v| (lo..=hi).contains(*v)).count();
+    let steps: &[f64] = if inside >= 3 {
+        &[1.0]
+    } else {
+        &[1.0, 2.0, 5.0]
+    };
+    decades
+        .iter()
+        .flat_map(|d| steps.iter().map(move |s| d * s))
+        .filter(|v| (lo..=hi).contains(v))
+        .collect()
+}
+
+/// An N tick's label: 1k, 10k, 100k, 1M for large values, plain digits below.
+fn n_label(v: f64) -> String {
+    if v >= 1e6 {
+        format!("{}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("{}k", v / 1e3)
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Two panels, sync time and steady RSS against N, one line per subject, on log-log axes
+/// with round ticks; the default configuration drawn thick, the floor (the streaming and
+/// the unpaged list read bare) as black lines on the sync panel. Text is drawn with an
+/// embedded 8×8 bitmap font, so no system font is needed.
+fn chart(path: &Path, subjects: &[String], all: &Results) -> anyhow::Result<()> {
+    use plotters::{coord::combinators::IntoLogRange, prelude::*};
+    const COLORS: [RGBColor; 7] = [
         RGBColor(0xd6, 0x27, 0x28),
         RGBColor(0x1f, 0x77, 0xb4),
         RGBColor(0x2c, 0xa0, 0x2c),
         RGBColor(0x94, 0x67, 0xbd),
         RGBColor(0xff, 0x7f, 0x0e),
         RGBColor(0x8c, 0x56, 0x4b),
+        RGBColor(0x17, 0xbe, 0xcf),
     ];
+    let results = &all.results;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
-    let (width, height) = (1200u32, 550u32);
+    let (width, height) = (1200u32, 600u32);
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     type Panel = (&'static str, fn(&RunResult) -> f64);
     let panels: [Panel; 2] = [
-        ("sync time, ms (median)", |r| r.synced_ms),
-        ("steady RSS, MiB (median)", |r| {
+        ("sync time, ms (median, log)", |r| r.synced_ms),
+        ("steady RSS, MiB (median, log)", |r| {
             r.steady_rss_kb as f64 / 1024.0
         }),
     ];
     let halves = root.split_evenly((1, 2));
     for (panel, ((title, metric), area)) in panels.into_iter().zip(&halves).enumerate() {
-        let data = series(subjects, results, metric);
-        let max_x = data
-            .iter()
-            .flat_map(|(_, p)| p.iter().map(|(x, _)| *x))
-            .fold(1.0, f64::max);
-        let max_y = data
-            .iter()
-            .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
-            .fold(1.0, f64::max);
+        let mut data: Vec<(String, Vec<(f64, f64)>)> = series(subjects, results, metric);
+        if panel == 0 {
+            let floor = |pick: fn(&PodsResult) -> &Vec<f64>| -> Vec<(f64, f64)> {
+                let mut points: Vec<(f64, f64)> = all
+                    .pods
+                    .iter()
+                    .filter(|p| !pick(p).is_empty())
+                    .map(|p| (p.pods as f64, median(pick(p).clone())))
+                    .collect();
+                points.sort_by(|a, b| a.0.total_cmp(&b.0));
+                points
+            };
+            data.push((
+                "floor: streaming list".to_owned(),
+                floor(|p| &p.streaming_ms),
+            ));
+            data.push(("floor: unpaged list".to_owned(), floor(|p| &p.list_ms)));
+        }
+        let points = || data.iter().flat_map(|(_, p)| p.iter().copied());
+        let positive = |v: f64| v.is_finite() && v > 0.0;
+        let (min_x, max_x) = points()
+            .map(|(x, _)| x)
+            .filter(|x| positive(*x))
+            .fold((f64::INFINITY, 0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        let (min_y, max_y) = points()
+            .map(|(_, y)| y)
+            .filter(|y| positive(*y))
+            .fold((f64::INFINITY, 0f64), |(lo, hi), y| (lo.min(y), hi.max(y)));
+        if !min_x.is_finite() || !min_y.is_finite() {
+            continue;
+        }
+        let (x_lo, x_hi) = (min_x / 1.4, max_x * 1.4);
+        let (y_lo, y_hi) = (min_y / 1.6, max_y * 1.6);
         let mut chart = ChartBuilder::on(area)
-            .margin_left(90)
+            .margin_left(104)
             .margin_right(30)
             .margin_top(50)
-            .margin_bottom(140)
-            .build_cartesian_2d(0.0..max_x * 1.05, 0.0..max_y * 1.1)?;
+            .margin_bottom(170)
+            .build_cartesian_2d((x_lo..x_hi).log_scale(), (y_lo..y_hi).log_scale())?;
         let x0 = panel as i32 * (width as i32 / 2);
         let grey = RGBColor(0xdd, 0xdd, 0xdd);
-        for i in 0..=5 {
-            let y = max_y * 1.1 * f64::from(i) / 5.0;
-            chart.draw_series(LineSeries::new([(0.0, y), (max_x * 1.05, y)], grey))?;
-            let (px, py) = chart.backend_coord(&(0.0, y));
-            let label = if max_y >= 50.0 {
-                format!("{y:.0}")
-            } else {
-                format!("{y:.1}")
-            };
+        for y in log_ticks(y_lo, y_hi) {
+            chart.draw_series(LineSeries::new([(x_lo, y), (x_hi, y)], grey))?;
+            let (px, py) = chart.backend_coord(&(x_lo, y));
+            let label = format!("{y}");
             bitmap_text(
                 &root,
                 &label,
@@ -821,16 +1625,10 @@ fn chart(path: &Path, subjects: &[String], results: &[RunResult]) -> anyhow::Res
                 &BLACK,
             );
         }
-        let mut ns: Vec<f64> = data
-            .iter()
-            .flat_map(|(_, p)| p.iter().map(|(x, _)| *x))
-            .collect();
-        ns.sort_by(f64::total_cmp);
-        ns.dedup();
-        for n in ns {
-            chart.draw_series(LineSeries::new([(n, 0.0), (n, max_y * 1.1)], grey))?;
-            let (px, py) = chart.backend_coord(&(n, 0.0));
-            let label = format!("{n:.0}");
+        for x in log_ticks(x_lo, x_hi) {
+            chart.draw_series(LineSeries::new([(x, y_lo), (x, y_hi)], grey))?;
+            let (px, py) = chart.backend_coord(&(x, y_lo));
+            let label = n_label(x);
             bitmap_text(
                 &root,
                 &label,
@@ -840,30 +1638,80 @@ fn chart(path: &Path, subjects: &[String], results: &[RunResult]) -> anyhow::Res
             );
         }
         chart.draw_series(LineSeries::new(
-            [(0.0, max_y * 1.1), (0.0, 0.0), (max_x * 1.05, 0.0)],
+            [(x_lo, y_hi), (x_lo, y_lo), (x_hi, y_lo)],
             BLACK,
         ))?;
         for (i, (subject, points)) in data.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            chart.draw_series(LineSeries::new(
-                points.iter().copied(),
-                color.stroke_width(3),
-            ))?;
-            chart.draw_series(points.iter().map(|p| Circle::new(*p, 5, color.filled())))?;
+            let is_floor = subject.starts_with("floor");
+            let is_default = subject == DEFAULT_SUBJECT;
+            let color = if is_floor {
+                BLACK
+            } else {
+                COLORS[i % COLORS.len()]
+            };
+            let points: Vec<(f64, f64)> = points
+                .iter()
+                .copied()
+                .filter(|(x, y)| positive(*x) && positive(*y))
+                .collect();
+            if is_floor {
+                let dash = if subject.contains("streaming") { 12 } else { 4 };
+                chart.draw_series(DashedLineSeries::new(
+                    points.iter().copied(),
+                    dash,
+                    6,
+                    color.stroke_width(2),
+                ))?;
+                chart.draw_series(
+                    points
+                        .iter()
+                        .map(|p| Rectangle::new([*p, *p], color.stroke_width(8))),
+                )?;
+            } else {
+                let stroke = if is_default { 7 } else { 2 };
+                chart.draw_series(LineSeries::new(
+                    points.iter().copied(),
+                    color.stroke_width(stroke),
+                ))?;
+                let radius = if is_default { 8 } else { 4 };
+                chart.draw_series(
+                    points
+                        .iter()
+                        .map(|p| Circle::new(*p, radius, color.filled())),
+                )?;
+                if is_default {
+                    chart.draw_series(points.iter().map(|p| Circle::new(*p, radius, BLACK)))?;
+                }
+            }
             // One legend for both panels, three entries a row across the whole width.
             if panel > 0 {
                 continue;
             }
-            let legend_y = height as i32 - 50 + 20 * (i as i32 / 3);
-            let legend_x = 20 + 400 * (i as i32 % 3);
+            let legend_y = height as i32 - 80 + 22 * (i as i32 / 3);
+            let legend_x = 20 + 390 * (i as i32 % 3);
+            let swatch = if is_default { 14 } else { 6 };
             root.draw(&Rectangle::new(
-                [(legend_x, legend_y), (legend_x + 24, legend_y + 12)],
+                [
+                    (legend_x, legend_y + 6 - swatch / 2),
+                    (legend_x + 24, legend_y + 6 + swatch / 2),
+                ],
                 color.filled(),
             ))?;
-            bitmap_text(&root, subject, (legend_x + 32, legend_y - 2), 2, &BLACK);
+            let label = if is_default {
+                format!("{subject}, default")
+            } else {
+                subject.clone()
+            };
+            bitmap_text(&root, &label, (legend_x + 32, legend_y - 2), 2, &BLACK);
         }
         bitmap_text(&root, title, (x0 + 90, 14), 2, &BLACK);
-        bitmap_text(&root, "N Pods", (x0 + 260, height as i32 - 80), 2, &BLACK);
+        bitmap_text(
+            &root,
+            "N Pods (log)",
+            (x0 + 230, height as i32 - 130),
+            2,
+            &BLACK,
+        );
     }
     root.present()?;
     Ok(())

@@ -952,18 +952,14 @@ async fn run_scenario(
             (changes, from)
         }
         Scenario::CutCompacted => {
-            each(paths, |p| p.cut()).await?;
-            let changes = make_changes(api, slot, run).await?;
-            let revision = env.compact_etcd().await.context("compacting etcd")?;
-            info!(revision, "etcd compacted");
-            if args.compacted_restart {
-                env.restart_apiserver()
-                    .await
-                    .context("restarting kube-apiserver")?;
-            }
-            let from = unix_nanos();
-            each(paths, |p| p.restore()).await?;
-            (changes, from)
+            let proxies: Vec<&FaultProxy> = paths.iter().map(|p| &p.proxy).collect();
+            benches::faults::cut_compacted(
+                env,
+                &proxies,
+                args.compacted_restart,
+                make_changes(api, slot, run),
+            )
+            .await?
         }
         Scenario::SlowList => {
             let changes = make_changes(api, slot, run).await?;

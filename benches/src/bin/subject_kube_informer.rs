@@ -1,10 +1,11 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
 //! for the protocol. With no flag it runs the library's defaults (a streaming list, a
-//! compact cache of the bytes the server sent); `--paged-list` and `--decoded` turn on the
-//! informer options of those names, `--json-codec` keeps the cache as compact JSON encoded
-//! by the store (the compact cache before it kept the server's bytes); `--json` reads JSON
-//! instead of protobuf.
+//! compact cache of the bytes the server sent); `--paged-list` turns on the informer option
+//! of that name, `--cache decoded` keeps decoded objects and `--cache json-codec` compact
+//! JSON encoded by the store (the compact cache before it kept the server's bytes); `--json`
+//! reads JSON instead of protobuf. Every configuration indexes the Pods by their
+//! `bench-group` label.
 
 use std::{
     sync::{
@@ -14,11 +15,11 @@ use std::{
     time::Instant,
 };
 
-use benches::{Recorder, SubjectArgs};
+use benches::{GROUP_LABEL, RELIST_LABEL, Recorder, RelistLine, SubjectArgs};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
-use kube_informer::{ApiListWatch, JsonCodec, SharedInformer, WireFormat, handler_fn};
+use kube_informer::{ApiListWatch, JsonCodec, SharedInformer, WireFormat, handler_fn, label_index};
 use tokio_util::sync::CancellationToken;
 
 /// How the cache keeps objects.
@@ -65,7 +66,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let mut builder = SharedInformer::builder(
         ApiListWatch::new(Api::<Pod>::namespaced(client, &args.namespace)).wire_format(wire_format),
-    );
+    )
+    .index_fn(GROUP_LABEL, label_index(GROUP_LABEL));
     if paged_list {
         builder = builder.paged_list();
     }
@@ -79,19 +81,26 @@ async fn main() -> anyhow::Result<()> {
     let adds = Arc::new(AtomicUsize::new(0));
     let updates = Arc::new(AtomicUsize::new(0));
     let deletes = Arc::new(AtomicUsize::new(0));
+    let relisted = Arc::new(tokio::sync::Notify::new());
     informer.add_handler({
-        let (adds, updates, deletes, recorder) = (
+        let (adds, updates, deletes, recorder, relisted) = (
             adds.clone(),
             updates.clone(),
             deletes.clone(),
             recorder.clone(),
+            relisted.clone(),
         );
+        let marker = args.relist.clone();
         handler_fn()
             .on_add(move |_pod: &Arc<Pod>, _initial| {
                 adds.fetch_add(1, Ordering::Relaxed);
             })
             .on_update(move |_old, new| {
                 recorder.saw(new.metadata.labels.as_ref());
+                let labels = new.metadata.labels.as_ref();
+                if marker.is_some() && labels.and_then(|l| l.get(RELIST_LABEL)) == marker.as_ref() {
+                    relisted.notify_one();
+                }
                 updates.fetch_add(1, Ordering::Relaxed);
             })
             .on_delete(move |_| {
@@ -108,7 +117,36 @@ async fn main() -> anyhow::Result<()> {
         informer.store().len(),
         adds.load(Ordering::Relaxed),
     );
-    recorder.finish().await;
+    recorder.wait_for_updates().await;
+    if args.reads > 0 {
+        let store = informer.store();
+        let namespace = &args.namespace;
+        let by_index = |group: &str| {
+            store
+                .by_index(GROUP_LABEL, group)
+                .map_or(0, |objects| objects.len())
+        };
+        benches::time_reads(
+            "kube-informer",
+            args.expect,
+            args.reads,
+            |name| format!("{namespace}/{name}"),
+            |key| store.get_by_key(key).is_some(),
+            || store.list().len(),
+            Some(&by_index),
+        )?
+        .print();
+    }
+    if args.relist.is_some() {
+        // The first list counts too: a second one means the change came by a relist.
+        relisted.notified().await;
+        RelistLine::print(
+            "kube-informer",
+            informer.reflector_stats().lists() >= 2,
+            informer.store().len(),
+        );
+    }
+    benches::wait_for_stdin().await;
     informer.stop().await;
     Ok(())
 }

@@ -417,8 +417,19 @@ impl TestEnv {
         pids
     }
 
-    fn etcd_pid(&self) -> u32 {
+    /// The process id of etcd.
+    pub fn etcd_pid(&self) -> u32 {
         self.etcd.pid()
+    }
+
+    /// The process id of kube-apiserver; `None` while it is stopped. A restart gives it a
+    /// new one.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Supervised::pid)
     }
 }
 
