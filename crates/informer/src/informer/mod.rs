@@ -897,4 +897,74 @@ mod tests {
         let late = handle.add_handler(handler_fn::<ConfigMap>());
         assert!(matches!(late, Err(Error::InformerStopped)), "{late:?}");
     }
+
+    /// A source whose streaming list is all buffered already: its stream never waits.
+    struct Buffered(usize);
+
+    impl ListWatch<ConfigMap> for Buffered {
+        fn resource(&self) -> String {
+            "configmaps".into()
+        }
+
+        async fn list(
+            &self,
+            _: &crate::list_watch::ListOptions,
+        ) -> Result<crate::list_watch::ListPage<ConfigMap>, Error> {
+            Err(Error::MalformedEvent {
+                resource: self.resource(),
+                detail: "lists by stream only".into(),
+            })
+        }
+
+        async fn watch(
+            &self,
+            options: &crate::list_watch::WatchOptions,
+        ) -> Result<crate::list_watch::WatchStream<ConfigMap>, Error> {
+            use crate::list_watch::WatchEvent;
+            use futures::StreamExt;
+            if !options.send_initial_events {
+                return Ok(futures::stream::pending().boxed());
+            }
+            let mut events: Vec<_> = (0..self.0)
+                .map(|i| {
+                    let mut cm = cm(&format!("c{i}"));
+                    cm.metadata.resource_version = Some(format!("{}", i + 1));
+                    Ok(WatchEvent::Added(cm))
+                })
+                .collect();
+            events.push(Ok(WatchEvent::Bookmark {
+                resource_version: format!("{}", self.0 + 1),
+                initial_events_end: true,
+            }));
+            Ok(futures::stream::iter(events)
+                .chain(futures::stream::pending())
+                .boxed())
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn handlers_run_while_a_buffered_streaming_list_is_applied() {
+        const OBJECTS: usize = 2000;
+        let informer = SharedInformer::new(Buffered(OBJECTS));
+        let store = informer.handle().store();
+        let cached_at_adds = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = cached_at_adds.clone();
+        informer.add_handler(
+            handler_fn()
+                .on_add(move |_: &Arc<ConfigMap>, _| seen.lock().unwrap().push(store.len())),
+        );
+        let running = informer.spawn(CancellationToken::new());
+        running.wait_synced().await;
+        while cached_at_adds.lock().unwrap().len() < OBJECTS {
+            tokio::task::yield_now().await;
+        }
+        let first = cached_at_adds.lock().unwrap()[0];
+        // Otherwise each object of a compact cache waits decoded in the handler's buffer
+        // until the whole list is in.
+        assert!(
+            first < OBJECTS / 4,
+            "the handler first ran with {first} of {OBJECTS} objects cached"
+        );
+        running.stop().await;
+    }
 }

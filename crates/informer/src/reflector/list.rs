@@ -45,6 +45,8 @@ where
             pages += 1;
             let mut end = None;
             while let Some(item) = page.next().await {
+                // As in the watch: let the handlers run while a buffered page is applied.
+                tokio::task::coop::consume_budget().await;
                 match item? {
                     ListItem::Object(obj) => {
                         listed += usize::from(self.list_one(obj, None));

@@ -139,6 +139,11 @@ where
         };
         let mut events = 0usize;
         loop {
+            // A body the connection has buffered is read without ever waiting, so without
+            // this the reflector would apply a whole streaming list before the handlers'
+            // tasks (woken on this thread) run once, and a compact cache would hold every
+            // object decoded in their buffers meanwhile.
+            tokio::task::coop::consume_budget().await;
             let silence = match initial {
                 Some(_) => self
                     .config
