@@ -11,8 +11,9 @@
 //!   [`kube_client::Api`] (typed resources, `DynamicObject`, metadata-only objects) and
 //!   [`ApiListWatch`]; built-in kinds are read in protobuf, as client-go reads them, into
 //!   the same serde types that read JSON;
-//! - [`Store`]: the indexed cache, objects shared as `Arc<K>` (or kept encoded by a
-//!   [`Codec`]), read-only to its users, with a [`Lister`] on top;
+//! - [`Store`]: the indexed cache, compact by default (objects kept as the bytes the
+//!   server sent, decoded on read) or of shared `Arc<K>`s, read-only to its users, with a
+//!   [`Lister`] on top;
 //! - [`Reflector`]: the list-then-watch loop with client-go's semantics (pages of 500,
 //!   bookmarks, resume without relist, relist on 410, jittered backoff, idle detection);
 //! - [`SharedInformer`]: reflector + store + any number of [`EventHandler`]s, each with its

@@ -12,17 +12,19 @@ use crate::error::BoxError;
 ///
 /// How a compact [`Store`](crate::Store) keeps objects: serialized, decoded on read.
 ///
-/// By default a store holds each object as the `Arc<K>` it was decoded into. For most
-/// Kubernetes types that in-memory form is much larger than the object's JSON:
-/// `k8s-openapi` structs carry every optional field inline, and `managedFields` decode into
-/// trees of `BTreeMap`s. A store built with a [`Codec`] keeps the encoded bytes instead and
-/// decodes on every read, trading a few microseconds per read for a fraction of the memory
-/// (measured in [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)).
+/// For most Kubernetes types the decoded, in-memory form of an object is much larger than
+/// its bytes: `k8s-openapi` structs carry every optional field inline, and `managedFields`
+/// decode into trees of `BTreeMap`s. A compact store (an informer's default) keeps bytes
+/// instead and decodes on every read, trading some microseconds per read for a fraction of
+/// the memory (measured in [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)).
 ///
-/// [`JsonCodec`] (compact JSON) is the codec [`InformerBuilder::compact`] uses; implement
-/// [`Codec`] for another format or to compress.
+/// The default compact store ([`InformerBuilder::compact`]) keeps the bytes the server sent
+/// and needs a codec only for objects that came without them; [`JsonCodec`] (compact JSON)
+/// is that codec. [`InformerBuilder::codec`] keeps every object in a codec of your own, for
+/// another format or to compress.
 ///
 /// [`InformerBuilder::compact`]: crate::InformerBuilder::compact
+/// [`InformerBuilder::codec`]: crate::InformerBuilder::codec
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;

@@ -78,11 +78,11 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
 ///
 /// The thread-safe, indexed object cache (client-go's `Indexer` / `threadSafeMap`).
 ///
-/// [`Store<K>`] maps [`ObjectKey`]s to objects. By default it holds each object as the
-/// `Arc<K>` it was decoded into: every reader, index and event handler shares it, and
-/// nothing is deep-copied after decoding. A *compact* store holds each object encoded by a
-/// [`Codec`] instead and decodes it on every read: much less memory for a few microseconds
-/// per object read.
+/// [`Store<K>`] maps [`ObjectKey`]s to objects. A *compact* store (an informer's default)
+/// holds each object as bytes, the ones the server sent or an encoding by a [`Codec`], and
+/// decodes it on every read: much less memory for some microseconds per object read. A
+/// store of decoded objects holds each as the `Arc<K>` it was decoded into: every reader,
+/// index and event handler shares it, and nothing is deep-copied after decoding.
 ///
 /// A [`Store`] is a read-only handle. Its one [`Writer`] belongs to whoever fills the cache
 /// (a [`SharedInformer`](crate::SharedInformer)'s processor), so a program can read an
