@@ -21,7 +21,7 @@ use super::handler::{DeletedFinalStateUnknown, DeletedObject, Notification};
 use crate::{
     error::Error,
     key::ObjectKey,
-    list_watch::{ObjectVersion, RawObject},
+    list_watch::RawObject,
     reflector::ReflectorStore,
     store::{IndexFn, StoreChange, Writer},
 };
@@ -316,13 +316,8 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         let Applied::Version(version) = &dist.applied else {
             return None;
         };
-        let objects = self
-            .store
-            .list()
-            .iter()
-            .filter_map(|o| ObjectVersion::of(&**o))
-            .map(|v| (v.key, v.resource_version))
-            .collect();
+        // From the slots: a compact cache need not decode every object for this.
+        let objects = self.store.key_versions().into_iter().collect();
         Some((version.clone(), objects))
     }
 }

@@ -356,6 +356,18 @@ impl<K> Store<K> {
         self.read().objects.keys().cloned().collect()
     }
 
+    /// The key and resourceVersion of every object, at one instant, without decoding any.
+    pub(crate) fn key_versions(&self) -> Vec<(ObjectKey, String)>
+    where
+        K: Resource,
+    {
+        self.read()
+            .objects
+            .iter()
+            .map(|(key, slot)| (key.clone(), slot.version().unwrap_or_default().to_owned()))
+            .collect()
+    }
+
     /// Number of objects.
     pub fn len(&self) -> usize {
         self.read().objects.len()
@@ -909,6 +921,23 @@ mod tests {
         assert!(store.index_keys("app", "web").unwrap().is_empty());
         assert_eq!(store.get_by_key("a/x"), Some(db));
         store.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn key_versions_read_the_slots_without_decoding() {
+        let store = Writer::build(Keeping::Encoded {
+            codec: Arc::new(NoEncoding),
+            wire: Some(|_, _| Err("decoding is what this must not do".into())),
+        });
+        let mut obj = (*cm("a", "x", "web")).clone();
+        obj.metadata.resource_version = Some("7".into());
+        let raw = RawObject::new(serde_json::to_vec(&obj).unwrap().into(), RawFormat::Json);
+        store.insert_keyed("a/x".into(), Arc::new(obj), Some(raw));
+        assert_eq!(store.key_versions(), [("a/x".into(), "7".to_owned())]);
+        assert!(
+            store.get_by_key("a/x").is_none(),
+            "its bytes do not decode here"
+        );
     }
 
     #[test]
