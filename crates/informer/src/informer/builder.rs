@@ -121,8 +121,8 @@ where
     L: ListWatch<K>,
 {
     /// Keep each object decoded, as the `Arc<K>` that readers and handlers share: reads
-    /// cost nothing but the `Arc`'s count, and a `Pod` takes about ten times the memory
-    /// of its bytes (`k8s-openapi` types inline every optional field, and `managedFields`
+    /// cost nothing but the `Arc`'s count, and a `Pod` takes several times the memory of
+    /// its bytes (`k8s-openapi` types inline every optional field, and `managedFields`
     /// decode into trees of maps).
     ///
     /// ```
