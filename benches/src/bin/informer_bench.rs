@@ -651,6 +651,18 @@ async fn create_pods(pods: &Api<Pod>, n: usize, concurrency: usize) -> anyhow::R
         .await
 }
 
+/// Tells a subject to exit (its stdin closes) and kills it if it has not within 10 s.
+async fn stop_subject(child: &mut tokio::process::Child) -> anyhow::Result<()> {
+    drop(child.stdin.take());
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        child.kill().await?;
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn run_subject(
     args: &Args,
@@ -753,13 +765,7 @@ async fn run_subject(
             max_ms: latencies.last().copied().unwrap_or(f64::NAN),
         }
     });
-    drop(child.stdin.take());
-    if tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .is_err()
-    {
-        child.kill().await?;
-    }
+    stop_subject(&mut child).await?;
     Ok(RunResult {
         pods: n,
         subject: subject.to_owned(),
@@ -841,13 +847,7 @@ async fn run_relist(
     let relist_ms = (relist.at_ns - restored_ns) as f64 / 1e6;
     wait_for_idle_cpus().await;
     let (rss_after_kb, peak_kb) = memory_of(&pid.to_string());
-    drop(child.stdin.take());
-    if tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .is_err()
-    {
-        child.kill().await?;
-    }
+    stop_subject(&mut child).await?;
     Ok(RelistResult {
         pods: n,
         subject: subject.to_owned(),

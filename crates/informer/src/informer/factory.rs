@@ -74,6 +74,26 @@ impl Scope {
     }
 }
 
+/// What a factory builds informers of: a typed resource (k8s-openapi's types, your own
+/// `CustomResource`s) that the default compact cache can keep. Implemented for every type
+/// with these bounds.
+pub trait FactoryObject:
+    Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl<K> FactoryObject for K where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// The scopes of typed resources a factory builds informers for: namespaced ones (one
 /// namespace, or all) and cluster-scoped ones. Implemented for k8s-openapi's scope types.
 pub trait FactoryScope: sealed::Sealed + Sized {
@@ -276,14 +296,7 @@ impl InformerFactory {
     /// configuration.
     pub fn informer<K>(&self, scope: Scope) -> InformerHandle<K>
     where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
+        K: FactoryObject,
         K::Scope: FactoryScope,
     {
         self.informer_with(scope, |builder| builder)
@@ -301,14 +314,7 @@ impl InformerFactory {
         + 'static,
     ) -> InformerHandle<K>
     where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
+        K: FactoryObject,
         K::Scope: FactoryScope,
     {
         let key = (TypeId::of::<K>(), scope);
@@ -332,14 +338,7 @@ impl InformerFactory {
 
     fn build<K>(&self, scope: &Scope, customize: Customize<K>) -> SharedInformer<K>
     where
-        K: Resource<DynamicType = ()>
-            + Clone
-            + Serialize
-            + DeserializeOwned
-            + Debug
-            + Send
-            + Sync
-            + 'static,
+        K: FactoryObject,
         K::Scope: FactoryScope,
     {
         let api = K::Scope::api::<K>(self.inner.client.clone(), scope.namespace.as_deref());

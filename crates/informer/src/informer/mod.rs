@@ -39,7 +39,7 @@ use processor::{Processor, lock};
 pub use builder::{InformerBuilder, MIN_RESYNC_PERIOD};
 use divergence::Divergence;
 pub use divergence::{DivergenceCheck, DivergenceStats, Drift, OutdatedObject, Repair};
-pub use factory::{FactoryScope, InformerFactory, InformerStatus, Scope};
+pub use factory::{FactoryObject, FactoryScope, InformerFactory, InformerStatus, Scope};
 use handler::run_listener;
 pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
