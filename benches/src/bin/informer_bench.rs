@@ -651,16 +651,69 @@ async fn create_pods(pods: &Api<Pod>, n: usize, concurrency: usize) -> anyhow::R
         .await
 }
 
-/// Tells a subject to exit (its stdin closes) and kills it if it has not within 10 s.
-async fn stop_subject(child: &mut tokio::process::Child) -> anyhow::Result<()> {
-    drop(child.stdin.take());
-    if tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .is_err()
-    {
-        child.kill().await?;
+/// A subject's process: its pid and the JSON lines it prints, one per phase.
+struct Subject {
+    child: tokio::process::Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    pid: u32,
+    timeout: Duration,
+}
+
+impl Subject {
+    /// Starts `subject` (`binary` with the subject's options) on the `n` Pods of
+    /// `namespace`, with `extra` arguments.
+    fn spawn(
+        binary: &Path,
+        subject: &str,
+        kubeconfig: &Path,
+        namespace: &str,
+        n: usize,
+        extra: &[&str],
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let mut child = tokio::process::Command::new(binary)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--namespace", namespace])
+            .args(["--expect", &n.to_string()])
+            .args(extra)
+            .args(subject_options(subject))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let pid = child.id().context("the subject has a pid")?;
+        let lines = BufReader::new(child.stdout.take().context("stdout is piped")?).lines();
+        Ok(Self {
+            child,
+            lines,
+            pid,
+            timeout,
+        })
     }
-    Ok(())
+
+    /// The next line the subject prints, parsed; `what` names it in errors.
+    async fn next<T: serde::de::DeserializeOwned>(&mut self, what: &str) -> anyhow::Result<T> {
+        let line = tokio::time::timeout(self.timeout, self.lines.next_line())
+            .await
+            .context("timed out waiting for the subject")??
+            .context("the subject exited early")?;
+        serde_json::from_str(&line).with_context(|| format!("reading the {what} line"))
+    }
+
+    /// Tells the subject to exit (its stdin closes) and kills it if it has not within 10 s.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        drop(self.child.stdin.take());
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.child.kill().await?;
+        }
+        Ok(())
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -686,30 +739,21 @@ async fn run_subject(
     }
     let timeout = Duration::from_secs(args.timeout_s);
     let spawned = Instant::now();
-    let mut child = tokio::process::Command::new(binary)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--namespace", namespace])
-        .args(["--expect", &n.to_string()])
-        .args(["--updates", &(updates + paced_updates).to_string()])
-        .args(["--reads", &args.reads.to_string()])
-        .args(subject_options(subject))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    let pid = child.id().context("the subject has a pid")?.to_string();
-    let mut lines = BufReader::new(child.stdout.take().context("stdout is piped")?).lines();
-    let mut next_line = async || -> anyhow::Result<String> {
-        tokio::time::timeout(timeout, lines.next_line())
-            .await
-            .context("timed out waiting for the subject")??
-            .context("the subject exited early")
-    };
-    let synced: SyncedLine =
-        serde_json::from_str(&next_line().await?).context("reading the synced line")?;
+    let (updates_arg, reads_arg) = (
+        (updates + paced_updates).to_string(),
+        args.reads.to_string(),
+    );
+    let mut subject_process = Subject::spawn(
+        binary,
+        subject,
+        kubeconfig,
+        namespace,
+        n,
+        &["--updates", &updates_arg, "--reads", &reads_arg],
+        timeout,
+    )?;
+    let pid = subject_process.pid.to_string();
+    let synced: SyncedLine = subject_process.next("synced").await?;
     let spawn_to_synced_ms = spawned.elapsed().as_secs_f64() * 1000.0;
     let apiserver_peak_kb = apiserver.map(|pid| memory_of(&pid.to_string()).1);
     if synced.cached != n {
@@ -729,12 +773,12 @@ async fn run_subject(
         Vec::new()
     };
     let seen: Option<UpdatesLine> = if updates + paced_updates > 0 {
-        Some(serde_json::from_str(&next_line().await?).context("reading the updates line")?)
+        Some(subject_process.next("updates").await?)
     } else {
         None
     };
     let reads: Option<ReadsLine> = if args.reads > 0 {
-        Some(serde_json::from_str(&next_line().await?).context("reading the reads line")?)
+        Some(subject_process.next("reads").await?)
     } else {
         None
     };
@@ -765,7 +809,7 @@ async fn run_subject(
             max_ms: latencies.last().copied().unwrap_or(f64::NAN),
         }
     });
-    stop_subject(&mut child).await?;
+    subject_process.stop().await?;
     Ok(RunResult {
         pods: n,
         subject: subject.to_owned(),
@@ -802,30 +846,18 @@ async fn run_relist(
     run: usize,
 ) -> anyhow::Result<RelistResult> {
     let marker = format!("r{run}-{subject}");
-    let mut child = tokio::process::Command::new(binary)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--namespace", namespace])
-        .args(["--expect", &n.to_string()])
-        .args(["--relist", &marker])
-        .args(subject_options(subject))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    let pid = child.id().context("the subject has a pid")?;
-    let mut lines = BufReader::new(child.stdout.take().context("stdout is piped")?).lines();
     let timeout = Duration::from_secs(args.timeout_s);
-    let mut next_line = async || -> anyhow::Result<String> {
-        tokio::time::timeout(timeout, lines.next_line())
-            .await
-            .context("timed out waiting for the subject")??
-            .context("the subject exited early")
-    };
-    let synced: SyncedLine =
-        serde_json::from_str(&next_line().await?).context("reading the synced line")?;
+    let mut subject_process = Subject::spawn(
+        binary,
+        subject,
+        kubeconfig,
+        namespace,
+        n,
+        &["--relist", &marker],
+        timeout,
+    )?;
+    let pid = subject_process.pid;
+    let synced: SyncedLine = subject_process.next("synced").await?;
     if synced.cached != n {
         bail!("{subject} cached {} Pods, expected {n}", synced.cached);
     }
@@ -842,12 +874,11 @@ async fn run_relist(
     };
     eprintln!("{subject}: cutting it off, compacting etcd, restarting kube-apiserver");
     let ((), restored_ns) = benches::faults::cut_compacted(env, &[proxy], true, change).await?;
-    let relist: RelistLine =
-        serde_json::from_str(&next_line().await?).context("reading the relist line")?;
+    let relist: RelistLine = subject_process.next("relist").await?;
     let relist_ms = (relist.at_ns - restored_ns) as f64 / 1e6;
     wait_for_idle_cpus().await;
     let (rss_after_kb, peak_kb) = memory_of(&pid.to_string());
-    stop_subject(&mut child).await?;
+    subject_process.stop().await?;
     Ok(RelistResult {
         pods: n,
         subject: subject.to_owned(),
