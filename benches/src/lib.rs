@@ -210,7 +210,7 @@ pub fn time_reads<Q>(
             // Whole groups only, so every read returns GROUP_SIZE objects.
             let full = (n / GROUP_SIZE).max(1);
             for _ in 0..200 {
-                let group = format!("g{}", random.below(full));
+                let group = pod_group(random.below(full) * GROUP_SIZE);
                 let started = Instant::now();
                 len = read(&group);
                 times.push(started.elapsed().as_secs_f64() * 1e6);
@@ -219,20 +219,11 @@ pub fn time_reads<Q>(
         }
         None => (None, None),
     };
-    let rank = |p: f64| gets[((p * gets.len() as f64).ceil() as usize).clamp(1, gets.len()) - 1];
     Ok(ReadsLine {
         subject: subject.to_owned(),
         get_samples: samples,
-        get_p50_ns: if gets.is_empty() {
-            f64::NAN
-        } else {
-            rank(0.50)
-        },
-        get_p99_ns: if gets.is_empty() {
-            f64::NAN
-        } else {
-            rank(0.99)
-        },
+        get_p50_ns: percentile(&gets, 0.50),
+        get_p99_ns: percentile(&gets, 0.99),
         list_ms: median(lists),
         by_index_us,
         by_index_len,
@@ -414,6 +405,15 @@ async fn config(path: &std::path::Path) -> anyhow::Result<kube_client::Config> {
     use kube_client::config::{Config, KubeConfigOptions, Kubeconfig};
     let kubeconfig = Kubeconfig::read_from(path)?;
     Ok(Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+}
+
+/// Nearest-rank percentile `p` (0 to 1) of sorted values; NaN for none.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// The median of `values`; NaN if there are none.

@@ -27,8 +27,8 @@ use std::{
 use anyhow::{Context, bail};
 use benches::{
     GROUP_LABEL, RELIST_LABEL, ReadsLine, RelistLine, SyncedLine, UPDATE_LABEL, UpdatesLine,
-    client_go_version, command_output, lock_version, machine, median, memory_of, pod_group,
-    pod_name, reset_peak, unix_nanos, workqueue_report,
+    client_go_version, command_output, lock_version, machine, median, memory_of, percentile,
+    pod_group, pod_name, reset_peak, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -953,15 +953,6 @@ fn latencies(responses: &[(String, i64)], received: &HashMap<String, i64>) -> Ve
         .collect();
     latencies.sort_by(f64::total_cmp);
     latencies
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 fn report(args: &Args, json: &Path, all: &Results) -> String {
