@@ -23,15 +23,11 @@ use bytes::Bytes;
 
 use super::{
     KeyOnly, ListEnd, ListItem, ListStream, RawFormat, RawObject,
+    batch::{self, BATCH_ITEMS, Batch, Decoding},
     json_list::{ListDecodeError, ListDecoder},
     protobuf::{error::ProtobufError, list_decoder::ProtobufListDecoder},
 };
 use crate::error::{BoxError, Error, Verb};
-
-/// Items per batch: enough to amortise a hand-off to the blocking pool over many objects'
-/// decoding, few enough that the objects in flight stay small (larger batches raised the
-/// decoding threads' peak heap in the benchmarks).
-const BATCH_ITEMS: usize = 32;
 
 /// A list body's splitter, by encoding.
 pub(crate) enum BodySplitter {
@@ -85,15 +81,15 @@ struct ItemDecoder(RawFormat);
 impl ItemDecoder {
     fn decode<K: DeserializeOwned>(self, batch: Batch) -> Result<Vec<ListItem<K>>, BoxError> {
         let mut items = Vec::with_capacity(batch.len());
-        let bytes = Bytes::from(batch.bytes);
-        let starts = std::iter::once(0).chain(batch.ends.iter().copied());
-        for (start, end) in starts.zip(batch.ends.iter().copied()) {
-            let item = &bytes[start..end];
+        let (bytes, ranges) = batch.into_items();
+        let bytes = Bytes::from(bytes);
+        for range in ranges {
+            let item = &bytes[range.clone()];
             let item = match self.0.decode::<K>(item) {
                 Ok(object) => ListItem::Decoded {
                     object,
                     // A slice of the batch: a store that keeps it copies it out.
-                    raw: RawObject::new(bytes.slice(start..end), self.0),
+                    raw: RawObject::new(bytes.slice(range), self.0),
                 },
                 // One bad object must not fail the list: read its key alone, so the
                 // reflector can keep its last good state and apply everything else.
@@ -111,32 +107,12 @@ impl ItemDecoder {
     }
 }
 
-/// The bytes of consecutive items, back to back.
-#[derive(Default)]
-struct Batch {
-    bytes: Vec<u8>,
-    ends: Vec<usize>,
-}
-
-impl Batch {
-    fn push(&mut self, item: &[u8]) {
-        self.bytes.extend_from_slice(item);
-        self.ends.push(self.bytes.len());
-    }
-
-    fn len(&self) -> usize {
-        self.ends.len()
-    }
-}
-
-type Decoded<K> = Pin<Box<dyn Future<Output = Result<Vec<ListItem<K>>, BoxError>> + Send>>;
-
 struct State<B, K> {
     body: Pin<Box<B>>,
     splitter: Option<BodySplitter>,
     decoder: ItemDecoder,
     batch: Batch,
-    in_flight: FuturesOrdered<Decoded<K>>,
+    in_flight: FuturesOrdered<Decoding<Result<Vec<ListItem<K>>, BoxError>>>,
     /// Batches decoded at once: the cores there are, when there is a blocking pool.
     parallelism: usize,
     ready: VecDeque<ListItem<K>>,
@@ -157,17 +133,12 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
     fn dispatch(&mut self) {
         let batch = std::mem::take(&mut self.batch);
         let decoder = self.decoder;
-        if self.parallelism > 1 && batch.len() >= BATCH_ITEMS / 4 {
-            let task = tokio::task::spawn_blocking(move || decoder.decode::<K>(batch));
-            self.in_flight.push_back(Box::pin(async move {
-                task.await
-                    .map_err(|e| -> BoxError { e.to_string().into() })?
-            }));
-        } else {
-            let decoded = decoder.decode::<K>(batch);
-            self.in_flight
-                .push_back(Box::pin(std::future::ready(decoded)));
-        }
+        self.in_flight.push_back(batch::dispatch(
+            batch,
+            self.parallelism,
+            move |batch| decoder.decode::<K>(batch),
+            |lost| Err(lost.into()),
+        ));
     }
 }
 
@@ -187,12 +158,9 @@ where
     // already keeps pace on a core of its own, and more cores would be taken from a server
     // on the same machine; a protobuf list arrives whole once encoded, and then decoding is
     // all that is left to do.
-    let parallel = matches!(splitter, BodySplitter::Protobuf(_))
-        && tokio::runtime::Handle::try_current().is_ok();
-    let parallelism = if parallel {
-        std::thread::available_parallelism().map_or(1, usize::from)
-    } else {
-        1
+    let parallelism = match splitter {
+        BodySplitter::Protobuf(_) => batch::parallelism(),
+        BodySplitter::Json(_) => 1,
     };
     let state = State {
         body: Box::pin(body),
@@ -253,7 +221,7 @@ where
                             Ok(end) => st.end = Some(end),
                             Err(e) => return Err(st.decode_error(e)),
                         }
-                        if st.batch.len() > 0 {
+                        if !st.batch.is_empty() {
                             st.dispatch();
                         }
                     }

@@ -2,6 +2,7 @@
 //! The full documentation is on [`ListWatch`].
 
 mod api;
+mod batch;
 mod json_list;
 mod list_body;
 mod protobuf;

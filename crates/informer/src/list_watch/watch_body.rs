@@ -3,11 +3,12 @@
 
 use std::{collections::VecDeque, pin::Pin};
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt, stream::FuturesOrdered};
 use serde::de::DeserializeOwned;
 
 use super::{
     Change, KeyOnly, WatchEvent, WatchStream,
+    batch::{self, BATCH_ITEMS, Batch, Decoding},
     protobuf::{
         error::ProtobufError,
         schema::Resource as ProtobufResource,
@@ -33,16 +34,25 @@ enum Framing {
     JsonLines(Vec<u8>),
 }
 
+/// One item of a watch stream.
+type Item<K> = Result<WatchEvent<K>, Error>;
+
 struct State<B, K> {
     body: Pin<Box<B>>,
     framing: Framing,
-    ready: VecDeque<Result<WatchEvent<K>, Error>>,
+    /// Protobuf frames read but not yet handed to decoding.
+    batch: Batch,
+    /// Batches of frames being decoded, in the order they arrived.
+    in_flight: FuturesOrdered<Decoding<Vec<Item<K>>>>,
+    /// Batches decoded at once (see [`batch::parallelism`]).
+    parallelism: usize,
+    ready: VecDeque<Item<K>>,
     resource: String,
-    /// Nothing more is read: what is in `ready` is the last of the stream.
+    /// Nothing more is read: what is in flight and ready is the last of the stream.
     ended: bool,
 }
 
-impl<B, K: DeserializeOwned> State<B, K> {
+impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
     fn decode_error(resource: &str, source: impl Into<BoxError>) -> Error {
         Error::Decode {
             resource: resource.to_owned(),
@@ -51,34 +61,77 @@ impl<B, K: DeserializeOwned> State<B, K> {
         }
     }
 
-    /// Decodes the events `chunk` completes. An event that does not decode is an error item
-    /// and the stream goes on; a broken framing is an error that ends it.
+    /// Reads the events `chunk` completes: protobuf frames into the batch, JSON lines
+    /// decoded now. An event that does not decode is an error item and the stream goes
+    /// on; a broken framing is an error that ends it.
     fn feed(&mut self, chunk: &[u8]) -> Result<(), Error> {
-        let (resource, ready) = (self.resource.as_str(), &mut self.ready);
+        let resource = self.resource.as_str();
         match &mut self.framing {
-            Framing::Protobuf(frames, table) => frames
-                .feed(chunk, |frame| -> Result<(), ProtobufError> {
-                    let event = decode_event(frame, table);
-                    ready.push_back(event.map_err(|e| Self::decode_error(resource, e)));
-                    Ok(())
-                })
-                .map_err(|e| Self::decode_error(resource, e)),
+            Framing::Protobuf(frames, _) => {
+                let batch = &mut self.batch;
+                frames
+                    .feed(chunk, |frame| -> Result<(), ProtobufError> {
+                        batch.push(frame);
+                        Ok(())
+                    })
+                    .map_err(|e| Self::decode_error(resource, e))
+            }
             Framing::JsonLines(pending) => {
-                pending.extend_from_slice(chunk);
+                let mut events = Vec::new();
                 let mut start = 0;
+                pending.extend_from_slice(chunk);
                 while let Some(end) = memchr::memchr(b'\n', &pending[start..]) {
                     let line = &pending[start..start + end];
                     if !line.iter().all(u8::is_ascii_whitespace) {
-                        ready.push_back(
-                            json_event(line).map_err(|e| Self::decode_error(resource, e)),
-                        );
+                        events.push(json_event(line).map_err(|e| Self::decode_error(resource, e)));
                     }
                     start += end + 1;
                 }
                 pending.drain(..start);
+                if !events.is_empty() {
+                    self.in_flight
+                        .push_back(Box::pin(std::future::ready(events)));
+                }
                 Ok(())
             }
         }
+    }
+
+    /// Hands the frames read so far to decoding.
+    fn dispatch(&mut self) {
+        let Framing::Protobuf(_, table) = self.framing else {
+            return;
+        };
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        let resource = self.resource.clone();
+        let lost_resource = resource.clone();
+        self.in_flight.push_back(batch::dispatch(
+            batch,
+            self.parallelism,
+            move |batch| {
+                let (bytes, frames) = batch.into_items();
+                frames
+                    .map(|frame| {
+                        decode_event(&bytes[frame], table)
+                            .map_err(|e| Self::decode_error(&resource, e))
+                    })
+                    .collect()
+            },
+            move |lost| vec![Err(Self::decode_error(&lost_resource, lost))],
+        ));
+    }
+
+    /// The stream ends after what is in flight, with `last` (if any) as its last item.
+    fn end(&mut self, last: Option<Error>) {
+        self.dispatch();
+        if let Some(error) = last {
+            self.in_flight
+                .push_back(Box::pin(std::future::ready(vec![Err(error)])));
+        }
+        self.ended = true;
     }
 
     /// Whether the body stopped between two events.
@@ -128,6 +181,26 @@ where
     D: AsRef<[u8]>,
     E: std::error::Error + Send + Sync + 'static,
 {
+    let parallelism = match framing {
+        WatchFraming::Protobuf(_) => batch::parallelism(),
+        WatchFraming::JsonLines => 1,
+    };
+    decode_watch_body_in(body, framing, resource, parallelism)
+}
+
+/// [`decode_watch_body`], decoding up to `parallelism` batches of frames at once.
+fn decode_watch_body_in<K, B, D, E>(
+    body: B,
+    framing: WatchFraming,
+    resource: String,
+    parallelism: usize,
+) -> WatchStream<K>
+where
+    K: DeserializeOwned + Send + 'static,
+    B: Stream<Item = Result<D, E>> + Send + 'static,
+    D: AsRef<[u8]>,
+    E: std::error::Error + Send + Sync + 'static,
+{
     let framing = match framing {
         WatchFraming::Protobuf(table) => Framing::Protobuf(WatchFrameDecoder::default(), table),
         WatchFraming::JsonLines => Framing::JsonLines(Vec::new()),
@@ -135,6 +208,9 @@ where
     let state = State {
         body: Box::pin(body),
         framing,
+        batch: Batch::default(),
+        in_flight: FuturesOrdered::new(),
+        parallelism,
         ready: VecDeque::new(),
         resource,
         ended: false,
@@ -144,38 +220,69 @@ where
             if let Some(event) = st.ready.pop_front() {
                 return Some((event, st));
             }
-            if st.ended {
+            if st.ended && st.in_flight.is_empty() {
                 return None;
             }
-            match st.body.next().await {
-                Some(Ok(chunk)) => {
-                    if let Err(e) = st.feed(chunk.as_ref()) {
-                        // The framing is lost: the events before it, the error, then the end.
-                        st.ready.push_back(Err(e));
-                        st.ended = true;
-                    }
+            let room = st.in_flight.len() < st.parallelism;
+            tokio::select! {
+                biased;
+                events = st.in_flight.next(), if !st.in_flight.is_empty() => {
+                    st.ready.extend(events.into_iter().flatten());
                 }
-                Some(Err(e)) => {
-                    st.ready.push_back(Err(Error::Transport {
-                        resource: st.resource.clone(),
-                        verb: Verb::Watch,
-                        source: Box::new(e),
-                    }));
-                    st.ended = true;
-                }
-                None => {
-                    if !st.is_clean() {
-                        tracing::debug!(
-                            resource = %st.resource,
-                            "watch body ended inside an event; the watch resumes from the last one"
-                        );
+                chunk = st.body.next(), if !st.ended && room => {
+                    st.read(chunk);
+                    // Gather what has arrived already (a streaming list's initial events
+                    // come many to a read) into full batches; a lone event of a quiet
+                    // watch is decoded as soon as its read is.
+                    while !st.ended && st.batch.len() < BATCH_ITEMS {
+                        match st.body.next().now_or_never() {
+                            Some(chunk) => st.read(chunk),
+                            None => break,
+                        }
                     }
-                    return None;
+                    st.dispatch();
                 }
             }
         }
     })
     .boxed()
+}
+
+impl<B, D, E, K> State<B, K>
+where
+    K: DeserializeOwned + Send + 'static,
+    B: Stream<Item = Result<D, E>>,
+    D: AsRef<[u8]>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    /// Takes in one read of the body: a chunk, an error, or its end.
+    fn read(&mut self, chunk: Option<Result<D, E>>) {
+        match chunk {
+            Some(Ok(chunk)) => {
+                if let Err(e) = self.feed(chunk.as_ref()) {
+                    // The framing is lost: the events before it, the error, then the end.
+                    self.end(Some(e));
+                }
+            }
+            Some(Err(e)) => {
+                let error = Error::Transport {
+                    resource: self.resource.clone(),
+                    verb: Verb::Watch,
+                    source: Box::new(e),
+                };
+                self.end(Some(error));
+            }
+            None => {
+                if !self.is_clean() {
+                    tracing::debug!(
+                        resource = %self.resource,
+                        "watch body ended inside an event; the watch resumes from the last one"
+                    );
+                }
+                self.end(None);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -226,6 +333,113 @@ mod tests {
             events[1]
         );
         assert_eq!(name(&events[2]), "c");
+    }
+
+    /// The thread an object was decoded on.
+    #[derive(Debug)]
+    struct DecodedOn(std::thread::ThreadId);
+
+    impl<'de> serde::Deserialize<'de> for DecodedOn {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            serde::de::IgnoredAny::deserialize(d)?;
+            Ok(DecodedOn(std::thread::current().id()))
+        }
+    }
+
+    #[tokio::test]
+    async fn frames_that_arrive_together_decode_off_the_reading_thread_in_order() {
+        let frames: Vec<Vec<u8>> = (0..200).map(|i| frame("ADDED", &format!("p{i}"))).collect();
+        let mut bad = frames[100].clone();
+        let last = bad.len() - 1;
+        bad[last] = 0xff;
+        let mut body = frames.clone();
+        body[100] = bad;
+        let body = body.concat();
+
+        // Pods: every event in the server's order, the bad one an error in its place.
+        let events: Vec<_> = decode_watch_body_in::<Pod, _, _, _>(
+            chunked(body.clone(), 64 << 10),
+            WatchFraming::Protobuf(pods()),
+            "pods".into(),
+            2,
+        )
+        .collect()
+        .await;
+        assert_eq!(events.len(), 200);
+        for (i, event) in events.iter().enumerate() {
+            if i == 100 {
+                assert!(matches!(event, Err(Error::Decode { .. })), "{event:?}");
+            } else {
+                assert_eq!(name(event), format!("p{i}"));
+            }
+        }
+
+        // On this single-threaded runtime, batches went to the blocking pool's threads.
+        let here = std::thread::current().id();
+        let events: Vec<_> = decode_watch_body_in::<DecodedOn, _, _, _>(
+            chunked(frames.concat(), 64 << 10),
+            WatchFraming::Protobuf(pods()),
+            "pods".into(),
+            2,
+        )
+        .collect()
+        .await;
+        let elsewhere = events
+            .iter()
+            .filter(|e| matches!(e, Ok(WatchEvent::Decoded { object: DecodedOn(on), .. }) if *on != here))
+            .count();
+        assert_eq!(
+            elsewhere, 200,
+            "decoded off the reading thread: {elsewhere} of 200"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lone_event_is_delivered_without_waiting_for_more() {
+        let body = futures::stream::iter([Ok::<_, std::io::Error>(frame("ADDED", "a"))])
+            .chain(futures::stream::pending());
+        let mut events = decode_watch_body_in::<Pod, _, _, _>(
+            body,
+            WatchFraming::Protobuf(pods()),
+            "pods".into(),
+            2,
+        );
+        let first = tokio::time::timeout(std::time::Duration::from_secs(30), events.next())
+            .await
+            .expect("the event arrives while the watch stays open")
+            .expect("an item");
+        assert_eq!(name(&first), "a");
+    }
+
+    #[tokio::test]
+    async fn a_broken_body_ends_after_the_events_before_it() {
+        let frames: Vec<_> = (0..100)
+            .map(|i| Ok(frame("ADDED", &format!("p{i}"))))
+            .chain([Err(std::io::Error::other("connection reset"))])
+            .collect();
+        let events: Vec<_> = decode_watch_body_in::<Pod, _, _, _>(
+            futures::stream::iter(frames),
+            WatchFraming::Protobuf(pods()),
+            "pods".into(),
+            2,
+        )
+        .collect()
+        .await;
+        assert_eq!(events.len(), 101);
+        for (i, event) in events[..100].iter().enumerate() {
+            assert_eq!(name(event), format!("p{i}"));
+        }
+        assert!(
+            matches!(
+                &events[100],
+                Err(Error::Transport {
+                    verb: Verb::Watch,
+                    ..
+                })
+            ),
+            "{:?}",
+            events[100]
+        );
     }
 
     #[tokio::test]

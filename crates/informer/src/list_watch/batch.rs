@@ -1,0 +1,77 @@
+//! Objects' bytes gathered into batches that are decoded off the task reading the body, on
+//! tokio's blocking pool, so that a large list or a streaming list's initial events decode
+//! on every core while the body keeps arriving. Both [list bodies](super::list_body) and
+//! [watch bodies](super::watch_body) batch this way.
+
+use std::{future::Future, ops::Range, pin::Pin};
+
+/// Items per batch: enough to amortise a hand-off to the blocking pool over many objects'
+/// decoding, few enough that the objects in flight stay small (larger batches raised the
+/// decoding threads' peak heap in the benchmarks).
+pub(super) const BATCH_ITEMS: usize = 32;
+
+/// A batch this small is decoded inline: the hand-off would cost more than it saves.
+const SMALLEST_HANDED_OFF: usize = BATCH_ITEMS / 4;
+
+/// The bytes of consecutive items, back to back.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) bytes: Vec<u8>,
+    pub(super) ends: Vec<usize>,
+}
+
+impl Batch {
+    pub(super) fn push(&mut self, item: &[u8]) {
+        self.bytes.extend_from_slice(item);
+        self.ends.push(self.bytes.len());
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.ends.is_empty()
+    }
+
+    /// The bytes, and each item's range in them.
+    pub(super) fn into_items(self) -> (Vec<u8>, impl Iterator<Item = Range<usize>>) {
+        let starts = std::iter::once(0).chain(self.ends.clone());
+        (self.bytes, starts.zip(self.ends).map(|(s, e)| s..e))
+    }
+}
+
+/// A batch being decoded.
+pub(super) type Decoding<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// How many batches decode at once: the cores there are, when this runs on a tokio runtime
+/// (whose blocking pool decodes them); 1 otherwise, and then every batch decodes inline.
+pub(super) fn parallelism() -> usize {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        std::thread::available_parallelism().map_or(1, usize::from)
+    } else {
+        1
+    }
+}
+
+/// Decodes `batch` with `decode`: on the blocking pool when `parallelism` allows and the
+/// batch is worth the hand-off, else now. `lost` is the output for a decoding thread that
+/// panicked.
+pub(super) fn dispatch<T: Send + 'static>(
+    batch: Batch,
+    parallelism: usize,
+    decode: impl FnOnce(Batch) -> T + Send + 'static,
+    lost: impl FnOnce(String) -> T + Send + 'static,
+) -> Decoding<T> {
+    if parallelism > 1 && batch.len() >= SMALLEST_HANDED_OFF {
+        let task = tokio::task::spawn_blocking(move || decode(batch));
+        Box::pin(async move {
+            match task.await {
+                Ok(decoded) => decoded,
+                Err(error) => lost(error.to_string()),
+            }
+        })
+    } else {
+        Box::pin(std::future::ready(decode(batch)))
+    }
+}
