@@ -46,6 +46,35 @@ pub fn pod_group(i: usize) -> String {
     format!("g{}", i / GROUP_SIZE)
 }
 
+/// The client-go tutorial's nginx Pod, the `i`th of the benchmark, with its group label
+/// (shared by [`GROUP_SIZE`] Pods, for the by-index reads).
+pub fn nginx_pod(i: usize) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(i),
+            "labels": {
+                "app": "nginx-app",
+                "type": "front-end",
+                "language": "c",
+                "business-service-type": "web",
+                GROUP_LABEL: pod_group(i),
+            },
+        },
+        "spec": {
+            "containers": [{
+                "name": "nginx-container",
+                "image": "nginx:latest",
+                "resources": {
+                    "limits": {"cpu": "500m", "memory": "128Mi"},
+                    "requests": {"cpu": "100m", "memory": "64Mi"},
+                },
+            }],
+        },
+    })
+}
+
 /// The Pod whose name sorts last of `n` (lists return objects in key order, so its change
 /// is the last one a relist delivers).
 pub fn last_pod_name(n: usize) -> String {
@@ -270,6 +299,29 @@ pub fn memory_of(pid: &str) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// The CPU time (user + system) a process has used so far, ms, from `/proc/<pid>/stat`;
+/// `None` if unreadable. Its resolution is the kernel's clock tick (10 ms at the usual
+/// 100 Hz).
+pub fn cpu_ms_of(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are the stat file's fields 14 and 15; `rest` starts at field 3.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 * 1000.0 / clock_ticks_per_second())
+}
+
+/// `getconf CLK_TCK`, once; 100 if it cannot be read.
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        command_output("getconf", &["CLK_TCK"])
+            .parse()
+            .unwrap_or(100.0)
+    })
 }
 
 /// Now as Unix nanoseconds.

@@ -27,8 +27,8 @@ use std::{
 use anyhow::{Context, bail};
 use benches::{
     GROUP_LABEL, RELIST_LABEL, ReadsLine, RelistLine, SyncedLine, UPDATE_LABEL, UpdatesLine,
-    client_go_version, command_output, lock_version, machine, median, memory_of, percentile,
-    pod_group, pod_name, reset_peak, unix_nanos, workqueue_report,
+    client_go_version, command_output, cpu_ms_of, lock_version, machine, median, memory_of,
+    nginx_pod, percentile, pod_name, reset_peak, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -109,6 +109,17 @@ struct Args {
     /// The chart (PNG): median sync time and steady RSS against N.
     #[arg(long, default_value = "benches/informer-bench.png")]
     chart: PathBuf,
+    /// `subject-kube-informer` built from another commit, run as the subject
+    /// `kube-informer-baseline` (name it in `--subjects`): the figures before and after a
+    /// change, side by side in one run.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
+    /// A command to run a subject under, `SUBJECT=COMMAND`, for profiling; `{n}` and
+    /// `{run}` in it are replaced. For example
+    /// `--wrap 'kube-informer=perf record -g -o /tmp/kube-informer-{n}-{run}.perf --'`.
+    /// Its figures then carry the wrapper's cost: do not publish them.
+    #[arg(long, value_parser = parse_wrap)]
+    wrap: Vec<(String, String)>,
     /// Write the report and chart from an earlier run's JSON instead of measuring.
     #[arg(long)]
     from_json: Option<PathBuf>,
@@ -179,6 +190,13 @@ struct RunResult {
     /// KiB: its peak while serving the subject's initial list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_peak_kb: Option<u64>,
+    /// CPU time the subject used from its start to its sync, ms; absent before it was
+    /// measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    subject_cpu_ms: Option<f64>,
+    /// CPU time kube-apiserver used from the subject's start to its sync, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_cpu_ms: Option<f64>,
 }
 
 /// What the driver measured once per Pod count.
@@ -248,7 +266,8 @@ const DEFAULT_SUBJECT: &str = "kube-informer";
 /// the server's bytes); `kube-informer-decoded` keeps decoded objects (the default before
 /// the compact one), `kube-informer-json-codec` compact JSON the store encodes (the compact
 /// cache before it kept the server's bytes), `kube-informer-paged` syncs by paged lists
-/// instead of a streaming list; `kube-informer-json` and `client-go-json` read JSON
+/// instead of a streaming list; `kube-informer-baseline` runs the defaults of the
+/// `--baseline` executable; `kube-informer-json` and `client-go-json` read JSON
 /// instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
 /// JSON). A kube-informer configuration is one more line here.
 const SUBJECTS: &[(&str, Binary, &[&str])] = &[
@@ -269,6 +288,7 @@ const SUBJECTS: &[(&str, Binary, &[&str])] = &[
         &["--paged-list"],
     ),
     ("kube-informer-json", Binary::KubeInformer, &["--json"]),
+    ("kube-informer-baseline", Binary::Baseline, &[]),
     ("kube-runtime", Binary::KubeRuntime, &[]),
     ("client-go", Binary::ClientGo, &[]),
     ("client-go-json", Binary::ClientGo, &["-json"]),
@@ -278,6 +298,8 @@ const SUBJECTS: &[(&str, Binary, &[&str])] = &[
 #[derive(Debug, Clone, Copy)]
 enum Binary {
     KubeInformer,
+    /// `--baseline`: kube-informer's subject built from another commit.
+    Baseline,
     KubeRuntime,
     ClientGo,
 }
@@ -310,7 +332,14 @@ async fn main() -> anyhow::Result<()> {
         return save_and_write_outputs(&args, &results);
     }
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let binaries = subject_binaries()?;
+    let binaries = subject_binaries(args.baseline.as_deref())?;
+    if let Some(missing) = args
+        .subjects
+        .iter()
+        .find(|s| !binaries.contains_key(s.as_str()))
+    {
+        bail!("no executable for subject {missing}; kube-informer-baseline needs --baseline");
+    }
     for subject in &args.subjects {
         if !binaries.contains_key(subject.as_str()) {
             let known: Vec<&str> = SUBJECTS.iter().map(|(name, _, _)| *name).collect();
@@ -514,8 +543,23 @@ fn write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The subjects' executables: the Rust ones beside this one, the Go one built now.
-fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
+/// A `--wrap` value: the subject's name, `=`, the command.
+fn parse_wrap(value: &str) -> Result<(String, String), String> {
+    let (subject, command) = value
+        .split_once('=')
+        .ok_or_else(|| format!("expected SUBJECT=COMMAND, got {value:?}"))?;
+    if !SUBJECTS.iter().any(|(name, _, _)| *name == subject) {
+        return Err(format!("no subject is called {subject:?}"));
+    }
+    if command.trim().is_empty() {
+        return Err(format!("the command for {subject} is empty"));
+    }
+    Ok((subject.to_owned(), command.to_owned()))
+}
+
+/// The subjects' executables: the Rust ones beside this one, the Go one built now, and the
+/// baseline if one is given.
+fn subject_binaries(baseline: Option<&Path>) -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("the executable has a directory")?;
     let go_module = Path::new(env!("CARGO_MANIFEST_DIR")).join("go-subject");
@@ -534,13 +578,14 @@ fn subject_binaries() -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     }
     let binaries: HashMap<&'static str, PathBuf> = SUBJECTS
         .iter()
-        .map(|(name, binary, _)| {
+        .filter_map(|(name, binary, _)| {
             let path = match binary {
                 Binary::KubeInformer => dir.join("subject-kube-informer"),
+                Binary::Baseline => baseline?.to_owned(),
                 Binary::KubeRuntime => dir.join("subject-kube-runtime"),
                 Binary::ClientGo => go_binary.clone(),
             };
-            (*name, path)
+            Some((*name, path))
         })
         .collect();
     for path in binaries.values() {
@@ -557,35 +602,6 @@ fn subject_options(subject: &str) -> &'static [&'static str] {
         .iter()
         .find(|(name, _, _)| *name == subject)
         .map_or(&[], |(_, _, options)| options)
-}
-
-/// The client-go tutorial's nginx Pod, the `i`th of the benchmark, with its group label
-/// (shared by [`benches::GROUP_SIZE`] Pods, for the by-index reads).
-fn nginx_pod(i: usize) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name(i),
-            "labels": {
-                "app": "nginx-app",
-                "type": "front-end",
-                "language": "c",
-                "business-service-type": "web",
-                GROUP_LABEL: pod_group(i),
-            },
-        },
-        "spec": {
-            "containers": [{
-                "name": "nginx-container",
-                "image": "nginx:latest",
-                "resources": {
-                    "limits": {"cpu": "500m", "memory": "128Mi"},
-                    "requests": {"cpu": "100m", "memory": "64Mi"},
-                },
-            }],
-        },
-    })
 }
 
 /// Waits (at most 20 s) until the CPUs have been at least 90 % idle for 300 ms, so that no
@@ -651,6 +667,24 @@ async fn create_pods(pods: &Api<Pod>, n: usize, concurrency: usize) -> anyhow::R
         .await
 }
 
+/// The process `wrapper` started: its first child, once it has one (a wrapper such as
+/// `perf record` forks the subject at once).
+async fn wrapped_child(wrapper: u32, timeout: Duration) -> anyhow::Result<u32> {
+    let children = format!("/proc/{wrapper}/task/{wrapper}/children");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(&children)
+            .with_context(|| format!("reading {children}; did the wrapper exit?"))?;
+        if let Some(child) = text.split_whitespace().next() {
+            return Ok(child.parse()?);
+        }
+        if Instant::now() > deadline {
+            bail!("the wrapper (pid {wrapper}) started no process");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A subject's process: its pid and the JSON lines it prints, one per phase.
 struct Subject {
     child: tokio::process::Child,
@@ -661,17 +695,38 @@ struct Subject {
 
 impl Subject {
     /// Starts `subject` (`binary` with the subject's options) on the `n` Pods of
-    /// `namespace`, with `extra` arguments.
-    fn spawn(
+    /// `namespace`, with `extra` arguments, under the `--wrap` command given for it, if any
+    /// (then `pid` is the subject's own, the wrapper's child).
+    #[allow(clippy::too_many_arguments)]
+    async fn spawn(
+        args: &Args,
         binary: &Path,
         subject: &str,
         kubeconfig: &Path,
         namespace: &str,
         n: usize,
+        run: usize,
         extra: &[&str],
-        timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let mut child = tokio::process::Command::new(binary)
+        let wrapper: Vec<String> = args
+            .wrap
+            .iter()
+            .filter(|(name, _)| name == subject)
+            .flat_map(|(_, command)| command.split_whitespace())
+            .map(|word| {
+                word.replace("{n}", &n.to_string())
+                    .replace("{run}", &run.to_string())
+            })
+            .collect();
+        let mut command = match wrapper.split_first() {
+            Some((program, wrapper_args)) => {
+                let mut command = tokio::process::Command::new(program);
+                command.args(wrapper_args).arg(binary);
+                command
+            }
+            None => tokio::process::Command::new(binary),
+        };
+        let mut child = command
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["--namespace", namespace])
@@ -684,13 +739,18 @@ impl Subject {
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;
-        let pid = child.id().context("the subject has a pid")?;
+        let mut pid = child.id().context("the subject has a pid")?;
+        if !wrapper.is_empty() {
+            pid = wrapped_child(pid, Duration::from_secs(args.timeout_s))
+                .await
+                .with_context(|| format!("finding {subject}'s process under its wrapper"))?;
+        }
         let lines = BufReader::new(child.stdout.take().context("stdout is piped")?).lines();
         Ok(Self {
             child,
             lines,
             pid,
-            timeout,
+            timeout: Duration::from_secs(args.timeout_s),
         })
     }
 
@@ -737,24 +797,31 @@ async fn run_subject(
     if let Some(pid) = apiserver {
         reset_peak(pid).context("resetting kube-apiserver's peak RSS")?;
     }
-    let timeout = Duration::from_secs(args.timeout_s);
+    let apiserver_cpu_before = apiserver.and_then(cpu_ms_of);
     let spawned = Instant::now();
     let (updates_arg, reads_arg) = (
         (updates + paced_updates).to_string(),
         args.reads.to_string(),
     );
     let mut subject_process = Subject::spawn(
+        args,
         binary,
         subject,
         kubeconfig,
         namespace,
         n,
+        run,
         &["--updates", &updates_arg, "--reads", &reads_arg],
-        timeout,
-    )?;
+    )
+    .await?;
     let pid = subject_process.pid.to_string();
     let synced: SyncedLine = subject_process.next("synced").await?;
     let spawn_to_synced_ms = spawned.elapsed().as_secs_f64() * 1000.0;
+    let subject_cpu_ms = cpu_ms_of(subject_process.pid);
+    let apiserver_cpu_ms = apiserver
+        .and_then(cpu_ms_of)
+        .zip(apiserver_cpu_before)
+        .map(|(after, before)| after - before);
     let apiserver_peak_kb = apiserver.map(|pid| memory_of(&pid.to_string()).1);
     if synced.cached != n {
         bail!("{subject} cached {} Pods, expected {n}", synced.cached);
@@ -824,6 +891,8 @@ async fn run_subject(
         reads,
         apiserver_rss_before_kb,
         apiserver_peak_kb,
+        subject_cpu_ms,
+        apiserver_cpu_ms,
     })
 }
 
@@ -846,16 +915,17 @@ async fn run_relist(
     run: usize,
 ) -> anyhow::Result<RelistResult> {
     let marker = format!("r{run}-{subject}");
-    let timeout = Duration::from_secs(args.timeout_s);
     let mut subject_process = Subject::spawn(
+        args,
         binary,
         subject,
         kubeconfig,
         namespace,
         n,
+        run,
         &["--relist", &marker],
-        timeout,
-    )?;
+    )
+    .await?;
     let pid = subject_process.pid;
     let synced: SyncedLine = subject_process.next("synced").await?;
     if synced.cached != n {
@@ -1047,7 +1117,10 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
          `/proc/<pid>/clear_refs`) just before the subject started, minus its VmRSS then: \
          what serving the subject's initial list cost the server (the RSS it starts from depends \
          on where the server's garbage collector was, so single runs vary with it; the \
-         absolute peak is in parentheses); **relist peak** = the \
+         absolute peak is in parentheses); **CPU to sync** = the CPU time (user + system, \
+         `/proc/<pid>/stat`, 10 ms ticks) the subject used from its start to its sync, and \
+         the CPU time kube-apiserver used meanwhile: the two share this machine's cores, so \
+         their sum over the cores bounds the sync time from below; **relist peak** = the \
          subject's VmHWM during a relist after 410 Gone (below); **sync / floor** = the \
          subject's sync time over the bare read of the same list.\n",
         args.reads
@@ -1207,10 +1280,10 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
     }
     let _ = writeln!(
         out,
-        "| subject | get p50 µs | get p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | relist peak MiB | sync / list floor | sync / streaming floor |",
+        "| subject | get p50 µs | get p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | CPU to sync ms: subject + API server | relist peak MiB | sync / list floor | sync / streaming floor |",
         benches::GROUP_SIZE
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
     for subject in &args.subjects {
         let runs = |f: &dyn Fn(&RunResult) -> Option<f64>| median_of(&all.results, n, subject, f);
         if median_of(&all.results, n, subject, |r| Some(r.synced_ms)).is_none() {
@@ -1241,7 +1314,7 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
         };
         let _ = writeln!(
             out,
-            "| {subject} | {} | {} | {} | {} | {} | {relist_cell} | {} | {} |",
+            "| {subject} | {} | {} | {} | {} | {} | {} | {relist_cell} | {} | {} |",
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p50_ns / 1e3)), 2),
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p99_ns / 1e3)), 2),
             cell(runs(&|r| r.reads.as_ref().map(|x| x.list_ms)), 2),
@@ -1254,6 +1327,10 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
                 runs(&|r| Some(r.apiserver_peak_kb? as f64 / 1024.0)),
             ) {
                 (Some(delta), Some(peak)) => format!("+{delta:.1} ({peak:.0})"),
+                _ => "–".to_owned(),
+            },
+            match (runs(&|r| r.subject_cpu_ms), runs(&|r| r.apiserver_cpu_ms),) {
+                (Some(own), Some(server)) => format!("{own:.0} + {server:.0}"),
                 _ => "–".to_owned(),
             },
             ratio(list_floor),
