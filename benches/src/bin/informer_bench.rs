@@ -331,7 +331,12 @@ async fn main() -> anyhow::Result<()> {
             Some(workqueue_report::measure(workqueue_runs, args.workqueue_ms).await?);
         return save_and_write_outputs(&args, &results);
     }
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    // As a user reruns it, whichever way this executable was started.
+    let command =
+        std::iter::once("cargo run --release -p benches --bin informer-bench --".to_owned())
+            .chain(std::env::args().skip(1))
+            .collect::<Vec<_>>()
+            .join(" ");
     let binaries = subject_binaries(args.baseline.as_deref())?;
     if let Some(missing) = args
         .subjects
