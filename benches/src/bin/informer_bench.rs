@@ -672,12 +672,16 @@ async fn create_pods(pods: &Api<Pod>, n: usize, concurrency: usize) -> anyhow::R
         .await
 }
 
-/// The process `wrapper` started: its first child, once it has one (a wrapper such as
-/// `perf record` forks the subject at once).
-async fn wrapped_child(wrapper: u32, timeout: Duration) -> anyhow::Result<u32> {
+/// The subject's pid under `wrapper`: the wrapper's own once it has executed `binary` (as
+/// `env` or `nice` do), else its first child (`perf record` and `strace` fork the subject).
+async fn wrapped_child(wrapper: u32, binary: &Path, timeout: Duration) -> anyhow::Result<u32> {
     let children = format!("/proc/{wrapper}/task/{wrapper}/children");
+    let binary = binary.canonicalize()?;
     let deadline = Instant::now() + timeout;
     loop {
+        if std::fs::read_link(format!("/proc/{wrapper}/exe")).is_ok_and(|exe| exe == binary) {
+            return Ok(wrapper);
+        }
         let text = std::fs::read_to_string(&children)
             .with_context(|| format!("reading {children}; did the wrapper exit?"))?;
         if let Some(child) = text.split_whitespace().next() {
@@ -746,7 +750,7 @@ impl Subject {
             .with_context(|| format!("starting {}", binary.display()))?;
         let mut pid = child.id().context("the subject has a pid")?;
         if !wrapper.is_empty() {
-            pid = wrapped_child(pid, Duration::from_secs(args.timeout_s))
+            pid = wrapped_child(pid, binary, Duration::from_secs(args.timeout_s))
                 .await
                 .with_context(|| format!("finding {subject}'s process under its wrapper"))?;
         }
