@@ -16,8 +16,8 @@ const SMALLEST_HANDED_OFF: usize = BATCH_ITEMS / 4;
 /// The bytes of consecutive items, back to back.
 #[derive(Default)]
 pub(super) struct Batch {
-    pub(super) bytes: Vec<u8>,
-    pub(super) ends: Vec<usize>,
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
 }
 
 impl Batch {
@@ -36,8 +36,13 @@ impl Batch {
 
     /// The bytes, and each item's range in them.
     pub(super) fn into_items(self) -> (Vec<u8>, impl Iterator<Item = Range<usize>>) {
-        let starts = std::iter::once(0).chain(self.ends.clone());
-        (self.bytes, starts.zip(self.ends).map(|(s, e)| s..e))
+        let mut start = 0;
+        let ranges = self.ends.into_iter().map(move |end| {
+            let range = start..end;
+            start = end;
+            range
+        });
+        (self.bytes, ranges)
     }
 }
 

@@ -1,7 +1,7 @@
 //! A watch response body turned into a [`WatchStream`]: protobuf frames, or JSON lines
 //! should a server answer a protobuf watch in JSON after all.
 
-use std::{collections::VecDeque, pin::Pin};
+use std::{collections::VecDeque, pin::Pin, sync::Arc};
 
 use futures::{FutureExt, Stream, StreamExt, stream::FuturesOrdered};
 use serde::de::DeserializeOwned;
@@ -47,7 +47,8 @@ struct State<B, K> {
     /// Batches decoded at once (see [`batch::parallelism`]).
     parallelism: usize,
     ready: VecDeque<Item<K>>,
-    resource: String,
+    /// Shared with the decoding batches, which name it only in errors.
+    resource: Arc<str>,
     /// Nothing more is read: what is in flight and ready is the last of the stream.
     ended: bool,
 }
@@ -65,7 +66,7 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
     /// decoded now. An event that does not decode is an error item and the stream goes
     /// on; a broken framing is an error that ends it.
     fn feed(&mut self, chunk: &[u8]) -> Result<(), Error> {
-        let resource = self.resource.as_str();
+        let resource = &*self.resource;
         match &mut self.framing {
             Framing::Protobuf(frames, _) => {
                 let batch = &mut self.batch;
@@ -106,8 +107,8 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
             return;
         }
         let batch = std::mem::take(&mut self.batch);
-        let resource = self.resource.clone();
-        let lost_resource = resource.clone();
+        let resource = Arc::clone(&self.resource);
+        let lost_resource = Arc::clone(&resource);
         self.in_flight.push_back(batch::dispatch(
             batch,
             self.parallelism,
@@ -212,7 +213,7 @@ where
         in_flight: FuturesOrdered::new(),
         parallelism,
         ready: VecDeque::new(),
-        resource,
+        resource: resource.into(),
         ended: false,
     };
     futures::stream::unfold(state, |mut st| async move {
@@ -266,7 +267,7 @@ where
             }
             Some(Err(e)) => {
                 let error = Error::Transport {
-                    resource: self.resource.clone(),
+                    resource: self.resource.to_string(),
                     verb: Verb::Watch,
                     source: Box::new(e),
                 };
