@@ -24,7 +24,7 @@ use super::{
         schema::Resource as ProtobufResource,
         schema_table::STATUS,
     },
-    watch_body::{WatchFraming, WatchStart, decode_watch_body},
+    watch_body::{WatchFraming, decode_watch_body},
     wire_format::{Encoding, WireFormat},
 };
 use crate::error::{Error, Verb};
@@ -498,15 +498,9 @@ where
         }
         (Encoding::Json, _) => WatchFraming::JsonLines,
     };
-    let start = if options.send_initial_events {
-        WatchStart::InitialEvents
-    } else {
-        WatchStart::Changes
-    };
     Ok(decode_watch_body(
         body.into_data_stream(),
         framing,
-        start,
         resource,
     ))
 }

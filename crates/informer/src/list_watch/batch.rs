@@ -1,8 +1,7 @@
 //! Objects' bytes gathered into batches that are decoded off the task reading the body, on
 //! tokio's blocking pool, so that a large list or a streaming list's initial events decode
-//! on every core while the body keeps arriving. [List bodies](super::list_body) batch this
-//! way, and so do [watch bodies](super::watch_body) up to a streaming list's
-//! initial-events-end bookmark; the changes after it decode on the reading task.
+//! on every core while the body keeps arriving. Both [list bodies](super::list_body) and
+//! [watch bodies](super::watch_body) batch this way.
 
 use std::{future::Future, ops::Range, pin::Pin};
 

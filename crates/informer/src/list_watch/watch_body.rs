@@ -26,18 +26,6 @@ pub(crate) enum WatchFraming {
     JsonLines,
 }
 
-/// What a watch body carries first, which decides where its events decode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum WatchStart {
-    /// A streaming list's initial events, up to the initial-events-end bookmark: a bulk
-    /// load, decoded in batches on the blocking pool like a list's pages.
-    InitialEvents,
-    /// Changes only: each decodes on the reading task as it arrives. A hand-off to another
-    /// thread would add its wake-up to every event's latency, and the reading task is the
-    /// one that applies the event next.
-    Changes,
-}
-
 /// A framing with its reading state.
 enum Framing {
     /// Length-prefixed protobuf frames.
@@ -56,8 +44,7 @@ struct State<B, K> {
     batch: Batch,
     /// Batches of frames being decoded, in the order they arrived.
     in_flight: FuturesOrdered<Decoding<Vec<Item<K>>>>,
-    /// Batches decoded at once (see [`batch::parallelism`]); 1 (every batch inline) once
-    /// the initial events are in, or from the start for a watch of changes only.
+    /// Batches decoded at once (see [`batch::parallelism`]).
     parallelism: usize,
     ready: VecDeque<Item<K>>,
     /// Shared with the decoding batches, which name it only in errors.
@@ -183,12 +170,10 @@ fn json_event<K: DeserializeOwned>(line: &[u8]) -> Result<WatchEvent<K>, serde_j
     }
 }
 
-/// The events of a watch body, in protobuf frames or JSON lines as `framing` says, starting
-/// as `start` says.
+/// The events of a watch body, in protobuf frames or JSON lines as `framing` says.
 pub(crate) fn decode_watch_body<K, B, D, E>(
     body: B,
     framing: WatchFraming,
-    start: WatchStart,
     resource: String,
 ) -> WatchStream<K>
 where
@@ -201,14 +186,13 @@ where
         WatchFraming::Protobuf(_) => batch::parallelism(),
         WatchFraming::JsonLines => 1,
     };
-    decode_watch_body_in(body, framing, start, resource, parallelism)
+    decode_watch_body_in(body, framing, resource, parallelism)
 }
 
-/// [`decode_watch_body`], decoding up to `parallelism` batches of the initial events at once.
+/// [`decode_watch_body`], decoding up to `parallelism` batches of frames at once.
 fn decode_watch_body_in<K, B, D, E>(
     body: B,
     framing: WatchFraming,
-    start: WatchStart,
     resource: String,
     parallelism: usize,
 ) -> WatchStream<K>
@@ -227,10 +211,7 @@ where
         framing,
         batch: Batch::default(),
         in_flight: FuturesOrdered::new(),
-        parallelism: match start {
-            WatchStart::InitialEvents => parallelism,
-            WatchStart::Changes => 1,
-        },
+        parallelism,
         ready: VecDeque::new(),
         resource: resource.into(),
         ended: false,
@@ -247,20 +228,7 @@ where
             tokio::select! {
                 biased;
                 events = st.in_flight.next(), if !st.in_flight.is_empty() => {
-                    let events = events.into_iter().flatten();
-                    for event in events {
-                        if matches!(
-                            event,
-                            Ok(WatchEvent::Bookmark {
-                                initial_events_end: true,
-                                ..
-                            })
-                        ) {
-                            // The bulk is in; from here on, changes.
-                            st.parallelism = 1;
-                        }
-                        st.ready.push_back(event);
-                    }
+                    st.ready.extend(events.into_iter().flatten());
                 }
                 chunk = st.body.next(), if !st.ended && room => {
                     st.read(chunk);
@@ -348,7 +316,6 @@ mod tests {
         let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
             chunked(body, 5),
             WatchFraming::Protobuf(pods()),
-            WatchStart::Changes,
             "pods".into(),
         )
         .collect()
@@ -394,7 +361,6 @@ mod tests {
         let events: Vec<_> = decode_watch_body_in::<Pod, _, _, _>(
             chunked(body.clone(), 64 << 10),
             WatchFraming::Protobuf(pods()),
-            WatchStart::InitialEvents,
             "pods".into(),
             2,
         )
@@ -414,7 +380,6 @@ mod tests {
         let events: Vec<_> = decode_watch_body_in::<DecodedOn, _, _, _>(
             chunked(frames.concat(), 64 << 10),
             WatchFraming::Protobuf(pods()),
-            WatchStart::InitialEvents,
             "pods".into(),
             2,
         )
@@ -430,98 +395,6 @@ mod tests {
         );
     }
 
-    fn initial_events_end(rv: &str) -> Vec<u8> {
-        let meta =
-            Msg::new()
-                .str(6, rv)
-                .entry(12, crate::list_watch::INITIAL_EVENTS_END, Some(b"true"));
-        let raw = envelope("v1", "Pod", &Msg::new().msg(1, &meta));
-        let event = Msg::new()
-            .str(1, "BOOKMARK")
-            .msg(2, &Msg::new().bytes(1, &raw));
-        [(event.0.len() as u32).to_be_bytes().as_slice(), &event.0].concat()
-    }
-
-    #[tokio::test]
-    async fn changes_decode_on_the_reading_thread_once_the_initial_events_are_in() {
-        let here = std::thread::current().id();
-        let on_this_thread = |events: &[Result<WatchEvent<DecodedOn>, Error>]| -> Vec<bool> {
-            events
-                .iter()
-                .filter_map(|e| match e {
-                    Ok(WatchEvent::Decoded {
-                        object: DecodedOn(on),
-                        ..
-                    }) => Some(*on == here),
-                    _ => None,
-                })
-                .collect()
-        };
-        let adds = |from: usize| -> Vec<Vec<u8>> {
-            (from..from + 100)
-                .map(|i| frame("ADDED", &format!("p{i}")))
-                .collect()
-        };
-
-        // The initial events and their end bookmark arrive together; changes come after.
-        let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Vec<u8>, std::io::Error>>();
-        let initial = [adds(0), vec![initial_events_end("9")]].concat().concat();
-        tx.unbounded_send(Ok(initial)).unwrap();
-        let mut stream = decode_watch_body_in::<DecodedOn, _, _, _>(
-            rx,
-            WatchFraming::Protobuf(pods()),
-            WatchStart::InitialEvents,
-            "pods".into(),
-            2,
-        );
-        let mut events = Vec::new();
-        while events.len() < 101 {
-            events.push(stream.next().await.expect("the initial events"));
-        }
-        assert!(matches!(
-            events[100],
-            Ok(WatchEvent::Bookmark {
-                initial_events_end: true,
-                ..
-            })
-        ));
-        for change in adds(100) {
-            tx.unbounded_send(Ok(change)).unwrap();
-        }
-        drop(tx);
-        events.extend(stream.collect::<Vec<_>>().await);
-        let placed = on_this_thread(&events);
-        assert_eq!(placed.len(), 200);
-        let initial_elsewhere = placed[..100].iter().filter(|here| !**here).count();
-        assert_eq!(
-            initial_elsewhere, 100,
-            "the initial events decode on the blocking pool: {initial_elsewhere} of 100"
-        );
-        let changes_here = placed[100..].iter().filter(|here| **here).count();
-        assert_eq!(
-            changes_here, 100,
-            "changes decode on the reading thread: {changes_here} of 100"
-        );
-
-        // A watch of changes only never hands off.
-        let events: Vec<_> = decode_watch_body_in::<DecodedOn, _, _, _>(
-            chunked(adds(0).concat(), 64 << 10),
-            WatchFraming::Protobuf(pods()),
-            WatchStart::Changes,
-            "pods".into(),
-            2,
-        )
-        .collect()
-        .await;
-        let placed = on_this_thread(&events);
-        assert_eq!(placed.len(), 100);
-        assert!(
-            placed.iter().all(|here| *here),
-            "changes decode on the reading thread: {} of 100",
-            placed.iter().filter(|here| **here).count()
-        );
-    }
-
     #[tokio::test]
     async fn a_lone_event_is_delivered_without_waiting_for_more() {
         let body = futures::stream::iter([Ok::<_, std::io::Error>(frame("ADDED", "a"))])
@@ -529,7 +402,6 @@ mod tests {
         let mut events = decode_watch_body_in::<Pod, _, _, _>(
             body,
             WatchFraming::Protobuf(pods()),
-            WatchStart::InitialEvents,
             "pods".into(),
             2,
         );
@@ -549,7 +421,6 @@ mod tests {
         let events: Vec<_> = decode_watch_body_in::<Pod, _, _, _>(
             futures::stream::iter(frames),
             WatchFraming::Protobuf(pods()),
-            WatchStart::InitialEvents,
             "pods".into(),
             2,
         )
@@ -583,7 +454,6 @@ mod tests {
         let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
             chunked(body, 64),
             WatchFraming::Protobuf(pods()),
-            WatchStart::Changes,
             "pods".into(),
         )
         .collect()
@@ -613,7 +483,6 @@ mod tests {
             let events: Vec<_> = decode_watch_body::<Pod, _, _, _>(
                 chunked(body.as_bytes().to_vec(), size),
                 WatchFraming::JsonLines,
-                WatchStart::InitialEvents,
                 "pods".into(),
             )
             .collect()
@@ -643,7 +512,6 @@ mod tests {
         let events: Vec<_> = decode_watch_body::<ConfigMap, _, _, _>(
             chunked(body.as_bytes().to_vec(), 16),
             WatchFraming::JsonLines,
-            WatchStart::Changes,
             "configmaps".into(),
         )
         .collect()
