@@ -16,6 +16,7 @@ use std::{
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 
+pub mod apiserver_gc;
 pub mod faults;
 pub mod floor;
 pub mod recovery;
@@ -312,6 +313,74 @@ pub fn cpu_ms_of(pid: u32) -> Option<f64> {
     // utime and stime are the stat file's fields 14 and 15; `rest` starts at field 3.
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     Some(ticks as f64 * 1000.0 / clock_ticks_per_second())
+}
+
+/// How a process has used the CPUs so far, from `/proc/<pid>/stat` and its threads'
+/// `status` files: where a run's CPU time went when two runs of the same code differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuUse {
+    /// User time, ms (at the kernel's clock tick).
+    pub user_ms: f64,
+    /// System time, ms.
+    pub system_ms: f64,
+    /// Voluntary context switches of its live threads (a thread parking).
+    pub voluntary_switches: u64,
+    /// Involuntary ones (a thread preempted).
+    pub involuntary_switches: u64,
+    /// Minor page faults (first touches of new memory, mostly).
+    pub minor_faults: u64,
+}
+
+impl CpuUse {
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: CpuUse) -> CpuUse {
+        CpuUse {
+            user_ms: self.user_ms - earlier.user_ms,
+            system_ms: self.system_ms - earlier.system_ms,
+            voluntary_switches: self
+                .voluntary_switches
+                .saturating_sub(earlier.voluntary_switches),
+            involuntary_switches: self
+                .involuntary_switches
+                .saturating_sub(earlier.involuntary_switches),
+            minor_faults: self.minor_faults.saturating_sub(earlier.minor_faults),
+        }
+    }
+}
+
+/// [`CpuUse`] of a process; `None` if its `stat` is unreadable. Threads that already
+/// exited are missing from the switch counts.
+pub fn cpu_use_of(pid: u32) -> Option<CpuUse> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    let tick_ms = 1000.0 / clock_ticks_per_second();
+    // minflt, utime and stime are the stat file's fields 10, 14 and 15.
+    let mut cpu = CpuUse {
+        minor_faults: field(7)?,
+        user_ms: field(11)? as f64 * tick_ms,
+        system_ms: field(12)? as f64 * tick_ms,
+        ..CpuUse::default()
+    };
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            let count = |prefix: &str| {
+                line.strip_prefix(prefix)
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let Some(n) = count("voluntary_ctxt_switches:") {
+                cpu.voluntary_switches += n;
+            } else if let Some(n) = count("nonvoluntary_ctxt_switches:") {
+                cpu.involuntary_switches += n;
+            }
+        }
+    }
+    Some(cpu)
 }
 
 /// `getconf CLK_TCK`, once; 100 if it cannot be read.

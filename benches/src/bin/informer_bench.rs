@@ -26,9 +26,10 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    GROUP_LABEL, RELIST_LABEL, ReadsLine, RelistLine, SyncedLine, UPDATE_LABEL, UpdatesLine,
-    client_go_version, command_output, cpu_ms_of, lock_version, machine, median, memory_of,
-    nginx_pod, percentile, pod_name, reset_peak, unix_nanos, workqueue_report,
+    CpuUse, GROUP_LABEL, RELIST_LABEL, ReadsLine, RelistLine, SyncedLine, UPDATE_LABEL,
+    UpdatesLine, apiserver_gc, client_go_version, command_output, cpu_ms_of, cpu_use_of,
+    lock_version, machine, median, memory_of, nginx_pod, percentile, pod_name, reset_peak,
+    unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -97,6 +98,12 @@ struct Args {
     /// kube-apiserver's `--watch-cache`.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     watch_cache: bool,
+    /// Whether kube-apiserver collects its garbage just before each timed phase (a
+    /// subject's sync, its burst of updates, each floor read), so that no subject meets
+    /// the server's collection by chance (see `benches::apiserver_gc`). The collections
+    /// during each phase are counted either way.
+    #[arg(long, default_value_t = true, action = ArgAction::Set)]
+    collect_apiserver_garbage: bool,
     /// How long after sync to wait before reading steady RSS, ms.
     #[arg(long, default_value_t = 2000)]
     settle_ms: u64,
@@ -197,6 +204,24 @@ struct RunResult {
     /// CPU time kube-apiserver used from the subject's start to its sync, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_cpu_ms: Option<f64>,
+    /// How the subject used the CPUs from its start to its sync; absent before it was
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    subject_cpu_use: Option<CpuUse>,
+    /// The same of kube-apiserver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_cpu_use: Option<CpuUse>,
+    /// CPU time etcd used from the subject's start to its sync, ms: above its idle use when
+    /// kube-apiserver served the list from etcd rather than its watch cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    etcd_cpu_ms: Option<f64>,
+    /// kube-apiserver's garbage collections from the subject's start to its sync; absent
+    /// before they were counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_gcs_sync: Option<u64>,
+    /// Its collections from the first update of the burst to the subject's last update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_gcs_updates: Option<u64>,
 }
 
 /// What the driver measured once per Pod count.
@@ -219,6 +244,10 @@ struct PodsResult {
     streaming_ms: Vec<f64>,
     /// Bytes read of it.
     streaming_bytes: u64,
+    /// kube-apiserver's garbage collections during the floor's reads (each read on its
+    /// own, after the driver's collection if any); absent before they were counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    floor_apiserver_gcs: Option<u64>,
 }
 
 /// One subject's relist after a 410.
@@ -254,6 +283,9 @@ struct Results {
     /// The relist scenario.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     relists: Vec<RelistResult>,
+    /// `--collect-apiserver-garbage`; absent from results saved before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    apiserver_garbage_collected: Option<bool>,
 }
 
 const NOTES_MARKER: &str = "<!-- notes -->";
@@ -326,6 +358,7 @@ async fn main() -> anyhow::Result<()> {
                 workqueue: None,
                 pods: Vec::new(),
                 relists: Vec::new(),
+                apiserver_garbage_collected: None,
             });
         results.workqueue =
             Some(workqueue_report::measure(workqueue_runs, args.workqueue_ms).await?);
@@ -389,6 +422,7 @@ async fn main() -> anyhow::Result<()> {
         workqueue: workqueue_results,
         pods: Vec::new(),
         relists: Vec::new(),
+        apiserver_garbage_collected: Some(args.collect_apiserver_garbage),
     };
     for &n in &args.pods {
         let namespace = env.create_namespace(&format!("bench-{n}")).await?;
@@ -489,17 +523,34 @@ async fn measure_floor(
         list_bytes: 0,
         streaming_ms: Vec::new(),
         streaming_bytes: 0,
+        floor_apiserver_gcs: None,
     };
+    let mut gcs = 0;
     // The reads alternate, back to back (the caller waited for idle CPUs once).
     for _ in 0..args.floor_runs {
-        let (ms, bytes) = benches::floor::list(client, namespace).await?;
-        result.list_ms.push(ms);
-        result.list_bytes = bytes;
-        let (ms, bytes) = benches::floor::streaming_list(client, namespace).await?;
-        result.streaming_ms.push(ms);
-        result.streaming_bytes = bytes;
+        let before = before_timed_phase(args, client).await?;
+        let (list_ms, list_bytes) = benches::floor::list(client, namespace).await?;
+        gcs += apiserver_gc::collections(client).await? - before;
+        let before = before_timed_phase(args, client).await?;
+        let (streaming_ms, streaming_bytes) =
+            benches::floor::streaming_list(client, namespace).await?;
+        gcs += apiserver_gc::collections(client).await? - before;
+        result.list_ms.push(list_ms);
+        result.list_bytes = list_bytes;
+        result.streaming_ms.push(streaming_ms);
+        result.streaming_bytes = streaming_bytes;
     }
+    result.floor_apiserver_gcs = Some(gcs);
     Ok(result)
+}
+
+/// Readies kube-apiserver for a timed phase: collects its garbage if `args` say so, then
+/// returns its collection count, to subtract from the count after the phase.
+async fn before_timed_phase(args: &Args, client: &kube_client::Client) -> anyhow::Result<u64> {
+    if args.collect_apiserver_garbage {
+        apiserver_gc::collect(client).await?;
+    }
+    apiserver_gc::collections(client).await
 }
 
 /// MemAvailable from `/proc/meminfo`, KiB; 0 if unreadable.
@@ -799,6 +850,8 @@ async fn run_subject(
 ) -> anyhow::Result<RunResult> {
     let updates = args.updates.min(n);
     let paced_updates = args.paced_updates.min(n);
+    let client = pods.clone().into_client();
+    let gcs_before_sync = before_timed_phase(args, &client).await?;
     // kube-apiserver's peak from here to the subject's sync is what serving its initial
     // list cost the server.
     let apiserver = env.apiserver_pid();
@@ -807,6 +860,8 @@ async fn run_subject(
         reset_peak(pid).context("resetting kube-apiserver's peak RSS")?;
     }
     let apiserver_cpu_before = apiserver.and_then(cpu_ms_of);
+    let apiserver_cpu_use_before = apiserver.and_then(cpu_use_of);
+    let etcd_cpu_before = cpu_ms_of(env.etcd_pid());
     let spawned = Instant::now();
     let (updates_arg, reads_arg) = (
         (updates + paced_updates).to_string(),
@@ -827,11 +882,20 @@ async fn run_subject(
     let synced: SyncedLine = subject_process.next("synced").await?;
     let spawn_to_synced_ms = spawned.elapsed().as_secs_f64() * 1000.0;
     let subject_cpu_ms = cpu_ms_of(subject_process.pid);
+    let subject_cpu_use = cpu_use_of(subject_process.pid);
+    let apiserver_cpu_use = apiserver
+        .and_then(cpu_use_of)
+        .zip(apiserver_cpu_use_before)
+        .map(|(after, before)| after.since(before));
     let apiserver_cpu_ms = apiserver
         .and_then(cpu_ms_of)
         .zip(apiserver_cpu_before)
         .map(|(after, before)| after - before);
+    let etcd_cpu_ms = cpu_ms_of(env.etcd_pid())
+        .zip(etcd_cpu_before)
+        .map(|(after, before)| after - before);
     let apiserver_peak_kb = apiserver.map(|pid| memory_of(&pid.to_string()).1);
+    let apiserver_gcs_sync = apiserver_gc::collections(&client).await? - gcs_before_sync;
     if synced.cached != n {
         bail!("{subject} cached {} Pods, expected {n}", synced.cached);
     }
@@ -839,6 +903,7 @@ async fn run_subject(
     let (steady_rss_kb, peak_rss_kb) = memory_of(&pid);
 
     let id = |phase: &str, i: usize| format!("r{run}-{subject}-{phase}{i}");
+    let gcs_before_updates = before_timed_phase(args, &client).await?;
     let first_sent = unix_nanos();
     let burst = burst_updates(pods, updates, args.concurrency, |i| id("", i)).await?;
     let paced = if paced_updates > 0 {
@@ -853,6 +918,7 @@ async fn run_subject(
     } else {
         None
     };
+    let apiserver_gcs_updates = apiserver_gc::collections(&client).await? - gcs_before_updates;
     let reads: Option<ReadsLine> = if args.reads > 0 {
         Some(subject_process.next("reads").await?)
     } else {
@@ -902,6 +968,11 @@ async fn run_subject(
         apiserver_peak_kb,
         subject_cpu_ms,
         apiserver_cpu_ms,
+        subject_cpu_use,
+        apiserver_cpu_use,
+        etcd_cpu_ms,
+        apiserver_gcs_sync: Some(apiserver_gcs_sync),
+        apiserver_gcs_updates: Some(apiserver_gcs_updates),
     })
 }
 
@@ -1055,9 +1126,21 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
          results are in `{}`. Each subject is its own process caching the Pods of one \
          namespace and counting events; subjects alternate, {} runs each, each run \
          starting once the CPUs have been 90 % idle for 300 ms; figures are medians, \
-         ratios are to client-go.\n",
+         ratios are to client-go.{}\n",
         json.display(),
-        results.iter().map(|r| r.run + 1).max().unwrap_or(0)
+        results.iter().map(|r| r.run + 1).max().unwrap_or(0),
+        match all.apiserver_garbage_collected {
+            Some(true) => {
+                " kube-apiserver collects its garbage just before each subject's sync, \
+                 each burst of updates and each floor read (`benches/src/apiserver_gc.rs`), \
+                 so that no subject meets the server's collection by chance."
+            }
+            Some(false) => {
+                " kube-apiserver collects its garbage when its heap says so \
+                 (`--collect-apiserver-garbage false`), whichever subject runs then."
+            }
+            None => "",
+        }
     );
     let _ = writeln!(out, "- command: `{command}`");
     let _ = writeln!(out, "- machine: {}", machine());
@@ -1519,11 +1602,18 @@ fn targets_section(all: &Results) -> String {
                         scale: f64| {
         let (a, b) = (m(DEFAULT_SUBJECT, f)?, m(base, f)?);
         let r = a / b;
+        let spread = |subject: &str| {
+            range_of(&all.results, N, subject, f).map_or_else(String::new, |(lo, hi)| {
+                format!(" (runs {:.1}–{:.1})", lo / scale, hi / scale)
+            })
+        };
         Some((
             format!(
-                "{name} {:.1} {unit} / {base} {:.1} {unit} = {r:.2}×",
+                "{name} {:.1} {unit}{} / {base} {:.1} {unit}{} = {r:.2}×",
                 a / scale,
-                b / scale
+                spread(name),
+                b / scale,
+                spread(base)
             ),
             r <= limit,
         ))
@@ -1595,7 +1685,39 @@ fn targets_section(all: &Results) -> String {
             ))
         }),
     );
+    let runs: Vec<&RunResult> = all.results.iter().filter(|r| r.pods == N).collect();
+    let met = |gcs: fn(&RunResult) -> Option<u64>| {
+        let counted: Vec<u64> = runs.iter().filter_map(|r| gcs(r)).collect();
+        (counted.iter().filter(|&&c| c > 0).count(), counted.len())
+    };
+    let (syncs_met, syncs) = met(|r| r.apiserver_gcs_sync);
+    let (bursts_met, bursts) = met(|r| r.apiserver_gcs_updates);
+    if syncs > 0 {
+        let _ = writeln!(
+            out,
+            "\nkube-apiserver collected its garbage during {syncs_met} of the {syncs} \
+             syncs and {bursts_met} of the {bursts} bursts and paced updates at N = {N} \
+             (the updates allocate enough to need one or two collections of their own)."
+        );
+    }
     out
+}
+
+/// The smallest and largest of `f` over the runs of `subject` at `n`.
+fn range_of(
+    results: &[RunResult],
+    n: usize,
+    subject: &str,
+    f: impl Fn(&RunResult) -> Option<f64>,
+) -> Option<(f64, f64)> {
+    results
+        .iter()
+        .filter(|r| r.pods == n && r.subject == subject)
+        .filter_map(f)
+        .fold(None, |range, v| match range {
+            None => Some((v, v)),
+            Some((lo, hi)) => Some((f64::min(lo, v), f64::max(hi, v))),
+        })
 }
 
 /// Medians of `metric` per subject, as `(N, value)` points in N order.
