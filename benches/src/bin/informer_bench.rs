@@ -219,7 +219,8 @@ struct RunResult {
     /// before they were counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_gcs_sync: Option<u64>,
-    /// Its collections from the first update of the burst to the subject's last update.
+    /// Its collections from the first update of the burst to the end of the subject's
+    /// reads (which do not involve the server).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_gcs_updates: Option<u64>,
 }
@@ -918,12 +919,14 @@ async fn run_subject(
     } else {
         None
     };
-    let apiserver_gcs_updates = apiserver_gc::collections(&client).await? - gcs_before_updates;
     let reads: Option<ReadsLine> = if args.reads > 0 {
         Some(subject_process.next("reads").await?)
     } else {
         None
     };
+    // Only now: reading /metrics costs kube-apiserver a burst of CPU, which the subject's
+    // timed reads of its cache, right after its updates, would share.
+    let apiserver_gcs_updates = apiserver_gc::collections(&client).await? - gcs_before_updates;
     let received = seen.map(|s| s.received).unwrap_or_default();
     let update = (updates > 0).then(|| {
         let latencies = latencies(&burst, &received);
