@@ -5,7 +5,8 @@
 // line when synced with --expect objects cached; then, with --updates M, one
 // more line once M update events carrying the label bench-update were seen,
 // with the wall-clock time (Unix ns) each one reached the handler; with
-// --reads R, one more line with the times of R gets by random key, of full lists
+// --reads R, once the driver writes a line to stdin (when the CPUs are idle
+// again), one more line with the times of R gets by random key, of full lists
 // and of by-index reads (the informer indexes the Pods by their bench-group
 // label); with --relist V, one more line once the handler saw a Pod's
 // bench-relist label set to V (set while the subject is cut off).
@@ -272,7 +273,12 @@ func main() {
 		mu.Unlock()
 		fmt.Println(string(line))
 	}
+	stdin := bufio.NewReader(os.Stdin)
 	if *reads > 0 {
+		if _, err := stdin.ReadString('\n'); err != nil {
+			fmt.Fprintln(os.Stderr, "client-go: stdin closed before the driver's go-ahead to read:", err)
+			os.Exit(1)
+		}
 		line, err := timeReads(informer.GetIndexer(), *namespace, *expect, *reads)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "client-go:", err)
@@ -294,6 +300,6 @@ func main() {
 		fmt.Println(string(line))
 	}
 	// Stay up (the driver reads RSS and then kills the process) until stdin closes.
-	_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
+	_, _ = stdin.ReadString('\n')
 	close(stop)
 }

@@ -97,8 +97,9 @@ pub struct SubjectArgs {
     /// After sync, wait for this many update events carrying the `bench-update` label.
     #[arg(long, default_value_t = 0)]
     pub updates: usize,
-    /// After the updates, time this many gets by random key, full lists and by-index
-    /// reads of the cache, and print a [`ReadsLine`] (0 skips).
+    /// After the updates and the driver's go-ahead ([`wait_for_go_ahead`]), time this many
+    /// gets by random key, full lists and by-index reads of the cache, and print a
+    /// [`ReadsLine`] (0 skips).
     #[arg(long, default_value_t = 0)]
     pub reads: usize,
     /// Then wait for a relist: print a [`RelistLine`] once the handler has seen a Pod's
@@ -482,6 +483,27 @@ impl Recorder {
             println!("{}", serde_json::to_string(&line).expect("serialises"));
         }
     }
+}
+
+/// Waits for the driver's go-ahead, a line on stdin: the driver writes it once the CPUs
+/// are idle, so that a subject's timed reads of its cache share them with nothing else.
+///
+/// # Errors
+///
+/// When stdin closes or breaks first.
+pub async fn wait_for_go_ahead() -> anyhow::Result<()> {
+    use anyhow::Context;
+    let mut line = String::new();
+    let read = tokio::io::AsyncBufReadExt::read_line(
+        &mut tokio::io::BufReader::new(tokio::io::stdin()),
+        &mut line,
+    )
+    .await
+    .context("reading the driver's go-ahead from stdin")?;
+    if read == 0 {
+        anyhow::bail!("stdin closed before the driver's go-ahead");
+    }
+    Ok(())
 }
 
 /// Waits until stdin closes (the driver reads memory, then closes it or kills the

@@ -824,6 +824,25 @@ impl Subject {
         serde_json::from_str(&line).with_context(|| format!("reading the {what} line"))
     }
 
+    /// Tells the subject to go on to its next phase: a line on its stdin.
+    async fn go_ahead(&mut self) -> anyhow::Result<()> {
+        use tokio::io::AsyncWriteExt;
+        let stdin = self
+            .child
+            .stdin
+            .as_mut()
+            .context("the subject's stdin is open")?;
+        stdin
+            .write_all(b"go\n")
+            .await
+            .context("writing the go-ahead to the subject's stdin")?;
+        stdin
+            .flush()
+            .await
+            .context("flushing the subject's stdin")?;
+        Ok(())
+    }
+
     /// Tells the subject to exit (its stdin closes) and kills it if it has not within 10 s.
     async fn stop(mut self) -> anyhow::Result<()> {
         drop(self.child.stdin.take());
@@ -920,6 +939,10 @@ async fn run_subject(
         None
     };
     let reads: Option<ReadsLine> = if args.reads > 0 {
+        // The server may still be taking in the updates' work (its watch cache, a
+        // collection); the subject reads on idle CPUs.
+        wait_for_idle_cpus().await;
+        subject_process.go_ahead().await?;
         Some(subject_process.next("reads").await?)
     } else {
         None
@@ -1204,7 +1227,7 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
     let _ = writeln!(
         out,
         "Second table of each N, after the updates (so the reads change neither the steady \
-         memory nor the latencies): **get** = one read by a random key ({} keys, the same \
+         memory nor the latencies) and once the CPUs are idle again: **get** = one read by a random key ({} keys, the same \
          for every subject; client-go `GetByKey`), **list** = one list of all objects \
          (median of 7), **by_index** = the objects of one `{GROUP_LABEL}` value (median of \
          200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \

@@ -119,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
     );
     recorder.wait_for_updates().await;
     if args.reads > 0 {
+        benches::wait_for_go_ahead().await?;
         let store = informer.store();
         let namespace = &args.namespace;
         let by_index = |group: &str| {

@@ -78,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
     recorder.print_synced(started, reader.len(), adds);
     recorder.wait_for_updates().await;
     if args.reads > 0 {
+        benches::wait_for_go_ahead().await?;
         let namespace = args.namespace.as_str();
         benches::time_reads(
             "kube-runtime",
