@@ -193,7 +193,7 @@ impl RelistLine {
 }
 
 /// Times reads of a cache of `n` benchmark Pods and returns the line to print: `samples`
-/// gets by random key (`key` makes the store's key of a Pod name beforehand, `get`
+/// gets by random key, after as many untimed gets of other keys (`key` makes the store's key of a Pod name beforehand, `get`
 /// returns whether it found the object), 7 full lists (`list` returns how many objects),
 /// and 200 by-index reads of a random group (`by_index` returns how many objects; `None`
 /// for a store without indexes).
@@ -215,6 +215,12 @@ pub fn time_reads<Q>(
         .map(|_| pod_name(random.below(n.max(1))))
         .collect();
     let keys: Vec<Q> = names.iter().map(|name| key(name)).collect();
+    // Untimed gets of other random keys first, as many: the timed ones then meet warm code
+    // and caches rather than a process just woken from idle.
+    let mut warm = XorShift(0x2545_f491_4f6c_dd1d);
+    for _ in 0..samples {
+        get(&key(&pod_name(warm.below(n.max(1)))));
+    }
     let mut gets = Vec::with_capacity(samples);
     for (name, key) in names.iter().zip(&keys) {
         let started = Instant::now();

@@ -1228,7 +1228,8 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
         out,
         "Second table of each N, after the updates (so the reads change neither the steady \
          memory nor the latencies) and once the CPUs are idle again: **get** = one read by a random key ({} keys, the same \
-         for every subject; client-go `GetByKey`), **list** = one list of all objects \
+         for every subject, after as many untimed gets of other keys; client-go \
+         `GetByKey`), **list** = one list of all objects \
          (median of 7), **by_index** = the objects of one `{GROUP_LABEL}` value (median of \
          200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \
          kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
