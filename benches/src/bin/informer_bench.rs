@@ -99,7 +99,7 @@ struct Args {
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     watch_cache: bool,
     /// Whether kube-apiserver collects its garbage just before each timed phase (a
-    /// subject's sync, its burst of updates, each floor read), so that no subject meets
+    /// subject's sync, its burst of updates, its paced updates, each floor read), so that no subject meets
     /// the server's collection by chance (see `benches::apiserver_gc`). The collections
     /// during each phase are counted either way.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
@@ -219,8 +219,9 @@ struct RunResult {
     /// before they were counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_gcs_sync: Option<u64>,
-    /// Its collections from the first update of the burst to the end of the subject's
-    /// reads (which do not involve the server).
+    /// Its collections during the burst and the paced updates, up to the end of the
+    /// subject's reads (which do not involve the server); the driver's own collection
+    /// before the paced updates is not counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_gcs_updates: Option<u64>,
 }
@@ -926,9 +927,17 @@ async fn run_subject(
     let gcs_before_updates = before_timed_phase(args, &client).await?;
     let first_sent = unix_nanos();
     let burst = burst_updates(pods, updates, args.concurrency, |i| id("", i)).await?;
+    // The collections the updates needed, the burst's and then the paced ones'; the
+    // driver's own collection before the paced updates is not among them.
+    let mut gcs_during_updates = 0;
+    let mut gcs_before_paced = gcs_before_updates;
     let paced = if paced_updates > 0 {
         // The burst's tail must not queue ahead of the paced updates.
         wait_for_idle_cpus().await;
+        // Like the burst, they start on a freshly collected server: the burst's
+        // collections leave its heap anywhere short of the next one.
+        gcs_during_updates += apiserver_gc::collections(&client).await? - gcs_before_updates;
+        gcs_before_paced = before_timed_phase(args, &client).await?;
         paced_updates_at(pods, paced_updates, args.paced_rate, |i| id("p", i)).await?
     } else {
         Vec::new()
@@ -949,7 +958,7 @@ async fn run_subject(
     };
     // Only now: reading /metrics costs kube-apiserver a burst of CPU, which the subject's
     // timed reads of its cache, right after its updates, would share.
-    let apiserver_gcs_updates = apiserver_gc::collections(&client).await? - gcs_before_updates;
+    gcs_during_updates += apiserver_gc::collections(&client).await? - gcs_before_paced;
     let received = seen.map(|s| s.received).unwrap_or_default();
     let update = (updates > 0).then(|| {
         let latencies = latencies(&burst, &received);
@@ -998,7 +1007,7 @@ async fn run_subject(
         apiserver_cpu_use,
         etcd_cpu_ms,
         apiserver_gcs_sync: Some(apiserver_gcs_sync),
-        apiserver_gcs_updates: Some(apiserver_gcs_updates),
+        apiserver_gcs_updates: Some(gcs_during_updates),
     })
 }
 
@@ -1158,7 +1167,7 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
         match all.apiserver_garbage_collected {
             Some(true) => {
                 " kube-apiserver collects its garbage just before each subject's sync, \
-                 each burst of updates and each floor read (`benches/src/apiserver_gc.rs`), \
+                 its burst of updates, its paced updates and each floor read (`benches/src/apiserver_gc.rs`), \
                  so that no subject meets the server's collection by chance."
             }
             Some(false) => {
