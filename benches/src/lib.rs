@@ -193,10 +193,10 @@ impl RelistLine {
 }
 
 /// Times reads of a cache of `n` benchmark Pods and returns the line to print: `samples`
-/// gets by random key, after as many untimed gets of other keys (`key` makes the store's key of a Pod name beforehand, `get`
-/// returns whether it found the object), 7 full lists (`list` returns how many objects),
-/// and 200 by-index reads of a random group (`by_index` returns how many objects; `None`
-/// for a store without indexes).
+/// gets by random key, after as many untimed gets of other keys (`key` makes the store's
+/// key of a Pod name beforehand, `get` returns whether it found the object), 7 full lists
+/// (`list` returns how many objects), and 200 by-index reads of a random group
+/// (`by_index` returns how many objects; `None` for a store without indexes).
 ///
 /// # Errors
 ///
@@ -313,13 +313,32 @@ pub fn memory_of(pid: &str) -> (u64, u64) {
 /// `None` if unreadable. Its resolution is the kernel's clock tick (10 ms at the usual
 /// 100 Hz).
 pub fn cpu_ms_of(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The fields after the command name, which is in parentheses and may hold spaces.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are the stat file's fields 14 and 15; `rest` starts at field 3.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 * 1000.0 / clock_ticks_per_second())
+    let stat = ProcStat::of(pid)?;
+    Some((stat.utime + stat.stime) as f64 * 1000.0 / clock_ticks_per_second())
+}
+
+/// The counters of `/proc/<pid>/stat` the benchmarks read.
+struct ProcStat {
+    minflt: u64,
+    utime: u64,
+    stime: u64,
+}
+
+impl ProcStat {
+    fn of(pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+        // minflt, utime and stime are the stat file's fields 10, 14 and 15; `rest` starts
+        // at field 3.
+        Some(Self {
+            minflt: field(7)?,
+            utime: field(11)?,
+            stime: field(12)?,
+        })
+    }
 }
 
 /// How a process has used the CPUs so far, from `/proc/<pid>/stat` and its threads'
@@ -339,6 +358,11 @@ pub struct CpuUse {
 }
 
 impl CpuUse {
+    /// User and system time together, ms.
+    pub fn cpu_ms(&self) -> f64 {
+        self.user_ms + self.system_ms
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(self, earlier: CpuUse) -> CpuUse {
         CpuUse {
@@ -358,16 +382,12 @@ impl CpuUse {
 /// [`CpuUse`] of a process; `None` if its `stat` is unreadable. Threads that already
 /// exited are missing from the switch counts.
 pub fn cpu_use_of(pid: u32) -> Option<CpuUse> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let field = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+    let stat = ProcStat::of(pid)?;
     let tick_ms = 1000.0 / clock_ticks_per_second();
-    // minflt, utime and stime are the stat file's fields 10, 14 and 15.
     let mut cpu = CpuUse {
-        minor_faults: field(7)?,
-        user_ms: field(11)? as f64 * tick_ms,
-        system_ms: field(12)? as f64 * tick_ms,
+        minor_faults: stat.minflt,
+        user_ms: stat.utime as f64 * tick_ms,
+        system_ms: stat.stime as f64 * tick_ms,
         ..CpuUse::default()
     };
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))

@@ -99,9 +99,9 @@ struct Args {
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     watch_cache: bool,
     /// Whether kube-apiserver collects its garbage just before each timed phase (a
-    /// subject's sync, its burst of updates, its paced updates, each floor read), so that no subject meets
-    /// the server's collection by chance (see `benches::apiserver_gc`). The collections
-    /// during each phase are counted either way.
+    /// subject's sync, its burst of updates, its paced updates, each floor read), so that
+    /// no subject meets the server's collection by chance (see `benches::apiserver_gc`).
+    /// The collections during each phase are counted either way.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     collect_apiserver_garbage: bool,
     /// How long after sync to wait before reading steady RSS, ms.
@@ -530,13 +530,15 @@ async fn measure_floor(
     let mut gcs = 0;
     // The reads alternate, back to back (the caller waited for idle CPUs once).
     for _ in 0..args.floor_runs {
-        let before = before_timed_phase(args, client).await?;
-        let (list_ms, list_bytes) = benches::floor::list(client, namespace).await?;
-        gcs += apiserver_gc::collections(client).await? - before;
-        let before = before_timed_phase(args, client).await?;
-        let (streaming_ms, streaming_bytes) =
-            benches::floor::streaming_list(client, namespace).await?;
-        gcs += apiserver_gc::collections(client).await? - before;
+        let ((list_ms, list_bytes), list_gcs) =
+            timed_phase(args, client, benches::floor::list(client, namespace)).await?;
+        let ((streaming_ms, streaming_bytes), streaming_gcs) = timed_phase(
+            args,
+            client,
+            benches::floor::streaming_list(client, namespace),
+        )
+        .await?;
+        gcs += list_gcs + streaming_gcs;
         result.list_ms.push(list_ms);
         result.list_bytes = list_bytes;
         result.streaming_ms.push(streaming_ms);
@@ -553,6 +555,18 @@ async fn before_timed_phase(args: &Args, client: &kube_client::Client) -> anyhow
         apiserver_gc::collect(client).await?;
     }
     apiserver_gc::collections(client).await
+}
+
+/// Runs `phase` between [`before_timed_phase`] and a second count: its output and the
+/// collections kube-apiserver made meanwhile.
+async fn timed_phase<T>(
+    args: &Args,
+    client: &kube_client::Client,
+    phase: impl Future<Output = anyhow::Result<T>>,
+) -> anyhow::Result<(T, u64)> {
+    let before = before_timed_phase(args, client).await?;
+    let output = phase.await?;
+    Ok((output, apiserver_gc::collections(client).await? - before))
 }
 
 /// MemAvailable from `/proc/meminfo`, KiB; 0 if unreadable.
@@ -880,8 +894,7 @@ async fn run_subject(
     if let Some(pid) = apiserver {
         reset_peak(pid).context("resetting kube-apiserver's peak RSS")?;
     }
-    let apiserver_cpu_before = apiserver.and_then(cpu_ms_of);
-    let apiserver_cpu_use_before = apiserver.and_then(cpu_use_of);
+    let apiserver_cpu_before = apiserver.and_then(cpu_use_of);
     let etcd_cpu_before = cpu_ms_of(env.etcd_pid());
     let spawned = Instant::now();
     let (updates_arg, reads_arg) = (
@@ -902,16 +915,11 @@ async fn run_subject(
     let pid = subject_process.pid.to_string();
     let synced: SyncedLine = subject_process.next("synced").await?;
     let spawn_to_synced_ms = spawned.elapsed().as_secs_f64() * 1000.0;
-    let subject_cpu_ms = cpu_ms_of(subject_process.pid);
     let subject_cpu_use = cpu_use_of(subject_process.pid);
     let apiserver_cpu_use = apiserver
         .and_then(cpu_use_of)
-        .zip(apiserver_cpu_use_before)
-        .map(|(after, before)| after.since(before));
-    let apiserver_cpu_ms = apiserver
-        .and_then(cpu_ms_of)
         .zip(apiserver_cpu_before)
-        .map(|(after, before)| after - before);
+        .map(|(after, before)| after.since(before));
     let etcd_cpu_ms = cpu_ms_of(env.etcd_pid())
         .zip(etcd_cpu_before)
         .map(|(after, before)| after - before);
@@ -1001,8 +1009,8 @@ async fn run_subject(
         reads,
         apiserver_rss_before_kb,
         apiserver_peak_kb,
-        subject_cpu_ms,
-        apiserver_cpu_ms,
+        subject_cpu_ms: subject_cpu_use.as_ref().map(CpuUse::cpu_ms),
+        apiserver_cpu_ms: apiserver_cpu_use.as_ref().map(CpuUse::cpu_ms),
         subject_cpu_use,
         apiserver_cpu_use,
         etcd_cpu_ms,
@@ -1167,8 +1175,9 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
         match all.apiserver_garbage_collected {
             Some(true) => {
                 " kube-apiserver collects its garbage just before each subject's sync, \
-                 its burst of updates, its paced updates and each floor read (`benches/src/apiserver_gc.rs`), \
-                 so that no subject meets the server's collection by chance."
+                 its burst of updates, its paced updates and each floor read \
+                 (`benches/src/apiserver_gc.rs`), so that no subject meets the server's \
+                 collection by chance."
             }
             Some(false) => {
                 " kube-apiserver collects its garbage when its heap says so \
@@ -1236,9 +1245,9 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
     let _ = writeln!(
         out,
         "Second table of each N, after the updates (so the reads change neither the steady \
-         memory nor the latencies) and once the CPUs are idle again: **get** = one read by a random key ({} keys, the same \
-         for every subject, after as many untimed gets of other keys; client-go \
-         `GetByKey`), **list** = one list of all objects \
+         memory nor the latencies) and once the CPUs are idle again: **get** = one read \
+         by a random key ({} keys, the same for every subject, after as many untimed gets \
+         of other keys; client-go `GetByKey`), **list** = one list of all objects \
          (median of 7), **by_index** = the objects of one `{GROUP_LABEL}` value (median of \
          200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \
          kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
@@ -1722,17 +1731,18 @@ fn targets_section(all: &Results) -> String {
         }),
     );
     let runs: Vec<&RunResult> = all.results.iter().filter(|r| r.pods == N).collect();
-    let met = |gcs: fn(&RunResult) -> Option<u64>| {
+    // (phases with a collection, phases counted)
+    let with_collections = |gcs: fn(&RunResult) -> Option<u64>| {
         let counted: Vec<u64> = runs.iter().filter_map(|r| gcs(r)).collect();
         (counted.iter().filter(|&&c| c > 0).count(), counted.len())
     };
-    let (syncs_met, syncs) = met(|r| r.apiserver_gcs_sync);
-    let (bursts_met, bursts) = met(|r| r.apiserver_gcs_updates);
+    let (syncs_with, syncs) = with_collections(|r| r.apiserver_gcs_sync);
+    let (bursts_with, bursts) = with_collections(|r| r.apiserver_gcs_updates);
     if syncs > 0 {
         let _ = writeln!(
             out,
-            "\nkube-apiserver collected its garbage during {syncs_met} of the {syncs} \
-             syncs and {bursts_met} of the {bursts} bursts and paced updates at N = {N} \
+            "\nkube-apiserver collected its garbage during {syncs_with} of the {syncs} \
+             syncs and {bursts_with} of the {bursts} bursts and paced updates at N = {N} \
              (the updates allocate enough to need one or two collections of their own)."
         );
     }
