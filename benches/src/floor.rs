@@ -1,4 +1,4 @@
-//! The floor under a subject's sync: the same list read bare by the Rust subjects' client,
+//! The floor under a subject's sync: the same list read bare by the default subject's client,
 //! the body read and discarded, timed from the request to its last byte.
 
 use std::time::Instant;

@@ -12,10 +12,11 @@
 //! pipeline's (server and subject) rather than the server's queue. After the updates each
 //! subject times reads of its cache (gets by key, full lists, by-index reads), and the
 //! driver records kube-apiserver's peak RSS during each subject's sync. For each N it also
-//! times the floor (the same list read bare by the Rust client, unpaged and streaming) and,
-//! as a scenario of its own, each subject's peak RSS during a relist forced by a 410
-//! (through Toxiproxy, etcd compacted and kube-apiserver restarted while it is cut off).
-//! Results go to a JSON file and to `BENCHMARKS.md`.
+//! times the floor (the same list read bare by the default subject's client, unpaged and
+//! streaming, and by kube-client's default for reference) and, as a scenario of its own,
+//! each subject's peak RSS during a relist forced by a 410 (through Toxiproxy, etcd
+//! compacted and kube-apiserver restarted while it is cut off). Results go to a JSON file
+//! and to `BENCHMARKS.md`.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -69,7 +70,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     relist_runs: usize,
     /// Bare reads of the list per kind (unpaged, streaming) for the floor at each N, by the
-    /// Rust subjects' client (0 skips the floor).
+    /// default subject's client, `kube_informer::client`, and the same by kube-client's
+    /// default client (HTTP/1.1) for reference (0 skips the floor).
     #[arg(long, default_value_t = 5)]
     floor_runs: usize,
     /// Concurrent server-side applies when creating the Pods.
@@ -250,6 +252,37 @@ struct PodsResult {
     /// own, after the driver's collection if any); absent before they were counted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     floor_apiserver_gcs: Option<u64>,
+    /// The client that made the reads above.
+    #[serde(default)]
+    floor_client: FloorClient,
+    /// The same unpaged lists read by kube-client's default client (HTTP/1.1), ms; empty
+    /// when the floor itself was read by that client.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    http1_list_ms: Vec<f64>,
+    /// The same streaming lists read by kube-client's default client, ms.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    http1_streaming_ms: Vec<f64>,
+}
+
+/// The client a floor was read by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum FloorClient {
+    /// kube-client's default, `Client::try_from(config)`: HTTP/1.1 (the floors of runs
+    /// before the default subject used `kube_informer::client`).
+    #[default]
+    KubeDefault,
+    /// `kube_informer::client`, HTTP/2: the default subject's.
+    Informer,
+}
+
+impl FloorClient {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::KubeDefault => "kube-client's default client (HTTP/1.1)",
+            Self::Informer => "the default subject's client (`kube_informer::client`, HTTP/2)",
+        }
+    }
 }
 
 /// One subject's relist after a 410.
@@ -300,7 +333,8 @@ const DEFAULT_SUBJECT: &str = "kube-informer";
 /// the server's bytes); `kube-informer-decoded` keeps decoded objects (the default before
 /// the compact one), `kube-informer-json-codec` compact JSON the store encodes (the compact
 /// cache before it kept the server's bytes), `kube-informer-paged` syncs by paged lists
-/// instead of a streaming list; `kube-informer-baseline` runs the defaults of the
+/// instead of a streaming list, `kube-informer-http1` reads through kube-client's default
+/// client (HTTP/1.1) instead of `kube_informer::client`; `kube-informer-baseline` runs the defaults of the
 /// `--baseline` executable; `kube-informer-json` and `client-go-json` read JSON
 /// instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
 /// JSON). A kube-informer configuration is one more line here.
@@ -320,6 +354,11 @@ const SUBJECTS: &[(&str, Binary, &[&str])] = &[
         "kube-informer-paged",
         Binary::KubeInformer,
         &["--paged-list"],
+    ),
+    (
+        "kube-informer-http1",
+        Binary::KubeInformer,
+        &["--client", "kube"],
     ),
     ("kube-informer-json", Binary::KubeInformer, &["--json"]),
     ("kube-informer-baseline", Binary::Baseline, &[]),
@@ -402,10 +441,16 @@ async fn main() -> anyhow::Result<()> {
         .start()
         .await?;
     let client = env.client().await?;
-    // The floor is read by the client the Rust subjects use.
-    let floor_client = benches::client(env.kubeconfig_path())
-        .await
-        .context("the floor's client")?;
+    // The floor is read by the client the default subject uses; the same reads by
+    // kube-client's default client (HTTP/1.1) are reported beside it.
+    let floor_clients = FloorClients {
+        informer: benches::informer_client(env.kubeconfig_path())
+            .await
+            .context("the floor's client")?,
+        http1: benches::client(env.kubeconfig_path())
+            .await
+            .context("the HTTP/1.1 floor's client")?,
+    };
     // The relist scenario's path to the API server, and a kubeconfig through it.
     let relist_route = if args.relist_runs > 0 {
         let proxy = kube_testenv::FaultProxy::for_apiserver(&env)
@@ -434,7 +479,7 @@ async fn main() -> anyhow::Result<()> {
         let create_s = started.elapsed().as_secs_f64();
         eprintln!("created {n} Pods in {namespace} in {create_s:.1} s");
         wait_for_idle_cpus().await;
-        let pods_result = measure_floor(&args, &env, &floor_client, &namespace, n, create_s)
+        let pods_result = measure_floor(&args, &env, &floor_clients, &namespace, n, create_s)
             .await
             .with_context(|| format!("the floor at {n} Pods"))?;
         eprintln!("{}", serde_json::to_string(&pods_result)?);
@@ -502,11 +547,19 @@ async fn main() -> anyhow::Result<()> {
     save_and_write_outputs(&args, &results)
 }
 
+/// The clients the floor is read by.
+struct FloorClients {
+    /// The default subject's: the floor.
+    informer: kube_client::Client,
+    /// kube-client's default: the reference beside it.
+    http1: kube_client::Client,
+}
+
 /// Creation time, the control plane's memory and the floor at `n` Pods.
 async fn measure_floor(
     args: &Args,
     env: &kube_testenv::TestEnv,
-    client: &kube_client::Client,
+    clients: &FloorClients,
     namespace: &str,
     n: usize,
     create_s: f64,
@@ -526,10 +579,14 @@ async fn measure_floor(
         streaming_ms: Vec::new(),
         streaming_bytes: 0,
         floor_apiserver_gcs: None,
+        floor_client: FloorClient::Informer,
+        http1_list_ms: Vec::new(),
+        http1_streaming_ms: Vec::new(),
     };
     let mut gcs = 0;
     // The reads alternate, back to back (the caller waited for idle CPUs once).
     for _ in 0..args.floor_runs {
+        let client = &clients.informer;
         let ((list_ms, list_bytes), list_gcs) =
             timed_phase(args, client, benches::floor::list(client, namespace)).await?;
         let ((streaming_ms, streaming_bytes), streaming_gcs) = timed_phase(
@@ -543,6 +600,17 @@ async fn measure_floor(
         result.list_bytes = list_bytes;
         result.streaming_ms.push(streaming_ms);
         result.streaming_bytes = streaming_bytes;
+        let http1 = &clients.http1;
+        let ((list_ms, _), _) =
+            timed_phase(args, http1, benches::floor::list(http1, namespace)).await?;
+        let ((streaming_ms, _), _) = timed_phase(
+            args,
+            http1,
+            benches::floor::streaming_list(http1, namespace),
+        )
+        .await?;
+        result.http1_list_ms.push(list_ms);
+        result.http1_streaming_ms.push(streaming_ms);
     }
     result.floor_apiserver_gcs = Some(gcs);
     Ok(result)
@@ -1197,8 +1265,10 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "- subjects: kube-informer {} (kube-client {}), kube-runtime {} `watcher` + \
-         `reflector`, client-go {} `SharedIndexInformer` ({}); {}",
+        "- subjects: kube-informer {} (kube-client {}) through the client the README \
+         recommends (`kube_informer::client`: HTTP/2 with keep-alive pings, as client-go \
+         speaks), kube-runtime {} `watcher` + `reflector` through kube-client's default \
+         (HTTP/1.1), client-go {} `SharedIndexInformer` ({}); {}",
         lock_version("kube-informer"),
         lock_version("kube-client"),
         lock_version("kube-runtime"),
@@ -1397,13 +1467,26 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
     let mut out = String::new();
     let (list_floor, stream_floor) = floor_of(all, n);
     if let Some(p) = all.pods.iter().find(|p| p.pods == n) {
+        let m = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v.clone()));
+        let http1 = if p.http1_list_ms.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " The same reads by {}, which the kube-runtime subject uses: unpaged {} ms, \
+                 streaming {} ms.",
+                FloorClient::KubeDefault.describe(),
+                cell(m(&p.http1_list_ms), 1),
+                cell(m(&p.http1_streaming_ms), 1),
+            )
+        };
         let _ = writeln!(
             out,
-            "\nFloor at {n} Pods (the same list read bare by the Rust subjects' kube client, \
-             protobuf, body read and discarded, request to last byte, median of {}): \
-             unpaged list **{} ms** ({:.1} MiB), streaming list to the initial-events-end \
-             bookmark **{} ms** ({:.1} MiB). Pods created in {:.1} s; then etcd {:.0} MiB, \
+            "\nFloor at {n} Pods (the same list read bare by {}, protobuf, body read and \
+             discarded, request to last byte, median of {}): unpaged list **{} ms** \
+             ({:.1} MiB), streaming list to the initial-events-end bookmark **{} ms** \
+             ({:.1} MiB).{http1} Pods created in {:.1} s; then etcd {:.0} MiB, \
              kube-apiserver {:.0} MiB RSS, {:.1} GiB of RAM available.\n",
+            p.floor_client.describe(),
             p.list_ms.len(),
             cell(list_floor, 1),
             p.list_bytes as f64 / 1048576.0,

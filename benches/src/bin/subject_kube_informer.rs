@@ -1,10 +1,12 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
 //! for the protocol. With no flag it runs the library's defaults (a streaming list, a
-//! compact cache of the bytes the server sent); `--paged-list` turns on the informer option
-//! of that name, `--cache decoded` keeps decoded objects and `--cache json-codec` compact
-//! JSON encoded by the store (the compact cache before it kept the server's bytes); `--json`
-//! reads JSON instead of protobuf. Every configuration indexes the Pods by their
+//! compact cache of the bytes the server sent) through the client the README recommends
+//! (`kube_informer::client`, HTTP/2); `--client kube` uses kube-client's default (HTTP/1.1)
+//! instead, `--paged-list` turns on the informer option of that name, `--cache decoded`
+//! keeps decoded objects and `--cache json-codec` compact JSON encoded by the store (the
+//! compact cache before it kept the server's bytes); `--json` reads JSON instead of
+//! protobuf. Every configuration indexes the Pods by their
 //! `bench-group` label.
 
 use std::{
@@ -33,6 +35,15 @@ enum Cache {
     JsonCodec,
 }
 
+/// Which API client the informer lists and watches through.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ClientKind {
+    /// The one the library recommends: `kube_informer::client`, HTTP/2 with keep-alive pings.
+    Informer,
+    /// kube-client's default, `Client::try_from(config)`: HTTP/1.1, a connection per watch.
+    Kube,
+}
+
 /// The subject's command line: the common one plus the informer's options.
 #[derive(Debug, Parser)]
 struct Args {
@@ -47,6 +58,9 @@ struct Args {
     /// List and watch in JSON instead of protobuf.
     #[arg(long)]
     json: bool,
+    /// The API client.
+    #[arg(long, value_enum, default_value_t = ClientKind::Informer)]
+    client: ClientKind,
 }
 
 #[tokio::main]
@@ -57,8 +71,12 @@ async fn main() -> anyhow::Result<()> {
         paged_list,
         cache,
         json,
+        client,
     } = Args::parse();
-    let client = benches::client(&args.kubeconfig).await?;
+    let client = match client {
+        ClientKind::Informer => benches::informer_client(&args.kubeconfig).await?,
+        ClientKind::Kube => benches::client(&args.kubeconfig).await?,
+    };
     let wire_format = if json {
         WireFormat::Json
     } else {
