@@ -5,12 +5,15 @@
 //!
 //! This is where the default's `get` figure in BENCHMARKS.md comes from, one object at a
 //! time and without the other 9,999: run it under `perf record` to see where a `get` goes.
+//! The group `get-parts` splits a decode's cost: a deep copy of the decoded Pod (what
+//! allocating and freeing its strings, maps and vectors costs, whatever the format), the
+//! Pod decoded from JSON with and without its `managedFields`, and those alone.
 
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_main};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::{api::core::v1::Pod, apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry};
 use kube_client::{
     Api,
     api::{Patch, PatchParams},
@@ -63,6 +66,36 @@ fn get(c: &mut Criterion) {
         assert_eq!(store.get_by_key(&key).as_deref(), Some(&pod), "{name}");
         group.bench_function(name, |b| b.iter(|| store.get_by_key(&key)));
     }
+    group.finish();
+    parts(c, &pod);
+}
+
+/// What a decode of `pod` is made of.
+fn parts(c: &mut Criterion, pod: &Pod) {
+    let json = serde_json::to_vec(pod).expect("a Pod encodes to JSON");
+    let mut without = pod.clone();
+    without.metadata.managed_fields = None;
+    let json_without = serde_json::to_vec(&without).expect("a Pod encodes to JSON");
+    let managed_fields =
+        serde_json::to_vec(&pod.metadata.managed_fields).expect("managedFields encode to JSON");
+    assert!(
+        pod.metadata.managed_fields.is_some(),
+        "the benchmark's Pod carries managedFields"
+    );
+    let mut group = c.benchmark_group("get-parts");
+    group.bench_function("deep-copy", |b| b.iter(|| pod.clone()));
+    group.bench_function("json-decode", |b| {
+        b.iter(|| serde_json::from_slice::<Pod>(&json).expect("the Pod decodes"))
+    });
+    group.bench_function("json-decode-without-managed-fields", |b| {
+        b.iter(|| serde_json::from_slice::<Pod>(&json_without).expect("the Pod decodes"))
+    });
+    group.bench_function("managed-fields-json-decode", |b| {
+        b.iter(|| {
+            serde_json::from_slice::<Option<Vec<ManagedFieldsEntry>>>(&managed_fields)
+                .expect("managedFields decode")
+        })
+    });
     group.finish();
 }
 
