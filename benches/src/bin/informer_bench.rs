@@ -586,34 +586,36 @@ async fn measure_floor(
     let mut gcs = 0;
     // The reads alternate, back to back (the caller waited for idle CPUs once).
     for _ in 0..args.floor_runs {
-        let client = &clients.informer;
-        let ((list_ms, list_bytes), list_gcs) =
-            timed_phase(args, client, benches::floor::list(client, namespace)).await?;
-        let ((streaming_ms, streaming_bytes), streaming_gcs) = timed_phase(
-            args,
-            client,
-            benches::floor::streaming_list(client, namespace),
-        )
-        .await?;
-        gcs += list_gcs + streaming_gcs;
-        result.list_ms.push(list_ms);
-        result.list_bytes = list_bytes;
-        result.streaming_ms.push(streaming_ms);
-        result.streaming_bytes = streaming_bytes;
-        let http1 = &clients.http1;
-        let ((list_ms, _), _) =
-            timed_phase(args, http1, benches::floor::list(http1, namespace)).await?;
-        let ((streaming_ms, _), _) = timed_phase(
-            args,
-            http1,
-            benches::floor::streaming_list(http1, namespace),
-        )
-        .await?;
-        result.http1_list_ms.push(list_ms);
-        result.http1_streaming_ms.push(streaming_ms);
+        let (list, streaming, floor_gcs) = floor_reads(args, &clients.informer, namespace).await?;
+        result.list_ms.push(list.0);
+        result.list_bytes = list.1;
+        result.streaming_ms.push(streaming.0);
+        result.streaming_bytes = streaming.1;
+        let (list, streaming, http1_gcs) = floor_reads(args, &clients.http1, namespace).await?;
+        result.http1_list_ms.push(list.0);
+        result.http1_streaming_ms.push(streaming.0);
+        gcs += floor_gcs + http1_gcs;
     }
     result.floor_apiserver_gcs = Some(gcs);
     Ok(result)
+}
+
+/// One unpaged and one streaming bare read of the Pods of `namespace` by `client`, each a
+/// timed phase: (ms, bytes) of each, and kube-apiserver's collections during both.
+async fn floor_reads(
+    args: &Args,
+    client: &kube_client::Client,
+    namespace: &str,
+) -> anyhow::Result<((f64, u64), (f64, u64), u64)> {
+    let (list, list_gcs) =
+        timed_phase(args, client, benches::floor::list(client, namespace)).await?;
+    let (streaming, streaming_gcs) = timed_phase(
+        args,
+        client,
+        benches::floor::streaming_list(client, namespace),
+    )
+    .await?;
+    Ok((list, streaming, list_gcs + streaming_gcs))
 }
 
 /// Readies kube-apiserver for a timed phase: collects its garbage if `args` say so, then
