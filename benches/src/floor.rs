@@ -1,5 +1,5 @@
-//! The floor under a subject's sync: the same list read bare by the default subject's client,
-//! the body read and discarded, timed from the request to its last byte.
+//! The floor under a subject's sync: the same list read bare by the default subject's
+//! client, the body read and discarded, timed from the request to its last byte.
 
 use std::time::Instant;
 

@@ -334,9 +334,9 @@ const DEFAULT_SUBJECT: &str = "kube-informer";
 /// the compact one), `kube-informer-json-codec` compact JSON the store encodes (the compact
 /// cache before it kept the server's bytes), `kube-informer-paged` syncs by paged lists
 /// instead of a streaming list, `kube-informer-http1` reads through kube-client's default
-/// client (HTTP/1.1) instead of `kube_informer::client`; `kube-informer-baseline` runs the defaults of the
-/// `--baseline` executable; `kube-informer-json` and `client-go-json` read JSON
-/// instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
+/// client (HTTP/1.1) instead of `kube_informer::client`; `kube-informer-baseline` runs the
+/// defaults of the `--baseline` executable; `kube-informer-json` and `client-go-json` read
+/// JSON instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
 /// JSON). A kube-informer configuration is one more line here.
 const SUBJECTS: &[(&str, Binary, &[&str])] = &[
     ("kube-informer", Binary::KubeInformer, &[]),
@@ -1357,7 +1357,7 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
             .filter(|r| r.pods == n && r.subject == "client-go")
             .filter_map(f)
             .collect();
-        (!values.is_empty()).then(|| median(values))
+        median_if_any(values)
     };
     type Metric = (&'static str, fn(&RunResult) -> Option<f64>, f64);
     let metrics: [Metric; 11] = [
@@ -1447,6 +1447,11 @@ fn median_of(
         .filter(|r| r.pods == n && r.subject == subject)
         .filter_map(f)
         .collect();
+    median_if_any(values)
+}
+
+/// The median of `values`, if there are any.
+fn median_if_any(values: Vec<f64>) -> Option<f64> {
     (!values.is_empty()).then(|| median(values))
 }
 
@@ -1459,8 +1464,10 @@ fn floor_of(all: &Results, n: usize) -> (Option<f64>, Option<f64>) {
     let Some(p) = all.pods.iter().find(|p| p.pods == n) else {
         return (None, None);
     };
-    let m = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v.clone()));
-    (m(&p.list_ms), m(&p.streaming_ms))
+    (
+        median_if_any(p.list_ms.clone()),
+        median_if_any(p.streaming_ms.clone()),
+    )
 }
 
 /// Reads, the API server's peak, the relist peak and the floor of every subject at `n`.
@@ -1469,7 +1476,6 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
     let mut out = String::new();
     let (list_floor, stream_floor) = floor_of(all, n);
     if let Some(p) = all.pods.iter().find(|p| p.pods == n) {
-        let m = |v: &Vec<f64>| (!v.is_empty()).then(|| median(v.clone()));
         let http1 = if p.http1_list_ms.is_empty() {
             String::new()
         } else {
@@ -1477,8 +1483,8 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
                 " The same reads by {}, which the kube-runtime subject uses: unpaged {} ms, \
                  streaming {} ms.",
                 FloorClient::KubeDefault.describe(),
-                cell(m(&p.http1_list_ms), 1),
-                cell(m(&p.http1_streaming_ms), 1),
+                cell(median_if_any(p.http1_list_ms.clone()), 1),
+                cell(median_if_any(p.http1_streaming_ms.clone()), 1),
             )
         };
         let _ = writeln!(

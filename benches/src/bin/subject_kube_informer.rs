@@ -6,8 +6,7 @@
 //! instead, `--paged-list` turns on the informer option of that name, `--cache decoded`
 //! keeps decoded objects and `--cache json-codec` compact JSON encoded by the store (the
 //! compact cache before it kept the server's bytes); `--json` reads JSON instead of
-//! protobuf. Every configuration indexes the Pods by their
-//! `bench-group` label.
+//! protobuf. Every configuration indexes the Pods by their `bench-group` label.
 
 use std::{
     sync::{
