@@ -111,7 +111,7 @@ impl<'de> MessageDeserializer<'de> {
         }
     }
 
-    fn time(&self, fraction_digits: u32) -> Result<String, ProtobufError> {
+    fn time(&self, fraction_digits: u32) -> Result<well_known::Rfc3339, ProtobufError> {
         let [seconds, nanos] = self.scalars::<2>()?;
         let seconds = self.varint(seconds, "seconds")? as i64;
         let nanos = self.varint(nanos, "nanos")? as i32;
@@ -130,8 +130,8 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
             Shape::Object => {
                 visitor.visit_map(ObjectAccess::new(self.bytes, self.message, self.type_meta))
             }
-            Shape::Time => visitor.visit_string(self.time(0)?),
-            Shape::MicroTime => visitor.visit_string(self.time(6)?),
+            Shape::Time => visitor.visit_str(self.time(0)?.as_str()),
+            Shape::MicroTime => visitor.visit_str(self.time(6)?.as_str()),
             Shape::Duration => {
                 let [nanos] = self.scalars::<1>()?;
                 visitor.visit_string(well_known::go_duration(

@@ -4,25 +4,83 @@ use std::fmt::Write;
 
 /// `metav1.Time` (`fraction_digits` 0) and `metav1.MicroTime` (6) as RFC 3339 in UTC, as
 /// their Go `MarshalJSON` writes them.
-pub(crate) fn rfc3339(seconds: i64, nanos: i32, fraction_digits: u32) -> String {
+///
+/// Written into a buffer on the stack: every Pod holds a few times, and a `get` from a
+/// compact store decodes them all, so neither an allocation nor `fmt`'s machinery is spent
+/// on text the visitor parses straight back.
+pub(crate) fn rfc3339(seconds: i64, nanos: i32, fraction_digits: u32) -> Rfc3339 {
     let days = seconds.div_euclid(86_400);
     let of_day = seconds.rem_euclid(86_400);
     let (year, month, day) = civil_from_days(days);
-    let mut out = String::with_capacity(32);
-    let _ = write!(
-        out,
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
-        of_day / 3600,
-        of_day / 60 % 60,
-        of_day % 60
-    );
+    let mut out = Rfc3339 {
+        bytes: [0; RFC3339_CAPACITY],
+        len: 0,
+    };
+    if year < 0 {
+        out.push(b'-');
+    }
+    out.digits(year.unsigned_abs(), 4);
+    out.push(b'-');
+    out.digits(u64::from(month), 2);
+    out.push(b'-');
+    out.digits(u64::from(day), 2);
+    out.push(b'T');
+    let of_day = of_day.unsigned_abs();
+    out.digits(of_day / 3600, 2);
+    out.push(b':');
+    out.digits(of_day / 60 % 60, 2);
+    out.push(b':');
+    out.digits(of_day % 60, 2);
+    let fraction_digits = fraction_digits.min(9);
     if fraction_digits > 0 {
         let scaled = u32::try_from(nanos.clamp(0, 999_999_999)).unwrap_or(0)
             / 10u32.pow(9 - fraction_digits);
-        let _ = write!(out, ".{scaled:0width$}", width = fraction_digits as usize);
+        out.push(b'.');
+        out.digits(u64::from(scaled), fraction_digits as usize);
     }
-    out.push('Z');
+    out.push(b'Z');
     out
+}
+
+/// The longest time [`rfc3339`] writes: a sign, the 20 digits of any year an `i64` of
+/// seconds reaches, `-MM-DDTHH:MM:SS`, nine fraction digits with their point, and `Z`.
+const RFC3339_CAPACITY: usize = 1 + 20 + 15 + 10 + 1;
+
+/// A time as [`rfc3339`] writes it.
+pub(crate) struct Rfc3339 {
+    bytes: [u8; RFC3339_CAPACITY],
+    len: usize,
+}
+
+impl Rfc3339 {
+    pub(crate) fn as_str(&self) -> &str {
+        // Only ASCII digits and punctuation are ever written.
+        std::str::from_utf8(&self.bytes[..self.len]).unwrap_or_default()
+    }
+
+    fn push(&mut self, byte: u8) {
+        if let Some(slot) = self.bytes.get_mut(self.len) {
+            *slot = byte;
+            self.len += 1;
+        }
+    }
+
+    /// `value` in decimal, zero-padded to at least `width` digits.
+    fn digits(&mut self, mut value: u64, width: usize) {
+        let mut reversed = [0u8; 20];
+        let mut n = 0;
+        while n < width || value > 0 {
+            reversed[n] = b'0' + (value % 10) as u8;
+            value /= 10;
+            n += 1;
+            if n == reversed.len() {
+                break;
+            }
+        }
+        for &digit in reversed[..n].iter().rev() {
+            self.push(digit);
+        }
+    }
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -102,16 +160,24 @@ mod tests {
 
     #[test]
     fn times_as_go_writes_them() {
-        assert_eq!(rfc3339(0, 0, 0), "1970-01-01T00:00:00Z");
-        assert_eq!(rfc3339(1_780_000_000, 0, 0), "2026-05-28T20:26:40Z");
-        assert_eq!(rfc3339(951_782_400, 0, 0), "2000-02-29T00:00:00Z");
-        assert_eq!(rfc3339(-1, 0, 0), "1969-12-31T23:59:59Z");
-        assert_eq!(rfc3339(253_402_300_799, 0, 0), "9999-12-31T23:59:59Z");
+        let time = |seconds, nanos, digits| rfc3339(seconds, nanos, digits).as_str().to_owned();
+        assert_eq!(time(0, 0, 0), "1970-01-01T00:00:00Z");
+        assert_eq!(time(1_780_000_000, 0, 0), "2026-05-28T20:26:40Z");
+        assert_eq!(time(951_782_400, 0, 0), "2000-02-29T00:00:00Z");
+        assert_eq!(time(-1, 0, 0), "1969-12-31T23:59:59Z");
+        assert_eq!(time(253_402_300_799, 0, 0), "9999-12-31T23:59:59Z");
+        assert_eq!(time(-62_167_219_200, 0, 0), "0000-01-01T00:00:00Z");
+        assert_eq!(time(-62_198_755_200, 0, 0), "-0001-01-01T00:00:00Z");
+        assert_eq!(time(253_402_300_800, 0, 0), "10000-01-01T00:00:00Z");
         assert_eq!(
-            rfc3339(1_780_000_000, 123_456_789, 6),
+            time(1_780_000_000, 123_456_789, 6),
             "2026-05-28T20:26:40.123456Z"
         );
-        assert_eq!(rfc3339(1_780_000_000, 0, 6), "2026-05-28T20:26:40.000000Z");
+        assert_eq!(time(1_780_000_000, 0, 6), "2026-05-28T20:26:40.000000Z");
+        assert_eq!(time(1_780_000_000, 5, 9), "2026-05-28T20:26:40.000000005Z");
+        // Any i64 of seconds fits, and still ends as a time does.
+        assert!(time(i64::MAX, 999_999_999, 9).ends_with(":07.999999999Z"));
+        assert!(time(i64::MIN, 0, 0).starts_with('-'));
     }
 
     #[test]
