@@ -51,13 +51,22 @@ impl<'de> Reader<'de> {
         self.pos
     }
 
+    #[inline]
     pub(crate) fn varint(&mut self) -> Result<u64, ProtobufError> {
+        // Tags and the lengths of most strings fit in one byte.
+        if let Some(&byte) = self.bytes.get(self.pos)
+            && byte < 0x80
+        {
+            self.pos += 1;
+            return Ok(u64::from(byte));
+        }
         let (value, used) = varint(&self.bytes[self.pos..])?.ok_or(ProtobufError::Truncated)?;
         self.pos += used;
         Ok(value)
     }
 
     /// The next field's number and wire type.
+    #[inline]
     pub(crate) fn tag(&mut self) -> Result<(u32, WireType), ProtobufError> {
         let key = self.varint()?;
         let number =
@@ -75,6 +84,7 @@ impl<'de> Reader<'de> {
         Ok((number, wire))
     }
 
+    #[inline]
     pub(crate) fn value(&mut self, wire: WireType) -> Result<Raw<'de>, ProtobufError> {
         Ok(match wire {
             WireType::Varint => Raw::Varint(self.varint()?),
