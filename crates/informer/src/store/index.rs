@@ -1,13 +1,11 @@
 //! Secondary indexes of the [`Store`](crate::Store): index functions and their storage.
 //! The full documentation is on [`IndexFn`].
 
-use std::{
-    collections::{HashMap, HashSet},
-    sync::Arc,
-};
+use std::{collections::HashMap, sync::Arc};
 
 use kube_core::Resource;
 
+use super::{KeyHasher, ObjectKeySet};
 use crate::key::ObjectKey;
 
 /// Name of the built-in index of objects by namespace. Cluster-scoped objects are not in it.
@@ -74,7 +72,7 @@ pub fn owner_uid_index<K: Resource>() -> IndexFn<K> {
 #[derive(Debug)]
 pub(crate) enum KeySet {
     One(ObjectKey),
-    Many(HashSet<ObjectKey>),
+    Many(ObjectKeySet),
 }
 
 impl KeySet {
@@ -82,7 +80,7 @@ impl KeySet {
         match self {
             KeySet::One(k) if *k == key => {}
             KeySet::One(k) => {
-                let mut set = HashSet::with_capacity(2);
+                let mut set = ObjectKeySet::with_capacity_and_hasher(2, KeyHasher::default());
                 set.insert(k.clone());
                 set.insert(key);
                 *self = KeySet::Many(set);
@@ -134,14 +132,14 @@ fn set_is_empty(set: &KeySet) -> bool {
 /// in the same order as the store's indexes.
 pub(crate) struct Index {
     pub(crate) name: Arc<str>,
-    pub(crate) entries: HashMap<Box<str>, KeySet>,
+    pub(crate) entries: HashMap<Box<str>, KeySet, KeyHasher>,
 }
 
 impl Index {
     pub(crate) fn new(name: &str) -> Self {
         Self {
             name: name.into(),
-            entries: HashMap::new(),
+            entries: HashMap::default(),
         }
     }
 

@@ -8,15 +8,12 @@
 //! the resourceVersion already stored is unchanged, and its stored slot (shared or encoded)
 //! is kept as it is.
 
-use std::{
-    collections::HashSet,
-    sync::{Arc, MutexGuard, PoisonError},
-};
+use std::sync::{Arc, MutexGuard, PoisonError};
 
 use kube_core::Resource;
 
 use super::{
-    Slot, Writer,
+    KeyHasher, ObjectKeySet, Slot, Writer,
     index::{IndexValues, apply_change, compute_values},
 };
 use crate::{key::ObjectKey, list_watch::RawObject};
@@ -60,11 +57,11 @@ impl<K> Default for ListProgress<K> {
 
 enum ListInProgress<K> {
     /// The first list, applied as it arrives; `listed` are the keys it held so far.
-    Filling { listed: HashSet<ObjectKey> },
+    Filling { listed: ObjectKeySet },
     /// A relist, applied at its end; `changed` are the listed objects whose
     /// resourceVersion differs from the stored one, in the order they were listed.
     Staging {
-        listed: HashSet<ObjectKey>,
+        listed: ObjectKeySet,
         changed: Vec<Staged<K>>,
     },
 }
@@ -106,12 +103,12 @@ impl<K: Resource> Writer<K> {
         progress.current = Some(if progress.completed_once {
             // A relist lists about what the store holds.
             ListInProgress::Staging {
-                listed: HashSet::with_capacity(self.len()),
+                listed: ObjectKeySet::with_capacity_and_hasher(self.len(), KeyHasher::default()),
                 changed: Vec::new(),
             }
         } else {
             ListInProgress::Filling {
-                listed: HashSet::new(),
+                listed: ObjectKeySet::default(),
             }
         });
     }
@@ -182,7 +179,7 @@ impl<K: Resource> Writer<K> {
 
     /// Applies a staged relist: the decoding, encoding and index functions run first; the
     /// readers' lock is taken once, for the map updates only.
-    fn swap_in(&self, listed: &HashSet<ObjectKey>, changed: Vec<Staged<K>>) -> Vec<StoreChange<K>> {
+    fn swap_in(&self, listed: &ObjectKeySet, changed: Vec<Staged<K>>) -> Vec<StoreChange<K>> {
         let fns = self.writer();
         // The slots a relist removes, and the one each changed object replaces (in the
         // order of `changed`), read at one instant.
