@@ -42,8 +42,9 @@ pub(crate) fn rfc3339(seconds: i64, nanos: i32, fraction_digits: u32) -> Rfc3339
     out
 }
 
-/// The longest time [`rfc3339`] writes: a sign, the 20 digits of any year an `i64` of
-/// seconds reaches, `-MM-DDTHH:MM:SS`, nine fraction digits with their point, and `Z`.
+/// The longest time [`rfc3339`] writes: a sign, a year of up to 20 digits (any `u64`; an
+/// `i64` of seconds reaches 12), `-MM-DDTHH:MM:SS`, nine fraction digits with their point,
+/// and `Z`.
 const RFC3339_CAPACITY: usize = 1 + 20 + 15 + 10 + 1;
 
 /// A time as [`rfc3339`] writes it.
@@ -69,13 +70,10 @@ impl Rfc3339 {
     fn digits(&mut self, mut value: u64, width: usize) {
         let mut reversed = [0u8; 20];
         let mut n = 0;
-        while n < width || value > 0 {
+        while n < reversed.len() && (n < width || value > 0) {
             reversed[n] = b'0' + (value % 10) as u8;
             value /= 10;
             n += 1;
-            if n == reversed.len() {
-                break;
-            }
         }
         for &digit in reversed[..n].iter().rev() {
             self.push(digit);
