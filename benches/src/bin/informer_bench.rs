@@ -123,9 +123,9 @@ struct Args {
     /// change, side by side in one run.
     #[arg(long)]
     baseline: Option<PathBuf>,
-    /// A command to run a subject under, `SUBJECT=COMMAND`, for profiling; `{n}` and
+    /// A command to run a subject under, `SUBJECT=COMMAND`, for profiling; `{pods}` and
     /// `{run}` in it are replaced. For example
-    /// `--wrap 'kube-informer=perf record -g -o /tmp/kube-informer-{n}-{run}.perf --'`.
+    /// `--wrap 'kube-informer=perf record -g -o /tmp/kube-informer-{pods}-{run}.perf --'`.
     /// Its figures then carry the wrapper's cost: do not publish them.
     #[arg(long, value_parser = parse_wrap)]
     wrap: Vec<(String, String)>,
@@ -860,7 +860,7 @@ impl Subject {
             .filter(|(name, _)| name == subject)
             .flat_map(|(_, command)| command.split_whitespace())
             .map(|word| {
-                word.replace("{n}", &n.to_string())
+                word.replace("{pods}", &n.to_string())
                     .replace("{run}", &run.to_string())
             })
             .collect();
