@@ -1581,7 +1581,7 @@ fn growth_section(args: &Args, all: &Results) -> String {
     let _ = writeln!(
         out,
         "\n## Growth with N\n\nMedians per N; the last column is the largest N's value over \
-         the smallest's (N grew {:.0}×).\n",
+         the smallest's (N grew {:.0}×), `–` where the smallest is below 1.\n",
         ns[ns.len() - 1] as f64 / ns[0] as f64
     );
     type Row<'a> = (&'a str, &'a dyn Fn(&RunResult) -> Option<f64>);
@@ -1633,11 +1633,13 @@ fn growth_section(args: &Args, all: &Results) -> String {
             for v in &values {
                 let _ = write!(out, " {} |", cell(*v, 1));
             }
+            // A ratio to a base below one unit (the API server's few extra KiB for a
+            // small list) measures the noise of that base, not a growth.
             let growth = match (
                 values.first().copied().flatten(),
                 values.last().copied().flatten(),
             ) {
-                (Some(a), Some(b)) if a > 0.0 => format!("{:.1}×", b / a),
+                (Some(a), Some(b)) if a >= 1.0 => format!("{:.1}×", b / a),
                 _ => "–".to_owned(),
             };
             let _ = writeln!(out, " {growth} |");
