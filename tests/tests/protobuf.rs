@@ -431,7 +431,8 @@ async fn read(
 
 /// The default cache keeps each object as the protobuf bytes the server sent and decodes
 /// them on every read: through a paged list (list items, untyped) and a streaming list
-/// (watch events, typed) alike, a read must return what the server's JSON says.
+/// (watch events, typed) alike, a read, whole or as a projection, must return what the
+/// server's JSON says.
 async fn compact_cache_matches(
     api: &Api<DynamicObject>,
     kind: &Kind,
@@ -456,6 +457,12 @@ async fn compact_cache_matches(
         let cached = store.get_by_key(&key).expect("the object cached");
         let what = format!("{} {key}, paged list: {paged}", kind.resource.kind);
         assert_eq!(&serde_json::to_value(&*cached).unwrap(), expected, "{what}");
+        // A projection reads the same bytes without the whole object; as JSON, all of it.
+        let projected: Value = store
+            .get_as(&key)
+            .expect("the object reads as JSON")
+            .expect("the object cached");
+        assert_eq!(&projected, expected, "{what}, read as a projection");
         informer.stop().await;
     }
 }

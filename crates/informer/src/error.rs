@@ -217,6 +217,20 @@ pub enum Error {
         reason: String,
     },
 
+    /// A stored object does not read as the type asked of
+    /// [`Store::get_as`](crate::Store::get_as): the type declares a field the object has in
+    /// another shape, or a required field the object lacks.
+    #[error("object {key} does not read as {target}: {source}")]
+    Projection {
+        /// The object's key (`namespace/name`).
+        key: String,
+        /// The type it was read as.
+        target: &'static str,
+        /// The decoder's error.
+        #[source]
+        source: BoxError,
+    },
+
     /// Code run while listing or watching panicked: a transform, an index function, a
     /// codec, or a decoder. The reflector reports it and relists, so the cache is rebuilt
     /// from the server rather than left half-written.

@@ -317,6 +317,73 @@ impl<K> Store<K> {
         self.unpack(key, slot)
     }
 
+    /// The object under `key`, read as `T`: a projection that declares only the fields a
+    /// caller needs, as serde reads JSON into a struct with fewer fields.
+    ///
+    /// In a compact store of the server's bytes (an informer's default) only those fields
+    /// are decoded: the rest of the object is skipped where it lies, without allocating.
+    /// A controller that reads a Pod's labels pays for the labels, not for the whole Pod
+    /// and its `managedFields`. In a store of decoded objects, or one encoded by a
+    /// [`Codec`], the object is decoded as `K` and re-read as `T` through its JSON, which
+    /// costs more than [`get_by_key`](Self::get_by_key): there, read the shared object.
+    ///
+    /// `T` sees the object as its JSON, with `apiVersion` and `kind` when the server sent
+    /// them (watch events carry them, list items do not).
+    ///
+    /// ```
+    /// use std::{collections::BTreeMap, sync::Arc};
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::testing::{FakeListWatch, StoreWriter};
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Labels {
+    ///     metadata: Meta,
+    /// }
+    /// #[derive(serde::Deserialize)]
+    /// struct Meta {
+    ///     #[serde(default)]
+    ///     labels: BTreeMap<String, String>,
+    /// }
+    ///
+    /// let writer = StoreWriter::<ConfigMap>::compact();
+    /// let mut cm = FakeListWatch::<ConfigMap>::object(Some("ns"), "a");
+    /// cm.metadata.labels = Some([("app".to_owned(), "web".to_owned())].into());
+    /// writer.insert(Arc::new(cm)).unwrap();
+    ///
+    /// let labels = writer.store().get_as::<Labels>("ns/a").unwrap().unwrap();
+    /// assert_eq!(labels.metadata.labels["app"], "web");
+    /// assert!(writer.store().get_as::<Labels>("ns/b").unwrap().is_none());
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Projection`] when the object does not read as `T` (a field of `T` that the
+    /// object holds in another shape, or a required one it lacks); `Ok(None)` when nothing
+    /// is stored under `key`.
+    pub fn get_as<T: DeserializeOwned>(&self, key: impl AsRef<str>) -> Result<Option<T>, Error>
+    where
+        K: Serialize,
+    {
+        let key = key.as_ref();
+        let Some(slot) = self.read().objects.get(key).cloned() else {
+            return Ok(None);
+        };
+        let read = match slot {
+            Slot::Wire { bytes, format, .. } => format.decode::<T>(&bytes),
+            slot => match self.unpack(key, slot) {
+                Some(object) => serde_json::to_value(&*object)
+                    .and_then(serde_json::from_value)
+                    .map_err(BoxError::from),
+                None => Err("the stored object does not decode".into()),
+            },
+        };
+        read.map(Some).map_err(|source| Error::Projection {
+            key: key.to_owned(),
+            target: std::any::type_name::<T>(),
+            source,
+        })
+    }
+
     /// Whether an object is stored under `key`.
     pub fn contains_key(&self, key: impl AsRef<str>) -> bool {
         self.read().objects.contains_key(key.as_ref())
@@ -765,6 +832,7 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube_core::ObjectMeta;
     use std::{
+        collections::BTreeMap,
         sync::atomic::{AtomicBool, Ordering},
         thread,
     };
@@ -926,6 +994,73 @@ mod tests {
         assert!(store.index_keys("app", "web").unwrap().is_empty());
         assert_eq!(store.get_by_key("a/x"), Some(db));
         store.check_invariants().unwrap();
+    }
+
+    /// What a controller that logs labels reads of an object.
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct Labels {
+        metadata: LabelsMeta,
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize)]
+    struct LabelsMeta {
+        name: String,
+        #[serde(default)]
+        labels: BTreeMap<String, String>,
+    }
+
+    fn labels(name: &str, app: &str) -> Labels {
+        Labels {
+            metadata: LabelsMeta {
+                name: name.to_owned(),
+                labels: [("app".to_owned(), app.to_owned())].into(),
+            },
+        }
+    }
+
+    #[test]
+    fn get_as_reads_a_projection_from_every_kind_of_slot() {
+        let wire = Writer::build(Keeping::Encoded {
+            codec: Arc::new(NoEncoding),
+            // The projection reads the bytes itself and never decodes a whole object.
+            wire: Some(|_, _| Err("a projection must not decode the whole object".into())),
+        });
+        let web = cm("a", "x", "web");
+        let raw = RawObject::new(serde_json::to_vec(&*web).unwrap().into(), RawFormat::Json);
+        wire.insert_keyed("a/x".into(), web.clone(), Some(raw));
+        assert!(matches!(
+            wire.read().objects.get("a/x"),
+            Some(Slot::Wire { .. })
+        ));
+        let packed = Writer::<ConfigMap>::compact();
+        packed.insert(web.clone()).unwrap();
+        let decoded = Writer::<ConfigMap>::new();
+        decoded.insert(web).unwrap();
+        for store in [&wire, &packed, &decoded] {
+            assert_eq!(
+                store.get_as::<Labels>("a/x").unwrap(),
+                Some(labels("x", "web"))
+            );
+            assert_eq!(store.get_as::<Labels>("a/y").unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn get_as_a_type_the_object_does_not_fit_is_an_error_naming_both() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct WantsAList {
+            data: Vec<String>,
+        }
+        let store = Writer::<ConfigMap>::new();
+        let mut obj = (*cm("a", "x", "web")).clone();
+        obj.data = Some([("k".to_owned(), "v".to_owned())].into());
+        store.insert(Arc::new(obj)).unwrap();
+        let err = store.get_as::<WantsAList>("a/x").unwrap_err();
+        assert!(
+            matches!(&err, Error::Projection { key, target, .. } if key == "a/x" && target.ends_with("WantsAList")),
+            "{err}"
+        );
     }
 
     #[test]
