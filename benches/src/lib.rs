@@ -149,6 +149,13 @@ pub struct ReadsLine {
     pub get_p50_ns: f64,
     /// 99th percentile of one get by a random key, ns.
     pub get_p99_ns: f64,
+    /// Median of one read of a Pod's labels alone ([`PodLabels`]) by the same keys, ns;
+    /// `None` for a subject without projected reads (and in results from before them).
+    #[serde(default)]
+    pub labels_p50_ns: Option<f64>,
+    /// 99th percentile of the same, ns.
+    #[serde(default)]
+    pub labels_p99_ns: Option<f64>,
     /// Median time of one list of every object, ms.
     pub list_ms: f64,
     /// Median time of one by-index read of [`GROUP_SIZE`] objects, µs; `None` for a store
@@ -192,21 +199,41 @@ impl RelistLine {
     }
 }
 
+/// What a controller that logs a Pod's labels reads of it (the object-tutorials
+/// controller): the read a projection (`Store::get_as`) makes of a cached Pod.
+#[derive(Debug, Deserialize)]
+pub struct PodLabels {
+    /// The Pod's metadata, of which only the labels.
+    pub metadata: LabelsOnly,
+}
+
+/// The labels of an object's metadata.
+#[derive(Debug, Deserialize)]
+pub struct LabelsOnly {
+    /// The labels; empty when the object has none.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+}
+
 /// Times reads of a cache of `n` benchmark Pods and returns the line to print: `samples`
 /// gets by random key, after as many untimed gets of other keys (`key` makes the store's
-/// key of a Pod name beforehand, `get` returns whether it found the object), 7 full lists
-/// (`list` returns how many objects), and 200 by-index reads of a random group
-/// (`by_index` returns how many objects; `None` for a store without indexes).
+/// key of a Pod name beforehand, `get` returns whether it found the object), the same
+/// keys read as their labels alone (`labels` returns how many labels it read; `None` for
+/// a store without projected reads), 7 full lists (`list` returns how many objects), and
+/// 200 by-index reads of a random group (`by_index` returns how many objects; `None` for
+/// a store without indexes).
 ///
 /// # Errors
 ///
-/// When a get finds nothing or a list has not `n` objects.
+/// When a get finds nothing, a labels read finds no labels, or a list has not `n` objects.
+#[allow(clippy::too_many_arguments)]
 pub fn time_reads<Q>(
     subject: &str,
     n: usize,
     samples: usize,
     key: impl Fn(&str) -> Q,
     get: impl Fn(&Q) -> bool,
+    labels: Option<&dyn Fn(&Q) -> usize>,
     list: impl Fn() -> usize,
     by_index: Option<&dyn Fn(&str) -> usize>,
 ) -> anyhow::Result<ReadsLine> {
@@ -231,6 +258,22 @@ pub fn time_reads<Q>(
         }
     }
     gets.sort_by(f64::total_cmp);
+    let labels_times = match labels {
+        Some(read) => {
+            let mut times = Vec::with_capacity(samples);
+            for (name, key) in names.iter().zip(&keys) {
+                let started = Instant::now();
+                let found = read(key);
+                times.push(started.elapsed().as_nanos() as f64);
+                if found == 0 {
+                    anyhow::bail!("{subject}: the labels of {name} read as none");
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            Some(times)
+        }
+        None => None,
+    };
     let mut lists = Vec::new();
     for _ in 0..7 {
         let started = Instant::now();
@@ -261,6 +304,8 @@ pub fn time_reads<Q>(
         get_samples: samples,
         get_p50_ns: percentile(&gets, 0.50),
         get_p99_ns: percentile(&gets, 0.99),
+        labels_p50_ns: labels_times.as_ref().map(|t| percentile(t, 0.50)),
+        labels_p99_ns: labels_times.as_ref().map(|t| percentile(t, 0.99)),
         list_ms: median(lists),
         by_index_us,
         by_index_len,

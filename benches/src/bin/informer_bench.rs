@@ -1319,7 +1319,10 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
         "Second table of each N, after the updates (so the reads change neither the steady \
          memory nor the latencies) and once the CPUs are idle again: **get** = one read \
          by a random key ({} keys, the same for every subject, after as many untimed gets \
-         of other keys; client-go `GetByKey`), **list** = one list of all objects \
+         of other keys; client-go `GetByKey`), **labels** = the same keys read as their \
+         labels alone, a projection that decodes nothing else (`Store::get_as`; `–` where \
+         a store has no such read: its `get` returns the shared object, labels included), \
+         **list** = one list of all objects \
          (median of 7), **by_index** = the objects of one `{GROUP_LABEL}` value (median of \
          200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \
          kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
@@ -1508,10 +1511,10 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
     }
     let _ = writeln!(
         out,
-        "| subject | get p50 µs | get p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | CPU to sync ms: subject + API server | relist peak MiB | sync / list floor | sync / streaming floor |",
+        "| subject | get p50 µs | get p99 µs | labels p50 / p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | CPU to sync ms: subject + API server | relist peak MiB | sync / list floor | sync / streaming floor |",
         benches::GROUP_SIZE
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
     for subject in &args.subjects {
         let runs = |f: &dyn Fn(&RunResult) -> Option<f64>| median_of(&all.results, n, subject, f);
         if median_of(&all.results, n, subject, |r| Some(r.synced_ms)).is_none() {
@@ -1542,9 +1545,16 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
         };
         let _ = writeln!(
             out,
-            "| {subject} | {} | {} | {} | {} | {} | {} | {relist_cell} | {} | {} |",
+            "| {subject} | {} | {} | {} | {} | {} | {} | {} | {relist_cell} | {} | {} |",
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p50_ns / 1e3)), 2),
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p99_ns / 1e3)), 2),
+            match (
+                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_p50_ns)),
+                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_p99_ns)),
+            ) {
+                (Some(p50), Some(p99)) => format!("{:.2} / {:.2}", p50 / 1e3, p99 / 1e3),
+                _ => "–".to_owned(),
+            },
             cell(runs(&|r| r.reads.as_ref().map(|x| x.list_ms)), 2),
             cell(runs(&|r| r.reads.as_ref().and_then(|x| x.by_index_us)), 1),
             match (

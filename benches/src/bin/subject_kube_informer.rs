@@ -16,7 +16,7 @@ use std::{
     time::Instant,
 };
 
-use benches::{GROUP_LABEL, RELIST_LABEL, Recorder, RelistLine, SubjectArgs};
+use benches::{GROUP_LABEL, PodLabels, RELIST_LABEL, Recorder, RelistLine, SubjectArgs};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
@@ -144,12 +144,20 @@ async fn main() -> anyhow::Result<()> {
                 .by_index(GROUP_LABEL, group)
                 .map_or(0, |objects| objects.len())
         };
+        let labels = |key: &String| {
+            store
+                .get_as::<PodLabels>(key)
+                .ok()
+                .flatten()
+                .map_or(0, |pod| pod.metadata.labels.len())
+        };
         benches::time_reads(
             "kube-informer",
             args.expect,
             args.reads,
             |name| format!("{namespace}/{name}"),
             |key| store.get_by_key(key).is_some(),
+            Some(&labels),
             || store.list().len(),
             Some(&by_index),
         )?

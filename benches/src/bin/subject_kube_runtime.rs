@@ -86,6 +86,7 @@ async fn main() -> anyhow::Result<()> {
             args.reads,
             |name| ObjectRef::<Pod>::new(name).within(namespace),
             |key| reader.get(key).is_some(),
+            None,
             || reader.state().len(),
             None,
         )?
