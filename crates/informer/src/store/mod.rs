@@ -368,6 +368,51 @@ impl<K> Store<K> {
         let Some(slot) = self.read().objects.get(key).cloned() else {
             return Ok(None);
         };
+        self.project(key, slot).map(Some)
+    }
+
+    /// Every object, read as `T` (see [`get_as`](Self::get_as)), in no particular order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Projection`] for the first object that does not read as `T`.
+    pub fn list_as<T: DeserializeOwned>(&self) -> Result<Vec<T>, Error>
+    where
+        K: Serialize,
+    {
+        self.snapshot()
+            .into_iter()
+            .map(|(key, slot)| self.project(key.as_ref(), slot))
+            .collect()
+    }
+
+    /// The objects whose index `index` contains `value`, read as `T` (see
+    /// [`get_as`](Self::get_as)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::IndexNotFound`] when no index is named `index`; [`Error::Projection`] for
+    /// the first object that does not read as `T`.
+    pub fn by_index_as<T: DeserializeOwned>(
+        &self,
+        index: &str,
+        value: &str,
+    ) -> Result<Vec<T>, Error>
+    where
+        K: Serialize,
+    {
+        self.index_slots(index, value)?
+            .into_iter()
+            .map(|(key, slot)| self.project(key.as_ref(), slot))
+            .collect()
+    }
+
+    /// The object in `slot` read as `T`: straight from the server's bytes when the slot
+    /// holds them, else through the decoded object's JSON.
+    fn project<T: DeserializeOwned>(&self, key: &str, slot: Slot<K>) -> Result<T, Error>
+    where
+        K: Serialize,
+    {
         let read = match slot {
             Slot::Wire { bytes, format, .. } => format.decode::<T>(&bytes),
             slot => match self.unpack(key, slot) {
@@ -377,7 +422,7 @@ impl<K> Store<K> {
                 None => Err("the stored object does not decode".into()),
             },
         };
-        read.map(Some).map_err(|source| Error::Projection {
+        read.map_err(|source| Error::Projection {
             key: key.to_owned(),
             target: std::any::type_name::<T>(),
             source,
@@ -462,20 +507,24 @@ impl<K> Store<K> {
     ///
     /// [`Error::IndexNotFound`] when no index is named `index`.
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, Error> {
-        let slots: Vec<(ObjectKey, Slot<K>)> = {
-            let st = self.read();
-            let idx = find(&st.indexes, index)?;
-            let Some(keys) = idx.get(value) else {
-                return Ok(Vec::new());
-            };
-            let mut slots = Vec::with_capacity(keys.len());
-            slots.extend(
-                keys.iter()
-                    .filter_map(|k| Some((k.clone(), st.objects.get(k)?.clone()))),
-            );
-            slots
-        };
+        let slots = self.index_slots(index, value)?;
         Ok(self.unpack_all(slots))
+    }
+
+    /// The slots of the objects whose index `index` contains `value`, taken under the read
+    /// lock so that they are decoded after it.
+    fn index_slots(&self, index: &str, value: &str) -> Result<Vec<(ObjectKey, Slot<K>)>, Error> {
+        let st = self.read();
+        let idx = find(&st.indexes, index)?;
+        let Some(keys) = idx.get(value) else {
+            return Ok(Vec::new());
+        };
+        let mut slots = Vec::with_capacity(keys.len());
+        slots.extend(
+            keys.iter()
+                .filter_map(|k| Some((k.clone(), st.objects.get(k)?.clone()))),
+        );
+        Ok(slots)
     }
 
     /// The keys of the objects whose index `index` contains `value`.
@@ -1025,6 +1074,11 @@ mod tests {
             // The projection reads the bytes itself and never decodes a whole object.
             wire: Some(|_, _| Err("a projection must not decode the whole object".into())),
         });
+        let packed = Writer::<ConfigMap>::compact();
+        let decoded = Writer::<ConfigMap>::new();
+        for store in [&wire, &packed, &decoded] {
+            store.add_indexer("app", label_index("app")).unwrap();
+        }
         let web = cm("a", "x", "web");
         let raw = RawObject::new(serde_json::to_vec(&*web).unwrap().into(), RawFormat::Json);
         wire.insert_keyed("a/x".into(), web.clone(), Some(raw));
@@ -1032,9 +1086,7 @@ mod tests {
             wire.read().objects.get("a/x"),
             Some(Slot::Wire { .. })
         ));
-        let packed = Writer::<ConfigMap>::compact();
         packed.insert(web.clone()).unwrap();
-        let decoded = Writer::<ConfigMap>::new();
         decoded.insert(web).unwrap();
         for store in [&wire, &packed, &decoded] {
             assert_eq!(
@@ -1042,6 +1094,16 @@ mod tests {
                 Some(labels("x", "web"))
             );
             assert_eq!(store.get_as::<Labels>("a/y").unwrap(), None);
+            assert_eq!(store.list_as::<Labels>().unwrap(), [labels("x", "web")]);
+            assert_eq!(
+                store.by_index_as::<Labels>("app", "web").unwrap(),
+                [labels("x", "web")]
+            );
+            assert!(store.by_index_as::<Labels>("app", "db").unwrap().is_empty());
+            assert!(matches!(
+                store.by_index_as::<Labels>("tier", "web"),
+                Err(Error::IndexNotFound(_))
+            ));
         }
     }
 
@@ -1061,6 +1123,10 @@ mod tests {
             matches!(&err, Error::Projection { key, target, .. } if key == "a/x" && target.ends_with("WantsAList")),
             "{err}"
         );
+        assert!(matches!(
+            store.list_as::<WantsAList>(),
+            Err(Error::Projection { .. })
+        ));
     }
 
     #[test]
