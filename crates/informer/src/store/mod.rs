@@ -321,7 +321,8 @@ impl<K> Store<K> {
     /// caller needs, as serde reads JSON into a struct with fewer fields.
     ///
     /// In a compact store of the server's bytes (an informer's default) only those fields
-    /// are decoded: the rest of the object is skipped where it lies, without allocating.
+    /// are decoded, and nothing is allocated for the rest: protobuf fields are skipped
+    /// where they lie (their lengths are on the wire), JSON is scanned past.
     /// A controller that reads a Pod's labels pays for the labels, not for the whole Pod
     /// and its `managedFields`. In a store of decoded objects, or one encoded by a
     /// [`Codec`], the object is decoded as `K` and re-read as `T` through its JSON, which
