@@ -215,17 +215,21 @@ pub struct LabelsOnly {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
+/// A read of one key's labels alone, as [`time_reads`] times it: how many labels it read.
+pub type LabelsRead<'a, Q> = &'a dyn Fn(&Q) -> anyhow::Result<usize>;
+
 /// Times reads of a cache of `n` benchmark Pods and returns the line to print: `samples`
 /// gets by random key, after as many untimed gets of other keys (`key` makes the store's
 /// key of a Pod name beforehand, `get` returns whether it found the object), the same
-/// keys read as their labels alone (`labels` returns how many labels it read; `None` for
-/// a store without projected reads), 7 full lists (`list` returns how many objects), and
+/// keys read as their labels alone (`labels` returns how many labels it read, or why it
+/// could not; `None` for a store without projected reads), 7 full lists (`list` returns how many objects), and
 /// 200 by-index reads of a random group (`by_index` returns how many objects; `None` for
 /// a store without indexes).
 ///
 /// # Errors
 ///
-/// When a get finds nothing, a labels read finds no labels, or a list has not `n` objects.
+/// When a get finds nothing, a labels read fails or finds no labels, or a list has not `n`
+/// objects.
 #[allow(clippy::too_many_arguments)]
 pub fn time_reads<Q>(
     subject: &str,
@@ -233,10 +237,11 @@ pub fn time_reads<Q>(
     samples: usize,
     key: impl Fn(&str) -> Q,
     get: impl Fn(&Q) -> bool,
-    labels: Option<&dyn Fn(&Q) -> usize>,
+    labels: Option<LabelsRead<'_, Q>>,
     list: impl Fn() -> usize,
     by_index: Option<&dyn Fn(&str) -> usize>,
 ) -> anyhow::Result<ReadsLine> {
+    use anyhow::Context;
     let mut random = XorShift(0x9e37_79b9_7f4a_7c15);
     let names: Vec<String> = (0..samples)
         .map(|_| pod_name(random.below(n.max(1))))
@@ -265,6 +270,7 @@ pub fn time_reads<Q>(
                 let started = Instant::now();
                 let found = read(key);
                 times.push(started.elapsed().as_nanos() as f64);
+                let found = found.with_context(|| format!("{subject}: the labels of {name}"))?;
                 if found == 0 {
                     anyhow::bail!("{subject}: the labels of {name} read as none");
                 }

@@ -144,12 +144,10 @@ async fn main() -> anyhow::Result<()> {
                 .by_index(GROUP_LABEL, group)
                 .map_or(0, |objects| objects.len())
         };
-        let labels = |key: &String| {
-            store
-                .get_as::<PodLabels>(key)
-                .ok()
-                .flatten()
-                .map_or(0, |pod| pod.metadata.labels.len())
+        let labels = |key: &String| -> anyhow::Result<usize> {
+            Ok(store
+                .get_as::<PodLabels>(key)?
+                .map_or(0, |pod| pod.metadata.labels.len()))
         };
         benches::time_reads(
             "kube-informer",
