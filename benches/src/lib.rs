@@ -156,6 +156,14 @@ pub struct ReadsLine {
     /// 99th percentile of the same, ns.
     #[serde(default)]
     pub labels_p99_ns: Option<f64>,
+    /// Median time of one read of every object's labels alone, ms; `None` as for
+    /// `labels_p50_ns`.
+    #[serde(default)]
+    pub labels_list_ms: Option<f64>,
+    /// Median time of one read of the labels alone of [`GROUP_SIZE`] objects by index, µs;
+    /// `None` as for `labels_p50_ns`.
+    #[serde(default)]
+    pub labels_by_index_us: Option<f64>,
     /// Median time of one list of every object, ms.
     pub list_ms: f64,
     /// Median time of one by-index read of [`GROUP_SIZE`] objects, µs; `None` for a store
@@ -215,21 +223,30 @@ pub struct LabelsOnly {
     pub labels: std::collections::BTreeMap<String, String>,
 }
 
-/// A read of one key's labels alone, as [`time_reads`] times it: how many labels it read.
-pub type LabelsRead<'a, Q> = &'a dyn Fn(&Q) -> anyhow::Result<usize>;
+/// The reads of Pods' labels alone that [`time_reads`] times beside the full reads. Each
+/// returns how many objects it read labels of (at least one label each), or why it could
+/// not read them.
+pub struct LabelsReads<'a, Q> {
+    /// One key's Pod.
+    pub get: &'a dyn Fn(&Q) -> anyhow::Result<usize>,
+    /// Every Pod.
+    pub list: &'a dyn Fn() -> anyhow::Result<usize>,
+    /// The Pods of one value of the `bench-group` index.
+    pub by_index: &'a dyn Fn(&str) -> anyhow::Result<usize>,
+}
 
 /// Times reads of a cache of `n` benchmark Pods and returns the line to print: `samples`
 /// gets by random key, after as many untimed gets of other keys (`key` makes the store's
-/// key of a Pod name beforehand, `get` returns whether it found the object), the same
-/// keys read as their labels alone (`labels` returns how many labels it read, or why it
-/// could not; `None` for a store without projected reads), 7 full lists (`list` returns how many objects), and
-/// 200 by-index reads of a random group (`by_index` returns how many objects; `None` for
-/// a store without indexes).
+/// key of a Pod name beforehand, `get` returns whether it found the object), 7 full lists
+/// (`list` returns how many objects), and 200 by-index reads of a random group
+/// (`by_index` returns how many objects; `None` for a store without indexes). `labels`,
+/// for a store with projected reads, reads the same keys, lists and groups again as the
+/// Pods' labels alone.
 ///
 /// # Errors
 ///
-/// When a get finds nothing, a labels read fails or finds no labels, or a list has not `n`
-/// objects.
+/// When a get finds nothing, a labels read fails or finds an object without labels, or a
+/// list has not `n` objects.
 #[allow(clippy::too_many_arguments)]
 pub fn time_reads<Q>(
     subject: &str,
@@ -237,7 +254,7 @@ pub fn time_reads<Q>(
     samples: usize,
     key: impl Fn(&str) -> Q,
     get: impl Fn(&Q) -> bool,
-    labels: Option<LabelsRead<'_, Q>>,
+    labels: Option<&LabelsReads<'_, Q>>,
     list: impl Fn() -> usize,
     by_index: Option<&dyn Fn(&str) -> usize>,
 ) -> anyhow::Result<ReadsLine> {
@@ -263,12 +280,12 @@ pub fn time_reads<Q>(
         }
     }
     gets.sort_by(f64::total_cmp);
-    let labels_times = match labels {
-        Some(read) => {
+    let labels_gets = match labels {
+        Some(labels) => {
             let mut times = Vec::with_capacity(samples);
             for (name, key) in names.iter().zip(&keys) {
                 let started = Instant::now();
-                let found = read(key);
+                let found = (labels.get)(key);
                 times.push(started.elapsed().as_nanos() as f64);
                 let found = found.with_context(|| format!("{subject}: the labels of {name}"))?;
                 if found == 0 {
@@ -280,42 +297,85 @@ pub fn time_reads<Q>(
         }
         None => None,
     };
-    let mut lists = Vec::new();
-    for _ in 0..7 {
-        let started = Instant::now();
-        let len = list();
-        lists.push(started.elapsed().as_secs_f64() * 1000.0);
-        if len != n {
-            anyhow::bail!("{subject}: a list returned {len} objects, expected {n}");
-        }
-    }
+    let list_ms = time_lists(subject, n, || Ok(list()))?;
+    let labels_list_ms = match labels {
+        Some(labels) => Some(
+            time_lists(subject, n, labels.list)
+                .with_context(|| format!("{subject}: the labels of every Pod"))?,
+        ),
+        None => None,
+    };
+    // Whole groups only, so every read returns GROUP_SIZE objects.
+    let groups: Vec<String> = (0..200)
+        .map(|_| pod_group(random.below((n / GROUP_SIZE).max(1)) * GROUP_SIZE))
+        .collect();
     let (by_index_us, by_index_len) = match by_index {
         Some(read) => {
-            let mut times = Vec::new();
-            let mut len = 0;
-            // Whole groups only, so every read returns GROUP_SIZE objects.
-            let full = (n / GROUP_SIZE).max(1);
-            for _ in 0..200 {
-                let group = pod_group(random.below(full) * GROUP_SIZE);
-                let started = Instant::now();
-                len = read(&group);
-                times.push(started.elapsed().as_secs_f64() * 1e6);
-            }
-            (Some(median(times)), Some(len))
+            let (us, len) = time_groups(&groups, |group| Ok(read(group)))?;
+            (Some(us), Some(len))
         }
         None => (None, None),
+    };
+    let labels_by_index_us = match labels {
+        Some(labels) => {
+            let (us, len) = time_groups(&groups, labels.by_index)
+                .with_context(|| format!("{subject}: the labels of a group's Pods"))?;
+            if Some(len) != by_index_len {
+                anyhow::bail!(
+                    "{subject}: a group's labels read {len} Pods, its objects {by_index_len:?}"
+                );
+            }
+            Some(us)
+        }
+        None => None,
     };
     Ok(ReadsLine {
         subject: subject.to_owned(),
         get_samples: samples,
         get_p50_ns: percentile(&gets, 0.50),
         get_p99_ns: percentile(&gets, 0.99),
-        labels_p50_ns: labels_times.as_ref().map(|t| percentile(t, 0.50)),
-        labels_p99_ns: labels_times.as_ref().map(|t| percentile(t, 0.99)),
-        list_ms: median(lists),
+        labels_p50_ns: labels_gets.as_ref().map(|t| percentile(t, 0.50)),
+        labels_p99_ns: labels_gets.as_ref().map(|t| percentile(t, 0.99)),
+        labels_list_ms,
+        labels_by_index_us,
+        list_ms,
         by_index_us,
         by_index_len,
     })
+}
+
+/// The median of 7 reads of every object by `list` (which returns how many it read), ms.
+fn time_lists(
+    subject: &str,
+    n: usize,
+    list: impl Fn() -> anyhow::Result<usize>,
+) -> anyhow::Result<f64> {
+    let mut times = Vec::new();
+    for _ in 0..7 {
+        let started = Instant::now();
+        let len = list()?;
+        times.push(started.elapsed().as_secs_f64() * 1000.0);
+        if len != n {
+            anyhow::bail!("{subject}: a list returned {len} objects, expected {n}");
+        }
+    }
+    Ok(median(times))
+}
+
+/// The median of one read of each of `groups` by `read` (which returns how many objects
+/// it read), µs, and how many objects the last read returned.
+fn time_groups(
+    groups: &[String],
+    read: impl Fn(&str) -> anyhow::Result<usize>,
+) -> anyhow::Result<(f64, usize)> {
+    let mut times = Vec::new();
+    let mut len = 0;
+    for group in groups {
+        let started = Instant::now();
+        len = read(group)?;
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok((median(times), len))
 }
 
 /// A small deterministic generator for the random keys (the same keys for every subject).

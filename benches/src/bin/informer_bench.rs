@@ -1511,7 +1511,7 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
     }
     let _ = writeln!(
         out,
-        "| subject | get p50 µs | get p99 µs | labels p50 / p99 µs | list ms | by_index ({}) µs | API server peak +MiB (peak MiB) | CPU to sync ms: subject + API server | relist peak MiB | sync / list floor | sync / streaming floor |",
+        "| subject | get p50 µs | get p99 µs | list ms | by_index ({0}) µs | labels only: get p50 / p99 µs, list ms, by_index ({0}) µs | API server peak +MiB (peak MiB) | CPU to sync ms: subject + API server | relist peak MiB | sync / list floor | sync / streaming floor |",
         benches::GROUP_SIZE
     );
     let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
@@ -1548,15 +1548,14 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
             "| {subject} | {} | {} | {} | {} | {} | {} | {} | {relist_cell} | {} | {} |",
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p50_ns / 1e3)), 2),
             cell(runs(&|r| r.reads.as_ref().map(|x| x.get_p99_ns / 1e3)), 2),
-            match (
-                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_p50_ns)),
-                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_p99_ns)),
-            ) {
-                (Some(p50), Some(p99)) => format!("{:.2} / {:.2}", p50 / 1e3, p99 / 1e3),
-                _ => "–".to_owned(),
-            },
             cell(runs(&|r| r.reads.as_ref().map(|x| x.list_ms)), 2),
             cell(runs(&|r| r.reads.as_ref().and_then(|x| x.by_index_us)), 1),
+            labels_cell(
+                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_p50_ns)),
+                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_p99_ns)),
+                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_list_ms)),
+                runs(&|r| r.reads.as_ref().and_then(|x| x.labels_by_index_us)),
+            ),
             match (
                 runs(&|r| Some(
                     r.apiserver_peak_kb? as f64 / 1024.0
@@ -1576,6 +1575,26 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
         );
     }
     out
+}
+
+/// The projected reads' cell: get p50 / p99 µs, list ms and by-index µs, each `–` where
+/// the runs lack it (results from before the figure existed).
+fn labels_cell(
+    p50_ns: Option<f64>,
+    p99_ns: Option<f64>,
+    list_ms: Option<f64>,
+    by_index_us: Option<f64>,
+) -> String {
+    if p50_ns.is_none() {
+        return "–".to_owned();
+    }
+    format!(
+        "{} / {}, {}, {}",
+        cell(p50_ns.map(|ns| ns / 1e3), 2),
+        cell(p99_ns.map(|ns| ns / 1e3), 2),
+        cell(list_ms, 2),
+        cell(by_index_us, 1),
+    )
 }
 
 /// How sync time, steady memory and peak memory grow from the smallest N to the largest.

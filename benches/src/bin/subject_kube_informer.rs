@@ -16,7 +16,9 @@ use std::{
     time::Instant,
 };
 
-use benches::{GROUP_LABEL, PodLabels, RELIST_LABEL, Recorder, RelistLine, SubjectArgs};
+use benches::{
+    GROUP_LABEL, LabelsReads, PodLabels, RELIST_LABEL, Recorder, RelistLine, SubjectArgs,
+};
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
@@ -144,10 +146,23 @@ async fn main() -> anyhow::Result<()> {
                 .by_index(GROUP_LABEL, group)
                 .map_or(0, |objects| objects.len())
         };
-        let labels = |key: &String| -> anyhow::Result<usize> {
-            Ok(store
-                .get_as::<PodLabels>(key)?
-                .map_or(0, |pod| pod.metadata.labels.len()))
+        let labelled = |pods: Vec<PodLabels>| {
+            pods.iter()
+                .filter(|pod| !pod.metadata.labels.is_empty())
+                .count()
+        };
+        let labels = LabelsReads {
+            get: &|key: &String| {
+                Ok(store
+                    .get_as::<PodLabels>(key)?
+                    .map_or(0, |pod| pod.metadata.labels.len()))
+            },
+            list: &|| Ok(labelled(store.list_as::<PodLabels>()?)),
+            by_index: &|group: &str| {
+                Ok(labelled(
+                    store.by_index_as::<PodLabels>(GROUP_LABEL, group)?,
+                ))
+            },
         };
         benches::time_reads(
             "kube-informer",
