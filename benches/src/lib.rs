@@ -270,31 +270,16 @@ pub fn time_reads<Q>(
     for _ in 0..samples {
         get(&key(&pod_name(warm.below(n.max(1)))));
     }
-    let mut gets = Vec::with_capacity(samples);
-    for (name, key) in names.iter().zip(&keys) {
-        let started = Instant::now();
-        let found = get(key);
-        gets.push(started.elapsed().as_nanos() as f64);
-        if !found {
-            anyhow::bail!("{subject}: get {name} found nothing");
-        }
-    }
-    gets.sort_by(f64::total_cmp);
+    let gets = time_keys(
+        &names,
+        &keys,
+        |key| Ok(usize::from(get(key))),
+        |name| format!("{subject}: get {name}"),
+    )?;
     let labels_gets = match labels {
-        Some(labels) => {
-            let mut times = Vec::with_capacity(samples);
-            for (name, key) in names.iter().zip(&keys) {
-                let started = Instant::now();
-                let found = (labels.get)(key);
-                times.push(started.elapsed().as_nanos() as f64);
-                let found = found.with_context(|| format!("{subject}: the labels of {name}"))?;
-                if found == 0 {
-                    anyhow::bail!("{subject}: the labels of {name} read as none");
-                }
-            }
-            times.sort_by(f64::total_cmp);
-            Some(times)
-        }
+        Some(labels) => Some(time_keys(&names, &keys, labels.get, |name| {
+            format!("{subject}: the labels of {name}")
+        })?),
         None => None,
     };
     let list_ms = time_lists(subject, n, || Ok(list()))?;
@@ -342,6 +327,28 @@ pub fn time_reads<Q>(
         by_index_us,
         by_index_len,
     })
+}
+
+/// One timed `read` of each of `keys` (of the Pods `names`), ns, sorted. `read` returns
+/// how many things it found; an error, or finding none, fails with `what` of the Pod.
+fn time_keys<Q>(
+    names: &[String],
+    keys: &[Q],
+    read: impl Fn(&Q) -> anyhow::Result<usize>,
+    what: impl Fn(&str) -> String,
+) -> anyhow::Result<Vec<f64>> {
+    use anyhow::Context;
+    let mut times = Vec::with_capacity(keys.len());
+    for (name, key) in names.iter().zip(keys) {
+        let started = Instant::now();
+        let found = read(key);
+        times.push(started.elapsed().as_nanos() as f64);
+        if found.with_context(|| what(name))? == 0 {
+            anyhow::bail!("{} found nothing", what(name));
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times)
 }
 
 /// The median of 7 reads of every object by `list` (which returns how many it read), ms.

@@ -1319,12 +1319,12 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
         "Second table of each N, after the updates (so the reads change neither the steady \
          memory nor the latencies) and once the CPUs are idle again: **get** = one read \
          by a random key ({} keys, the same for every subject, after as many untimed gets \
-         of other keys; client-go `GetByKey`), **labels** = the same keys read as their \
-         labels alone, a projection that decodes nothing else (`Store::get_as`; `–` where \
-         a store has no such read: its `get` returns the shared object, labels included), \
-         **list** = one list of all objects \
+         of other keys; client-go `GetByKey`), **list** = one list of all objects \
          (median of 7), **by_index** = the objects of one `{GROUP_LABEL}` value (median of \
-         200; `–` for kube-runtime, whose store has no indexes); **API server peak +MiB** = \
+         200; `–` for kube-runtime, whose store has no indexes); **labels only** = the same \
+         gets, lists and by-index reads of the Pods' labels alone, a projection that \
+         decodes nothing else (`Store::get_as`, `list_as`, `by_index_as`; `–` where a \
+         store has no such reads: its reads return the shared objects, labels included); **API server peak +MiB** = \
          kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
          `/proc/<pid>/clear_refs`) just before the subject started, minus its VmRSS then: \
          what serving the subject's initial list cost the server (the RSS it starts from depends \
