@@ -59,9 +59,9 @@ pub use informer::{
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;
 pub use list_watch::{
-    ApiListWatch, Change, KUBERNETES_API_VERSION, ListItem, ListOptions, ListPage, ListStream,
-    ListWatch, ObjectVersion, ProtobufError, RawObject, Undecodable, VersionPage, WatchEvent,
-    WatchOptions, WatchStream, WireFormat,
+    ApiListWatch, Change, KUBERNETES_API_VERSION, LazyObject, ListItem, ListOptions, ListPage,
+    ListStream, ListWatch, ObjectVersion, ProtobufError, RawObject, Undecodable, VersionPage,
+    WatchEvent, WatchOptions, WatchStream, WireFormat,
 };
 #[cfg(feature = "manager")]
 pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};

@@ -1,4 +1,5 @@
-//! Informers of typed Pods, of a CRD's objects through `DynamicObject`, and of metadata only.
+//! Informers of typed Pods, of a CRD's objects through `DynamicObject`, of metadata only,
+//! and of `LazyObject<Pod>`s.
 
 use k8s_openapi::{
     api::core::v1::{ConfigMap, Pod},
@@ -9,7 +10,7 @@ use kube_client::{
     api::{Patch, PatchParams, PostParams},
     core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
 };
-use kube_informer::{ListWatch, SharedInformer, label_index};
+use kube_informer::{ApiListWatch, LazyObject, ListWatch, SharedInformer, WireFormat, label_index};
 use kube_testenv::TestEnv;
 use serde_json::json;
 use tests::{
@@ -156,4 +157,99 @@ async fn typed_dynamic_and_metadata_only_informers() {
         1
     );
     meta_informer.stop().await;
+}
+
+/// Informers of `LazyObject<Pod>`, through protobuf and a streaming list (the defaults) and
+/// through JSON and paged lists: the metadata is there on arrival for the handlers and the
+/// index, and each cached object decodes to exactly the Pod the server returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lazy_objects_carry_their_metadata_and_decode_to_the_servers_objects() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lazy").await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    for i in 0..3 {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": format!("pod-{i}"), "labels": { "app": "demo" } },
+            "spec": { "containers": [{ "name": "c", "image": "busybox" }] }
+        }))
+        .unwrap();
+        // Server-side apply, so that the Pods have managedFields.
+        pods.patch(
+            &format!("pod-{i}"),
+            &PatchParams::apply("lazy-test").force(),
+            &Patch::Apply(pod),
+        )
+        .await
+        .unwrap();
+    }
+    let lazy_pods: Api<LazyObject<Pod>> = Api::namespaced(client, &namespace);
+    for (wire_format, paged) in [(WireFormat::Protobuf, false), (WireFormat::Json, true)] {
+        let what = format!("{wire_format:?}, paged list: {paged}");
+        let builder =
+            SharedInformer::builder(ApiListWatch::new(lazy_pods.clone()).wire_format(wire_format))
+                .index_fn("app", label_index("app"));
+        let informer = if paged {
+            builder.paged_list()
+        } else {
+            builder.streaming_list()
+        }
+        .build();
+        let (_registration, mut events) = recorder(&informer);
+        let informer = run(informer);
+        within("the lazy informer to sync", informer.wait_synced()).await;
+        let mut added = Vec::new();
+        while added.len() < 3 {
+            match next_event(&mut events, "the Pods' adds").await {
+                Ev::Add(pod, _) => added.push(name(&*pod)),
+                other => panic!("{what}: expected an add, got {other:?}"),
+            }
+        }
+        added.sort();
+        assert_eq!(added, ["pod-0", "pod-1", "pod-2"], "{what}");
+        let store = informer.store();
+        assert_eq!(store.by_index("app", "demo").unwrap().len(), 3, "{what}");
+        for i in 0..3 {
+            let cached = store
+                .get_by_key(format!("{namespace}/pod-{i}"))
+                .expect("the Pod is cached");
+            assert_eq!(cached.metadata.managed_fields, None, "{what}");
+            let server = pods.get(&format!("pod-{i}")).await.unwrap();
+            assert!(
+                server.metadata.managed_fields.is_some(),
+                "applied server-side"
+            );
+            assert_eq!(cached.decode().unwrap(), server, "{what}");
+        }
+
+        let patched = pods
+            .patch(
+                "pod-1",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": { "app": "other" } } })),
+            )
+            .await
+            .unwrap();
+        match next_event(&mut events, "pod-1's update").await {
+            Ev::Update(old, new) => {
+                assert_eq!(old.metadata.labels.as_ref().unwrap()["app"], "demo");
+                assert_eq!(new.metadata.labels.as_ref().unwrap()["app"], "other");
+                assert_eq!(new.decode().unwrap(), patched, "{what}");
+            }
+            other => panic!("{what}: expected pod-1's update, got {other:?}"),
+        }
+        assert_eq!(store.by_index("app", "demo").unwrap().len(), 2, "{what}");
+        // Put the label back for the next round.
+        pods.patch(
+            "pod-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "app": "demo" } } })),
+        )
+        .await
+        .unwrap();
+        match next_event(&mut events, "pod-1's update back").await {
+            Ev::Update(_, new) => assert_eq!(new.metadata.labels.as_ref().unwrap()["app"], "demo"),
+            other => panic!("{what}: expected pod-1's update, got {other:?}"),
+        }
+        informer.stop().await;
+    }
 }

@@ -4,6 +4,7 @@
 mod api;
 mod batch;
 mod json_list;
+mod lazy;
 mod list_body;
 mod protobuf;
 mod raw;
@@ -21,6 +22,7 @@ use serde::Deserialize;
 use crate::{error::Error, key::ObjectKey};
 
 pub use api::ApiListWatch;
+pub use lazy::LazyObject;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
 pub(crate) use raw::RawFormat;
 pub use raw::RawObject;

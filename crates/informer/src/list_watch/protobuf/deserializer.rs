@@ -15,6 +15,7 @@ use serde::de::{
 };
 
 use super::{
+    super::lazy::LAZY_OBJECT_TOKEN,
     error::ProtobufError,
     schema::{Cardinality, Field, Message, Shape, Value},
     well_known,
@@ -187,12 +188,18 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
         }
     }
 
+    /// A [`LazyObject`](crate::LazyObject) asks for the message's own bytes by name; every
+    /// other newtype wraps the message.
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
-        _name: &'static str,
+        name: &'static str,
         visitor: V,
     ) -> Result<V::Value, ProtobufError> {
-        visitor.visit_newtype_struct(self)
+        if name == LAZY_OBJECT_TOKEN && self.message.shape == Shape::Object {
+            visitor.visit_borrowed_bytes(self.bytes)
+        } else {
+            visitor.visit_newtype_struct(self)
+        }
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(
@@ -291,10 +298,16 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'de> {
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
-        _name: &'static str,
+        name: &'static str,
         visitor: V,
     ) -> Result<V::Value, ProtobufError> {
-        visitor.visit_newtype_struct(self)
+        match self.value {
+            Value::Message(m) if name == LAZY_OBJECT_TOKEN => {
+                MessageDeserializer::nested(self.len()?, m)
+                    .deserialize_newtype_struct(name, visitor)
+            }
+            _ => visitor.visit_newtype_struct(self),
+        }
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(

@@ -202,7 +202,8 @@ impl Resource {
         Self::find(group, version, plural)
     }
 
-    fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
+    /// The built-in resource `group`, `version`, `plural` names, if the table has it.
+    pub(crate) fn find(group: &str, version: &str, plural: &str) -> Option<&'static Resource> {
         let table = super::schema_table::RESOURCES;
         table
             .binary_search_by(|r| (r.group, r.version, r.plural).cmp(&(group, version, plural)))
