@@ -6,9 +6,12 @@
 //! instead, `--paged-list` turns on the informer option of that name, `--cache decoded`
 //! keeps decoded objects and `--cache json-codec` compact JSON encoded by the store (the
 //! compact cache before it kept the server's bytes); `--json` reads JSON instead of
-//! protobuf. Every configuration indexes the Pods by their `bench-group` label.
+//! protobuf; `--object lazy` caches `LazyObject<Pod>`s, whose metadata alone is decoded
+//! on arrival (its full reads decode the whole Pod, so they compare with the others'). Every
+//! configuration indexes the Pods by their `bench-group` label.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -21,8 +24,11 @@ use benches::{
 };
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
-use kube_client::Api;
-use kube_informer::{ApiListWatch, JsonCodec, SharedInformer, WireFormat, handler_fn, label_index};
+use kube_client::{Api, Client, Resource};
+use kube_informer::{
+    ApiListWatch, JsonCodec, LazyObject, SharedInformer, Store, WireFormat, handler_fn, label_index,
+};
+use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 
 /// How the cache keeps objects.
@@ -34,6 +40,86 @@ enum Cache {
     Decoded,
     /// Compact JSON the store encodes and checks (`InformerBuilder::codec(JsonCodec)`).
     JsonCodec,
+}
+
+/// What the informer caches.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Object {
+    /// `Pod`s, decoded whole as they arrive.
+    Pod,
+    /// `LazyObject<Pod>`s: the metadata decoded as they arrive, the rest on demand.
+    Lazy,
+}
+
+/// What the subject's reads do with the objects of a cache of its kind.
+trait Cached: Sized {
+    /// Whether a cached object reads whole, as a `get` of a `Pod` cache returns it.
+    fn read_whole(&self) -> bool;
+    /// The labels alone, read as this cache reads the least: how many the object at
+    /// `key` has.
+    fn labels_get(store: &Store<Self>, key: &str) -> anyhow::Result<usize>;
+    /// How many of all the objects have labels.
+    fn labels_list(store: &Store<Self>) -> anyhow::Result<usize>;
+    /// How many of a `bench-group`'s objects have labels.
+    fn labels_by_index(store: &Store<Self>, group: &str) -> anyhow::Result<usize>;
+}
+
+/// A `Pod` cache reads the labels alone as a projection of the stored bytes.
+impl Cached for Pod {
+    fn read_whole(&self) -> bool {
+        true
+    }
+
+    fn labels_get(store: &Store<Self>, key: &str) -> anyhow::Result<usize> {
+        Ok(store
+            .get_as::<PodLabels>(key)?
+            .map_or(0, |pod| pod.metadata.labels.len()))
+    }
+
+    fn labels_list(store: &Store<Self>) -> anyhow::Result<usize> {
+        Ok(labelled(store.list_as::<PodLabels>()?))
+    }
+
+    fn labels_by_index(store: &Store<Self>, group: &str) -> anyhow::Result<usize> {
+        Ok(labelled(
+            store.by_index_as::<PodLabels>(GROUP_LABEL, group)?,
+        ))
+    }
+}
+
+/// A `LazyObject` cache reads them from the cached objects' metadata, and decodes the
+/// whole Pod for a whole read.
+impl Cached for LazyObject<Pod> {
+    fn read_whole(&self) -> bool {
+        self.decode().is_ok()
+    }
+
+    fn labels_get(store: &Store<Self>, key: &str) -> anyhow::Result<usize> {
+        Ok(store
+            .get_by_key(key)
+            .and_then(|pod| pod.metadata.labels.as_ref().map(BTreeMap::len))
+            .unwrap_or(0))
+    }
+
+    fn labels_list(store: &Store<Self>) -> anyhow::Result<usize> {
+        Ok(labelled_lazy(&store.list()))
+    }
+
+    fn labels_by_index(store: &Store<Self>, group: &str) -> anyhow::Result<usize> {
+        Ok(labelled_lazy(&store.by_index(GROUP_LABEL, group)?))
+    }
+}
+
+fn labelled(pods: Vec<PodLabels>) -> usize {
+    pods.iter()
+        .filter(|pod| !pod.metadata.labels.is_empty())
+        .count()
+}
+
+fn labelled_lazy(pods: &[Arc<LazyObject<Pod>>]) -> usize {
+    pods.iter()
+        .filter(|pod| pod.metadata.labels.as_ref().is_some_and(|l| !l.is_empty()))
+        .count()
 }
 
 /// Which API client the informer lists and watches through.
@@ -62,29 +148,51 @@ struct Args {
     /// The API client.
     #[arg(long, value_enum, default_value_t = ClientKind::Informer)]
     client: ClientKind,
+    /// What the informer caches.
+    #[arg(long, value_enum, default_value_t = Object::Pod)]
+    object: Object,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
+    let args = Args::parse();
+    let client = match args.client {
+        ClientKind::Informer => benches::informer_client(&args.common.kubeconfig).await?,
+        ClientKind::Kube => benches::client(&args.common.kubeconfig).await?,
+    };
+    match args.object {
+        Object::Pod => run::<Pod>(started, args, client).await,
+        Object::Lazy => run::<LazyObject<Pod>>(started, args, client).await,
+    }
+}
+
+async fn run<K>(started: Instant, args: Args, client: Client) -> anyhow::Result<()>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Cached
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let Args {
         common: args,
         paged_list,
         cache,
         json,
-        client,
-    } = Args::parse();
-    let client = match client {
-        ClientKind::Informer => benches::informer_client(&args.kubeconfig).await?,
-        ClientKind::Kube => benches::client(&args.kubeconfig).await?,
-    };
+        ..
+    } = args;
     let wire_format = if json {
         WireFormat::Json
     } else {
         WireFormat::Protobuf
     };
     let mut builder = SharedInformer::builder(
-        ApiListWatch::new(Api::<Pod>::namespaced(client, &args.namespace)).wire_format(wire_format),
+        ApiListWatch::new(Api::<K>::namespaced(client, &args.namespace)).wire_format(wire_format),
     )
     .index_fn(GROUP_LABEL, label_index(GROUP_LABEL));
     if paged_list {
@@ -111,12 +219,12 @@ async fn main() -> anyhow::Result<()> {
         );
         let marker = args.relist.clone();
         handler_fn()
-            .on_add(move |_pod: &Arc<Pod>, _initial| {
+            .on_add(move |_pod: &Arc<K>, _initial| {
                 adds.fetch_add(1, Ordering::Relaxed);
             })
-            .on_update(move |_old, new| {
-                recorder.saw(new.metadata.labels.as_ref());
-                let labels = new.metadata.labels.as_ref();
+            .on_update(move |_old, new: &Arc<K>| {
+                let labels = new.meta().labels.as_ref();
+                recorder.saw(labels);
                 if marker.is_some() && labels.and_then(|l| l.get(RELIST_LABEL)) == marker.as_ref() {
                     relisted.notify_one();
                 }
@@ -141,37 +249,21 @@ async fn main() -> anyhow::Result<()> {
         benches::wait_for_go_ahead().await?;
         let store = informer.store();
         let namespace = &args.namespace;
-        let by_index = |group: &str| {
-            store
-                .by_index(GROUP_LABEL, group)
-                .map_or(0, |objects| objects.len())
-        };
-        let labelled = |pods: Vec<PodLabels>| {
-            pods.iter()
-                .filter(|pod| !pod.metadata.labels.is_empty())
-                .count()
-        };
+        let read_all = |objects: Vec<Arc<K>>| objects.iter().filter(|o| o.read_whole()).count();
+        let by_index = |group: &str| store.by_index(GROUP_LABEL, group).map_or(0, read_all);
         let labels = LabelsReads {
-            get: &|key: &String| {
-                Ok(store
-                    .get_as::<PodLabels>(key)?
-                    .map_or(0, |pod| pod.metadata.labels.len()))
-            },
-            list: &|| Ok(labelled(store.list_as::<PodLabels>()?)),
-            by_index: &|group: &str| {
-                Ok(labelled(
-                    store.by_index_as::<PodLabels>(GROUP_LABEL, group)?,
-                ))
-            },
+            get: &|key: &String| K::labels_get(&store, key),
+            list: &|| K::labels_list(&store),
+            by_index: &|group: &str| K::labels_by_index(&store, group),
         };
         benches::time_reads(
             "kube-informer",
             args.expect,
             args.reads,
             |name| format!("{namespace}/{name}"),
-            |key| store.get_by_key(key).is_some(),
+            |key| store.get_by_key(key).is_some_and(|o| o.read_whole()),
             Some(&labels),
-            || store.list().len(),
+            || read_all(store.list()),
             Some(&by_index),
         )?
         .print();
