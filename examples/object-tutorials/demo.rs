@@ -10,7 +10,7 @@ use kube_client::{
     Api,
     api::{Patch, PatchParams},
 };
-use kube_informer::Store;
+use kube_informer::{LazyObject, Store};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
@@ -37,8 +37,8 @@ pub async fn apply_manifests(cluster: &Cluster, namespace: &str) -> anyhow::Resu
 pub async fn edit_labels(
     cluster: Cluster,
     namespace: String,
-    pods: Store<Pod>,
-    services: Store<Service>,
+    pods: Store<LazyObject<Pod>>,
+    services: Store<LazyObject<Service>>,
     cancel: CancellationToken,
 ) {
     // The controller-manager creates the Pods a moment after the Deployment.
@@ -62,7 +62,7 @@ pub async fn edit_labels(
 async fn label_service_and_one_pod(
     cluster: &Cluster,
     namespace: &str,
-    pods: &Store<Pod>,
+    pods: &Store<LazyObject<Pod>>,
 ) -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let patch =

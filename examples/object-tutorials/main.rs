@@ -3,7 +3,9 @@
 //! Two controllers, one for Pods and one for Services, share one sync
 //! function that knows nothing of either type: it reads the object back from
 //! the informer's cache by key and logs every label (or that there are none,
-//! or that the object is gone).
+//! or that the object is gone). It reads metadata only, so both informers
+//! cache `LazyObject`s: the Pods' and Services' metadata is decoded as it
+//! arrives, and nothing else of them ever is.
 //!
 //! ```text
 //! cargo run -p examples --bin object-tutorials -- --demo
@@ -23,7 +25,9 @@ use anyhow::Context;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube_client::{Api, Client, Resource};
-use kube_informer::{ApiListWatch, Controller, ControllerConfig, ObjectKey, SharedInformer};
+use kube_informer::{
+    ApiListWatch, Controller, ControllerConfig, LazyObject, ObjectKey, SharedInformer,
+};
 use labels::log_labels;
 use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
@@ -75,8 +79,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let client = cluster.client().await?;
 
-    let pods = label_logging_controller::<Pod>(client.clone(), &args);
-    let services = label_logging_controller::<Service>(client, &args);
+    let pods = label_logging_controller::<LazyObject<Pod>>(client.clone(), &args);
+    let services = label_logging_controller::<LazyObject<Service>>(client, &args);
     let demo_edits = args.demo.then(|| {
         tokio::spawn(demo::edit_labels(
             cluster.clone(),
@@ -111,9 +115,7 @@ where
         + 'static,
 {
     let api: Api<K> = Api::namespaced(client, &args.namespace);
-    let informer = SharedInformer::builder(ApiListWatch::new(api))
-        .transform(kube_informer::strip_managed_fields)
-        .build();
+    let informer = SharedInformer::builder(ApiListWatch::new(api)).build();
     let name = K::plural(&()).into_owned();
     Controller::new(
         informer,
