@@ -221,14 +221,7 @@ async fn lazy_objects_carry_their_metadata_and_decode_to_the_servers_objects() {
             assert_eq!(cached.decode().unwrap(), server, "{what}");
         }
 
-        let patched = pods
-            .patch(
-                "pod-1",
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "metadata": { "labels": { "app": "other" } } })),
-            )
-            .await
-            .unwrap();
+        let patched = set_app_label(&pods, "pod-1", "other").await;
         match next_event(&mut events, "pod-1's update").await {
             Ev::Update(old, new) => {
                 assert_eq!(old.metadata.labels.as_ref().unwrap()["app"], "demo");
@@ -239,17 +232,22 @@ async fn lazy_objects_carry_their_metadata_and_decode_to_the_servers_objects() {
         }
         assert_eq!(store.by_index("app", "demo").unwrap().len(), 2, "{what}");
         // Put the label back for the next round.
-        pods.patch(
-            "pod-1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "metadata": { "labels": { "app": "demo" } } })),
-        )
-        .await
-        .unwrap();
+        set_app_label(&pods, "pod-1", "demo").await;
         match next_event(&mut events, "pod-1's update back").await {
             Ev::Update(_, new) => assert_eq!(new.metadata.labels.as_ref().unwrap()["app"], "demo"),
             other => panic!("{what}: expected pod-1's update, got {other:?}"),
         }
         informer.stop().await;
     }
+}
+
+/// Sets the `app` label of the Pod `name`; returns the Pod as patched.
+async fn set_app_label(pods: &Api<Pod>, name: &str, app: &str) -> Pod {
+    pods.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "labels": { "app": app } } })),
+    )
+    .await
+    .unwrap()
 }
