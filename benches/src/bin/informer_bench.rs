@@ -329,11 +329,18 @@ const NOTES_MARKER: &str = "<!-- notes -->";
 const DEFAULT_SUBJECT: &str = "kube-informer";
 
 /// The other configurations whose targets the report computes, with what each is.
-const TARGET_SUBJECTS: &[(&str, &str)] = &[(
-    "kube-informer-lazy",
-    "the defaults caching `LazyObject<Pod>`s (the metadata decoded on arrival, the rest \
-     when read: its `get` decodes the whole Pod)",
-)];
+const TARGET_SUBJECTS: &[(&str, &str)] = &[
+    (
+        "kube-informer-lazy",
+        "the defaults caching `LazyObject<Pod>`s (the metadata decoded on arrival, the rest \
+         when read: its `get` decodes the whole Pod)",
+    ),
+    (
+        "kube-informer-lazy-decoded",
+        "`LazyObject<Pod>`s kept as shared objects (`decoded()`: each holds the server's \
+         bytes and its decoded metadata; its `get` decodes the whole Pod)",
+    ),
+];
 
 /// The number of Pods the targets are set at.
 const TARGETS_N: usize = 10_000;
@@ -345,7 +352,8 @@ const TARGETS_N: usize = 10_000;
 /// cache before it kept the server's bytes), `kube-informer-paged` syncs by paged lists
 /// instead of a streaming list, `kube-informer-http1` reads through kube-client's default
 /// client (HTTP/1.1) instead of `kube_informer::client`, `kube-informer-lazy` caches
-/// `LazyObject<Pod>`s (metadata decoded on arrival; its full reads decode the whole Pod);
+/// `LazyObject<Pod>`s (metadata decoded on arrival; its full reads decode the whole Pod),
+/// `kube-informer-lazy-decoded` keeps those `LazyObject`s as shared objects (`decoded()`);
 /// `kube-informer-baseline` runs the
 /// defaults of the `--baseline` executable; `kube-informer-json` and `client-go-json` read
 /// JSON instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
@@ -376,6 +384,11 @@ const SUBJECTS: &[(&str, Binary, &[&str])] = &[
         "kube-informer-lazy",
         Binary::KubeInformer,
         &["--object", "lazy"],
+    ),
+    (
+        "kube-informer-lazy-decoded",
+        Binary::KubeInformer,
+        &["--object", "lazy", "--cache", "decoded"],
     ),
     ("kube-informer-json", Binary::KubeInformer, &["--json"]),
     ("kube-informer-baseline", Binary::Baseline, &[]),
