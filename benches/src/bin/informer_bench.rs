@@ -354,8 +354,7 @@ const TARGETS_N: usize = 10_000;
 /// client (HTTP/1.1) instead of `kube_informer::client`, `kube-informer-lazy` caches
 /// `LazyObject<Pod>`s (metadata decoded on arrival; its full reads decode the whole Pod),
 /// `kube-informer-lazy-decoded` keeps those `LazyObject`s as shared objects (`decoded()`);
-/// `kube-informer-baseline` runs the
-/// defaults of the `--baseline` executable; `kube-informer-json` and `client-go-json` read
+/// `kube-informer-baseline` runs the defaults of the `--baseline` executable; `kube-informer-json` and `client-go-json` read
 /// JSON instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
 /// JSON). A kube-informer configuration is one more line here.
 const SUBJECTS: &[(&str, Binary, &[&str])] = &[
@@ -1354,8 +1353,8 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
          200; `–` for kube-runtime, whose store has no indexes); **labels only** = the same \
          gets, lists and by-index reads of the Pods' labels alone, a projection that \
          decodes nothing else (`Store::get_as`, `list_as`, `by_index_as`; for \
-         `kube-informer-lazy`, whose full reads decode each `LazyObject` whole, the \
-         cached `LazyObject`s' own metadata; `–` where a store has no such reads: its \
+         the `kube-informer-lazy` subjects, whose full reads decode each `LazyObject` \
+         whole, the cached `LazyObject`s' own metadata; `–` where a store has no such reads: its \
          reads return the shared objects, labels included); **API server peak +MiB** = \
          kube-apiserver's VmHWM when the subject had synced, reset (`5` to \
          `/proc/<pid>/clear_refs`) just before the subject started, minus its VmRSS then: \

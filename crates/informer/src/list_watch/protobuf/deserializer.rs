@@ -298,16 +298,10 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'de> {
 
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
-        name: &'static str,
+        _name: &'static str,
         visitor: V,
     ) -> Result<V::Value, ProtobufError> {
-        match self.value {
-            Value::Message(m) if name == LAZY_OBJECT_TOKEN => {
-                MessageDeserializer::nested(self.len()?, m)
-                    .deserialize_newtype_struct(name, visitor)
-            }
-            _ => visitor.visit_newtype_struct(self),
-        }
+        visitor.visit_newtype_struct(self)
     }
 
     fn deserialize_ignored_any<V: Visitor<'de>>(
