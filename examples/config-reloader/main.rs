@@ -11,12 +11,11 @@ use std::{path::PathBuf, sync::Arc, time::Duration};
 use clap::Parser;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube_client::{
-    Api, Config,
+    Api,
     api::{Patch, PatchParams},
-    config::{KubeConfigOptions, Kubeconfig},
 };
 use kube_informer::{
-    Action, CancellationToken, ControllerBuilder, InformerFactory, InformerHandle, Predicate,
+    Action, CancellationToken, ClusterSource, Controller, InformerHandle, Manager, Predicate,
     ReconcileRequest, Scope, retry_with_backoff,
 };
 use serde_json::json;
@@ -36,6 +35,9 @@ struct Args {
     /// The kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    context: Option<String>,
     /// How often each Deployment is checked even when nothing changes, in seconds.
     #[arg(long, default_value_t = 300)]
     resync: u64,
@@ -98,27 +100,28 @@ async fn reconcile(
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let options = KubeConfigOptions::default();
-            Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
-        }
-        None => Config::infer().await?,
+    let cluster = ClusterSource {
+        kubeconfig: args.kubeconfig,
+        context: args.context,
     };
-    let client = kube_informer::client(config)?;
-    let factory = InformerFactory::new(client.clone());
+    let client = cluster.client().await?;
+    let mut manager = Manager::new(client.clone())
+        .probe_address(None)
+        .metrics_address(None);
     let scope = Scope::namespace(&args.namespace);
     // Each Deployment indexed by the ConfigMap it names, so a ConfigMap change finds them.
-    let deployments = factory.informer_with::<Deployment>(scope.clone(), |builder| {
-        builder.indexer("configmap", |d: &Deployment| {
-            let namespace = d.metadata.namespace.as_deref().unwrap_or_default();
-            annotation(&d.metadata, NAMES)
-                .map(|cm| vec![format!("{namespace}/{cm}")])
-                .unwrap_or_default()
-        })
-    });
-    let config_maps = factory.informer::<ConfigMap>(scope);
-    let controller = ControllerBuilder::new("config-reloader", deployments)
+    let deployments = manager
+        .factory()
+        .informer_with::<Deployment>(scope.clone(), |builder| {
+            builder.indexer("configmap", |d: &Deployment| {
+                let namespace = d.metadata.namespace.as_deref().unwrap_or_default();
+                annotation(&d.metadata, NAMES)
+                    .map(|cm| vec![format!("{namespace}/{cm}")])
+                    .unwrap_or_default()
+            })
+        });
+    let config_maps = manager.factory().informer::<ConfigMap>(scope);
+    let controller = Controller::new("config-reloader", deployments)
         .predicate(Predicate::generation_changed().or(Predicate::annotations_changed()))
         .watches_by_index(config_maps.clone(), "configmap");
     let context = Arc::new(Context {
@@ -126,13 +129,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         config_maps,
         resync: Duration::from_secs(args.resync),
     });
-    let cancel = kube_informer::cancel_on_signals();
-    factory.start(&cancel);
+    manager.add_controller(controller, reconcile, retry_with_backoff(), context);
     tracing::info!(namespace = %args.namespace, "watching Deployments and ConfigMaps");
-    controller
-        .run(reconcile, retry_with_backoff(), context, cancel)
+    manager
+        .bind()
+        .await?
+        .run(kube_informer::cancel_on_signals())
         .await?;
-    factory.shutdown().await;
     Ok(())
 }
 

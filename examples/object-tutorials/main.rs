@@ -19,18 +19,14 @@ mod cluster;
 mod demo;
 mod labels;
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{convert::Infallible, path::PathBuf, process::ExitCode, sync::Arc};
 
-use anyhow::Context;
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    ApiListWatch, Controller, ControllerConfig, LazyObject, ObjectKey, SharedInformer,
+    FactoryObject, LazyObject, Manager, ObjectKey, Scope, Store, retry_up_to, sync_by_key,
 };
 use labels::log_labels;
-use serde::{Serialize, de::DeserializeOwned};
-use tokio_util::sync::CancellationToken;
 
 /// Logs the labels of Pods and Services in one namespace, the client-go
 /// tutorial's controller.
@@ -77,68 +73,40 @@ async fn run(args: Args) -> anyhow::Result<()> {
     if args.demo {
         demo::apply_manifests(&cluster, &args.namespace).await?;
     }
-    let client = cluster.client().await?;
-
-    let pods = label_logging_controller::<LazyObject<Pod>>(client.clone(), &args);
-    let services = label_logging_controller::<LazyObject<Service>>(client, &args);
-    let demo_edits = args.demo.then(|| {
-        tokio::spawn(demo::edit_labels(
-            cluster.clone(),
-            args.namespace.clone(),
-            pods.store(),
-            services.store(),
-            cancel.clone(),
-        ))
-    });
-
-    let (pods, services) = tokio::join!(
-        run_until_cancelled(pods, &cancel),
-        run_until_cancelled(services, &cancel)
-    );
-    if let Some(task) = demo_edits {
-        task.abort();
+    // A tutorial serves no probes or metrics; one controller failing (say, forbidden to
+    // list) stops the other too.
+    let mut manager = Manager::new(cluster.client().await?)
+        .probe_address(None)
+        .metrics_address(None);
+    let pods = add_label_logger::<LazyObject<Pod>>(&mut manager, &args);
+    let services = add_label_logger::<LazyObject<Service>>(&mut manager, &args);
+    if args.demo {
+        let (namespace, cluster) = (args.namespace.clone(), cluster.clone());
+        manager.add("demo", move |cancel| async move {
+            demo::edit_labels(cluster, namespace, pods, services, cancel).await;
+            Ok::<(), Infallible>(())
+        });
     }
-    pods.and(services)
+    manager.bind().await?.run(cancel).await?;
+    Ok(())
 }
 
-/// A controller whose sync function is [`log_labels`]: the same code for
-/// every resource type.
-fn label_logging_controller<K>(client: Client, args: &Args) -> Controller<K>
+/// Adds a controller named after `K`'s resource whose sync function is [`log_labels`]:
+/// the same code for every resource type. Returns its cache.
+fn add_label_logger<K>(manager: &mut Manager, args: &Args) -> Store<K>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + Serialize
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: FactoryObject<Scope = k8s_openapi::NamespaceResourceScope>,
 {
-    let api: Api<K> = Api::namespaced(client, &args.namespace);
-    let informer = SharedInformer::builder(ApiListWatch::new(api)).build();
-    let name = K::plural(&()).into_owned();
-    Controller::new(
-        informer,
-        ControllerConfig::named(name).workers(args.workers),
-    )
-}
-
-async fn run_until_cancelled<K>(
-    controller: Controller<K>,
-    cancel: &CancellationToken,
-) -> anyhow::Result<()>
-where
-    K: Resource<DynamicType = ()> + Send + Sync + 'static,
-{
-    let kind = K::kind(&());
+    let name = K::plural(&());
+    let controller = manager
+        .controller::<K>(name, Scope::namespace(&args.namespace))
+        .workers(args.workers);
     let store = controller.store();
-    let result = controller
-        .run(cancel.clone(), move |key: ObjectKey| {
-            log_labels(&store, &key);
-            std::future::ready(Ok::<(), std::convert::Infallible>(()))
-        })
-        .await;
-    // One controller failing (say, forbidden to list) stops the other too.
-    cancel.cancel();
-    result.with_context(|| format!("the {kind} controller failed"))
+    let cache = store.clone();
+    let sync = move |key: ObjectKey, _: Arc<()>| {
+        log_labels(&cache, &key);
+        std::future::ready(Ok::<(), Infallible>(()))
+    };
+    manager.add_controller(controller, sync_by_key(sync), retry_up_to(5), Arc::new(()));
+    store
 }

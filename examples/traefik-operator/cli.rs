@@ -5,7 +5,7 @@ use std::{net::SocketAddr, time::Duration};
 
 use kube_informer::{
     ObjectKey, Scope,
-    leader_election::LeaderElectionConfig,
+    leader_election::{self, LeaderElectionConfig},
     workqueue::{Bucket, ItemExponentialFailure, MaxOf},
 };
 
@@ -280,11 +280,11 @@ impl Options {
         LeaderElectionConfig::new(
             self.leader_election_namespace
                 .clone()
-                .unwrap_or_else(default_lease_namespace),
+                .unwrap_or_else(leader_election::default_namespace),
             self.leader_election_id.clone(),
             self.leader_election_identity
                 .clone()
-                .unwrap_or_else(default_identity),
+                .unwrap_or_else(leader_election::default_identity),
         )
         .timing(self.lease_duration, self.renew_deadline, self.retry_period)
     }
@@ -301,36 +301,6 @@ fn bind_address(text: &str) -> Option<Result<SocketAddr, String>> {
         text.to_owned()
     };
     Some(text.parse().map_err(|e| format!("{text}: {e}")))
-}
-
-fn default_identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .or_else(|_| std::env::var("HOSTNAME"))
-        .ok()
-        .or_else(|| {
-            std::fs::read_to_string("/etc/hostname")
-                .ok()
-                .map(|h| h.trim().to_owned())
-        })
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "traefik-operator".into());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .subsec_nanos();
-    format!("{host}_{}_{nanos:08x}", std::process::id())
-}
-
-fn default_lease_namespace() -> String {
-    std::env::var("POD_NAMESPACE")
-        .ok()
-        .or_else(|| {
-            std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-                .ok()
-                .map(|n| n.trim().to_owned())
-        })
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| "default".into())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use kube_informer::ClusterSource;
 use traefik_operator::{
     crd,
     manager::{self, Cli, Command},
@@ -25,18 +26,12 @@ async fn main() -> ExitCode {
         };
     }
     examples::init_tracing();
-    let config = match kube_client::Config::infer().await {
-        Ok(config) => config,
-        Err(err) => {
-            tracing::error!(error = %err, "no Kubernetes configuration (in-cluster or KUBECONFIG)");
-            return ExitCode::FAILURE;
-        }
-    };
-    // HTTP/2 with pings: a stalled connection to the API server is found in seconds.
-    let client = match kube_informer::client(config) {
+    // In-cluster or $KUBECONFIG; HTTP/2 with pings, so a stalled connection to the API
+    // server is found in seconds.
+    let client = match ClusterSource::default().client().await {
         Ok(client) => client,
         Err(err) => {
-            tracing::error!(error = %err, "unusable Kubernetes configuration");
+            tracing::error!(error = %err, "no usable Kubernetes configuration");
             return ExitCode::FAILURE;
         }
     };

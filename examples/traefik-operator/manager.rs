@@ -3,7 +3,6 @@
 
 use std::{error::Error as StdError, sync::Arc};
 
-use futures::TryFutureExt;
 use k8s_openapi::{
     NamespaceResourceScope,
     api::core::v1::{Pod, Service},
@@ -11,8 +10,8 @@ use k8s_openapi::{
 use kube_client::Client;
 use kube_core::Resource;
 use kube_informer::{
-    Action, ControllerBuilder, InformerHandle, Manager, ObjectKey, retry_with_backoff,
-    strip_managed_fields,
+    Controller, InformerHandle, Manager, ObjectKey, retry_with_backoff, strip_managed_fields,
+    sync_by_key,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
@@ -176,24 +175,23 @@ impl Wiring<'_> {
         Fut: Future<Output = Result<(), E>> + Send + 'static,
         E: StdError + Send + Sync + 'static,
     {
-        let mut controller = ControllerBuilder::new(name, informer.clone())
+        let mut controller = Controller::new(name, informer.clone())
             .workers(self.options.workers)
-            .rate_limiter(self.options.retry_limiter())
-            .metrics(self.manager.workqueue_metrics())
-            .reconcile_metrics(self.manager.controller_metrics());
+            .rate_limiter(self.options.retry_limiter());
         if let Some(routes) = routes {
-            controller =
-                controller.reconcile_on(routes.vanished(informer, self.options.resync_period));
+            let store = informer.store();
+            let scan = move || {
+                let (routes, store) = (routes.clone(), store.clone());
+                async move { routes.vanished(&store).await }
+            };
+            controller = controller.reconcile_every(self.options.resync_period, scan);
         }
-        self.manager.add(name, move |cancel| {
-            controller.run(
-                move |request, reconciler, _| {
-                    sync(reconciler, request.key()).map_ok(|()| Action::done())
-                },
-                retry_with_backoff(),
-                Arc::new(reconciler),
-                cancel,
-            )
-        });
+        let reconcile = sync_by_key(move |key, reconciler| sync(reconciler, key));
+        self.manager.add_controller(
+            controller,
+            reconcile,
+            retry_with_backoff(),
+            Arc::new(reconciler),
+        );
     }
 }

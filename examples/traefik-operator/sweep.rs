@@ -4,11 +4,10 @@
 //! [`ownership`](super::ownership)): other operators' routes, and routes written by hand,
 //! are not its business.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
 use kube_core::Resource;
-use kube_informer::{InformerHandle, ObjectKey};
+use kube_informer::{ObjectKey, Store};
 use prometheus_client::{
     metrics::{counter::Counter, family::Family},
     registry::Registry,
@@ -84,44 +83,28 @@ pub struct Routes {
 }
 
 impl Routes {
-    /// Once `informer` has synced, and every `period` after, the keys of the objects whose
-    /// routes are in etcd but which are not cached: a controller given these keys
-    /// ([`reconcile_on`](kube_informer::ControllerBuilder::reconcile_on)) reconciles them
-    /// as deleted, which removes their routes.
-    pub fn vanished<K: Resource + Send + Sync + 'static>(
-        self,
-        informer: InformerHandle<K>,
-        period: Duration,
-    ) -> impl Stream<Item = ObjectKey> + Send + 'static {
-        futures::stream::unfold(true, move |first| {
-            let (routes, informer) = (self.clone(), informer.clone());
-            async move {
-                if first {
-                    informer.wait_synced().await;
-                } else {
-                    tokio::time::sleep(period).await;
-                }
-                routes.sweeps.inc();
-                let store = informer.store();
-                let owned = routes
-                    .ownership
-                    .owned(routes.prefix, routes.namespace.as_deref())
-                    .await;
-                let vanished: Vec<ObjectKey> = match owned {
-                    Ok(owned) => owned
-                        .iter()
-                        .filter_map(|owned| (routes.key_of_route)(&owned.route))
-                        .filter(|key| !store.contains_key(key))
-                        .inspect(|key| info!(%key, "route of a vanished object found in etcd; removing it"))
-                        .collect(),
-                    Err(err) => {
-                        warn!(error = %err, "could not look for leftover routes in etcd");
-                        Vec::new()
-                    }
-                };
-                Some((futures::stream::iter(vanished), false))
+    /// The keys of the objects whose routes are in etcd but which `store` does not hold:
+    /// a controller given these keys (by
+    /// [`reconcile_every`](kube_informer::Controller::reconcile_every)) reconciles them as
+    /// deleted, which removes their routes. An etcd that cannot be read yields no keys,
+    /// and a warning.
+    pub async fn vanished<K: Resource>(&self, store: &Store<K>) -> Vec<ObjectKey> {
+        self.sweeps.inc();
+        let owned = self
+            .ownership
+            .owned(self.prefix, self.namespace.as_deref())
+            .await;
+        match owned {
+            Ok(owned) => owned
+                .iter()
+                .filter_map(|owned| (self.key_of_route)(&owned.route))
+                .filter(|key| !store.contains_key(key))
+                .inspect(|key| info!(%key, "route of a vanished object found in etcd; removing it"))
+                .collect(),
+            Err(err) => {
+                warn!(error = %err, "could not look for leftover routes in etcd");
+                Vec::new()
             }
-        })
-        .flatten()
+        }
     }
 }

@@ -24,7 +24,7 @@ use kube_client::{
     Api, Client,
     api::{Patch, PatchParams},
 };
-use kube_informer::{ObjectKey, Store};
+use kube_informer::{Action, FinalizerError, FinalizerEvent, ObjectKey, Store, finalizer};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -156,6 +156,9 @@ pub enum SyncError {
     /// A host of the rule is held by another namespace (retried until it is free).
     #[error(transparent)]
     Refused(ClaimError),
+    /// The finalizer's name is unusable (a bug: it is a constant).
+    #[error("{0}")]
+    Finalizer(String),
     /// The API server refused a write (e.g. missing RBAC permissions) or was unreachable.
     #[error("{action}: {source}")]
     Kube {
@@ -187,8 +190,6 @@ impl std::fmt::Debug for Reconciler {
     }
 }
 
-const FIELD_MANAGER: &str = "traefik-operator";
-
 fn is_not_found(err: &kube_client::Error) -> bool {
     matches!(err, kube_client::Error::Api(status) if status.code == 404)
 }
@@ -211,33 +212,45 @@ impl Reconciler {
             return Ok(());
         };
         let api: Api<TraefikService> = Api::namespaced(self.client.clone(), &namespace);
-        let finalizers = obj.metadata.finalizers.clone().unwrap_or_default();
-        let has_finalizer = finalizers.iter().any(|f| f == FINALIZER);
-
-        if obj.metadata.deletion_timestamp.is_some() {
-            if has_finalizer {
-                self.routes.remove(&route).await?;
-                let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-                self.patch_finalizers(&api, &obj, &rest).await?;
-                info!(%key, route, "TraefikService deleted; route removed");
+        let outcome = finalizer(&api, FINALIZER, obj, |event| async {
+            match event {
+                FinalizerEvent::Apply(obj) => self.apply(&api, &key, &namespace, &obj).await,
+                FinalizerEvent::Cleanup(_) => {
+                    self.routes.remove(&route).await?;
+                    info!(%key, route, "TraefikService deleted; route removed");
+                    Ok(Action::done())
+                }
             }
-            return Ok(());
-        }
-        if !has_finalizer {
-            let mut all: Vec<&String> = finalizers.iter().collect();
-            let ours = FINALIZER.to_owned();
-            all.push(&ours);
-            self.patch_finalizers(&api, &obj, &all).await?;
-            debug!(%key, "finalizer added");
-        }
+        })
+        .await;
+        outcome.map(drop).map_err(|error| match error {
+            FinalizerError::Apply(error) | FinalizerError::Cleanup(error) => error,
+            FinalizerError::Add { source, .. } | FinalizerError::Remove { source, .. } => {
+                SyncError::Kube {
+                    action: format!("updating the finalizers of TraefikService {key}"),
+                    source,
+                }
+            }
+            invalid @ FinalizerError::InvalidName(_) => SyncError::Finalizer(invalid.to_string()),
+        })
+    }
 
-        let (result, status) = match desired_route(&obj, &self.policy) {
+    /// Routes a live object (holding the finalizer) and reports the outcome in its status.
+    async fn apply(
+        &self,
+        api: &Api<TraefikService>,
+        key: &ObjectKey,
+        namespace: &str,
+        obj: &TraefikService,
+    ) -> Result<Action, SyncError> {
+        let route = route_name(namespace, key.name());
+        let (result, status) = match desired_route(obj, &self.policy) {
             Ok(Desired {
                 route: desired,
                 hosts,
             }) => {
                 info!(%key, url = %redact_url(&desired.url), entrypoint = %desired.entrypoint, rule = %desired.rule, "syncing TraefikService");
-                match self.routes.write(&desired, &namespace, &hosts).await {
+                match self.routes.write(&desired, namespace, &hosts).await {
                     Ok(changes) => (Ok(changes), status(true, "")),
                     Err(ClaimError::Etcd(err)) => {
                         warn!(%key, error = %err, detail = %err.detail(), "etcd update failed");
@@ -273,40 +286,8 @@ impl Reconciler {
             }
         };
         let changed_etcd = result.as_ref().is_ok_and(|c| !c.is_empty());
-        self.update_status(&api, &obj, status, changed_etcd).await?;
-        result.map(|_| ())
-    }
-
-    async fn patch_finalizers(
-        &self,
-        api: &Api<TraefikService>,
-        obj: &TraefikService,
-        finalizers: &[&String],
-    ) -> Result<(), SyncError> {
-        let name = obj.metadata.name.as_deref().unwrap_or_default();
-        // The resourceVersion makes this a compare-and-swap: a concurrent change fails
-        // with 409 and the key is retried with fresh data.
-        let patch = serde_json::json!({
-            "metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": obj.metadata.resource_version,
-            }
-        });
-        match api
-            .patch(
-                name,
-                &PatchParams::apply(FIELD_MANAGER),
-                &Patch::Merge(&patch),
-            )
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(source) => Err(SyncError::Kube {
-                action: format!("updating the finalizers of TraefikService {name}"),
-                source,
-            }),
-        }
+        self.update_status(api, obj, status, changed_etcd).await?;
+        result.map(|_| Action::done())
     }
 
     async fn update_status(

@@ -1,7 +1,8 @@
 //! The reconciling controller and the informer factory on the real control plane: owned
 //! children, mapped and index-backed watches reconcile their primaries; requeue-after
 //! reconciles again with nothing changed; a shutdown with 500 keys queued takes none of
-//! them and cancels the running reconciles.
+//! them and cancels the running reconciles; finalizers are added, compared and swapped,
+//! and removed after the cleanup.
 
 use std::{
     collections::BTreeMap,
@@ -18,8 +19,8 @@ use kube_client::{
     api::{Patch, PatchParams, PostParams},
 };
 use kube_informer::{
-    Action, CancellationToken, ControllerBuilder, InformerFactory, ObjectKey, ReconcileRequest,
-    Scope, retry_with_backoff,
+    Action, CancellationToken, Controller, FinalizerError, FinalizerEvent, InformerFactory,
+    ObjectKey, ReconcileRequest, Scope, finalizer, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -81,7 +82,7 @@ async fn owned_mapped_and_indexed_sources_reconcile_their_primaries() {
     let secret_informer = factory.informer::<Secret>(scope.clone());
     let _same = factory.informer::<Secret>(scope.clone());
     assert_eq!(factory.len(), 2, "the second ask shared the first informer");
-    let controller = ControllerBuilder::new("sources", primary_informer)
+    let controller = Controller::new("sources", primary_informer)
         .owns(secret_informer.clone())
         .watches_by_index(secret_informer, "uses-secret")
         .watches(
@@ -258,7 +259,7 @@ async fn a_shutdown_with_500_keys_queued_takes_none_and_cancels_the_running() {
     let ended_by_cancel: Arc<Mutex<usize>> = Arc::default();
     let (record, ended) = (started.clone(), ended_by_cancel.clone());
     let run = tokio::spawn(
-        ControllerBuilder::new("shutdown", informer)
+        Controller::new("shutdown", informer)
             .workers(2)
             .shutdown_timeout(Duration::from_secs(60))
             .run(
@@ -353,25 +354,14 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
         .probe_address(loopback)
         .metrics_address(loopback)
         .shutdown_timeout(Duration::from_secs(30));
-    let informer = manager
-        .factory()
-        .informer::<ConfigMap>(Scope::namespace(&namespace));
-    let controller = ControllerBuilder::new("managed", informer)
-        .metrics(manager.workqueue_metrics())
-        .reconcile_metrics(manager.controller_metrics());
+    let controller = manager.controller::<ConfigMap>("managed", Scope::namespace(&namespace));
     let reconciled = Arc::new(Mutex::new(0usize));
     let count = reconciled.clone();
-    manager.add("managed", move |cancel| {
-        controller.run(
-            move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
-                *count.lock().unwrap() += 1;
-                async { Ok::<_, std::io::Error>(Action::done()) }
-            },
-            retry_with_backoff(),
-            Arc::new(()),
-            cancel,
-        )
-    });
+    let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+        *count.lock().unwrap() += 1;
+        async { Ok::<_, std::io::Error>(Action::done()) }
+    };
+    manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
     let stopped_by_cancel = Arc::new(Mutex::new(false));
     let stopped = stopped_by_cancel.clone();
     manager.add("waiter", move |cancel: CancellationToken| async move {
@@ -521,17 +511,12 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
         let (mut manager, informer) =
             leading_manager(client.clone(), &namespace, "managers", identity, loopback);
         let seen = reconciles.clone();
-        manager.add("leader-only", move |cancel| {
-            ControllerBuilder::new("leader-only", informer).run(
-                move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
-                    seen.lock().unwrap().push(identity);
-                    async { Ok::<_, std::io::Error>(Action::done()) }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
-                cancel,
-            )
-        });
+        let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            seen.lock().unwrap().push(identity);
+            async { Ok::<_, std::io::Error>(Action::done()) }
+        };
+        let controller = Controller::new("leader-only", informer);
+        manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
         manager
     };
     let first = start("first").bind().await.unwrap();
@@ -603,20 +588,13 @@ async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires
     let start = |identity: &'static str, client: kube_client::Client| {
         let (mut manager, informer) = leading_manager(client, &namespace, "fenced", identity, None);
         let seen = reconciles.clone();
-        manager.add("periodic", move |cancel| {
-            // Work that keeps going while leading: a requeue every 50 ms.
-            ControllerBuilder::new("periodic", informer).run(
-                move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
-                    seen.lock().unwrap().push((identity, SystemTime::now()));
-                    async {
-                        Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_millis(50)))
-                    }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
-                cancel,
-            )
-        });
+        // Work that keeps going while leading: a requeue every 50 ms.
+        let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            seen.lock().unwrap().push((identity, SystemTime::now()));
+            async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_millis(50))) }
+        };
+        let controller = Controller::new("periodic", informer);
+        manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
         manager
     };
     let by = |identity: &str| {
@@ -662,4 +640,148 @@ async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires
         .unwrap()
         .unwrap();
     proxy.restore().await.unwrap();
+}
+
+/// The finalizer the finalizer tests hold.
+const CLEANUP: &str = "example.com/cleanup";
+
+fn holds_finalizer(cm: &ConfigMap) -> bool {
+    cm.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == CLEANUP)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_is_added_before_apply_and_removed_after_cleanup() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "ctrl-finalizer").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let factory = InformerFactory::new(client.clone());
+    let informer = factory.informer::<ConfigMap>(Scope::namespace(&namespace));
+    let events: Arc<Mutex<Vec<(String, &'static str)>>> = Arc::default();
+    let seen = events.clone();
+    let reconcile = move |request: ReconcileRequest<ConfigMap>, api: Arc<Api<ConfigMap>>, _| {
+        let seen = seen.clone();
+        async move {
+            let ReconcileRequest::Present(cm) = request else {
+                return Ok(Action::done());
+            };
+            finalizer(&api, CLEANUP, cm, |event| async move {
+                let (cm, step) = match &event {
+                    FinalizerEvent::Apply(cm) => (cm, "apply"),
+                    FinalizerEvent::Cleanup(cm) => (cm, "cleanup"),
+                };
+                seen.lock().unwrap().push((name(&**cm), step));
+                Ok::<_, std::io::Error>(Action::done())
+            })
+            .await
+        }
+    };
+    let cancel = CancellationToken::new();
+    factory.start(&cancel);
+    let run = tokio::spawn(Controller::new("finalized", informer).run(
+        reconcile,
+        retry_with_backoff(),
+        Arc::new(api.clone()),
+        cancel.clone(),
+    ));
+    create_all(&api, vec![labelled("guarded", &[])]).await;
+    eventually("an apply of guarded", || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(n, step)| n == "guarded" && *step == "apply")
+    })
+    .await;
+    let stored = api.get("guarded").await.unwrap();
+    assert!(
+        holds_finalizer(&stored),
+        "the finalizer is on the server: {:?}",
+        stored.metadata.finalizers
+    );
+
+    api.delete("guarded", &Default::default()).await.unwrap();
+    tests::eventually_some("guarded gone after its cleanup", || async {
+        api.get_opt("guarded")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let steps: Vec<&'static str> = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(n, _)| n == "guarded")
+        .map(|(_, step)| *step)
+        .collect();
+    assert_eq!(steps.first(), Some(&"apply"));
+    assert_eq!(steps.last(), Some(&"cleanup"), "{steps:?}");
+    assert_eq!(
+        steps.iter().filter(|s| **s == "cleanup").count(),
+        1,
+        "one cleanup: {steps:?}"
+    );
+    cancel.cancel();
+    within("the controller to stop", run)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_error() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "ctrl-finalizer-cas").await;
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let created = api
+        .create(&PostParams::default(), &labelled("contended", &[]))
+        .await
+        .unwrap();
+    // Someone else changes it after it was cached.
+    let patch = json!({ "data": { "changed": "by another writer" } });
+    api.patch("contended", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let applied = Arc::new(Mutex::new(false));
+    let ran = applied.clone();
+    let result = finalizer(&api, CLEANUP, Arc::new(created), |_| async move {
+        *ran.lock().unwrap() = true;
+        Ok::<_, std::io::Error>(Action::done())
+    })
+    .await;
+    match result {
+        Err(FinalizerError::Add {
+            source: kube_client::Error::Api(status),
+            ..
+        }) => assert_eq!(status.code, 409, "{status:?}"),
+        other => panic!("a stale object's finalizer write conflicts: {other:?}"),
+    }
+    assert!(
+        !*applied.lock().unwrap(),
+        "nothing applied after the conflict"
+    );
+    assert!(!holds_finalizer(&api.get("contended").await.unwrap()));
+
+    // An object being deleted whose deletion completed before the finalizer came off.
+    let mut gone = labelled("already-gone", &[]);
+    gone.metadata.finalizers = Some(vec![CLEANUP.to_owned()]);
+    gone.metadata.resource_version = Some("1".to_owned());
+    gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ));
+    let cleaned = Arc::new(Mutex::new(false));
+    let ran = cleaned.clone();
+    let action = finalizer(&api, CLEANUP, Arc::new(gone), |event| async move {
+        *ran.lock().unwrap() = matches!(event, FinalizerEvent::Cleanup(_));
+        Ok::<_, std::io::Error>(Action::done())
+    })
+    .await
+    .expect("a finalizer removed from an object that is gone is no error");
+    assert_eq!(action, Action::done());
+    assert!(*cleaned.lock().unwrap(), "the cleanup ran");
 }

@@ -163,6 +163,11 @@ pub enum Error {
     #[error("cannot build the API client: {0}")]
     Client(#[source] BoxError),
 
+    /// No cluster configuration could be loaded: a kubeconfig that cannot be read or has
+    /// no such context, or none found at all.
+    #[error("cannot load the cluster configuration: {0}")]
+    Config(#[source] BoxError),
+
     /// An object has no `metadata.name`, so it has no key.
     #[error("object has no metadata.name")]
     MissingName,
@@ -374,6 +379,18 @@ impl Error {
                 | Error::Panicked { .. }
         )
     }
+}
+
+/// An error and every error it came from, `: `-separated, for logs.
+pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// What a caught panic said, when it said it in text.

@@ -19,7 +19,8 @@
 //! - [`SharedInformer`]: reflector + store + any number of [`EventHandler`]s, each with its
 //!   own buffer and task; [`spawn`](SharedInformer::spawn) gives a [`RunningInformer`];
 //! - [`workqueue`]: deduplicating, delaying and rate-limited queues with metrics;
-//! - [`Controller`]: the worker loop that ties an informer to a workqueue of keys;
+//! - [`Controller`]: informers' changes mapped to keys on a rate-limited workqueue, and
+//!   the workers that reconcile each key;
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`).
 
 mod client;
@@ -36,18 +37,19 @@ mod list_watch;
 mod manager;
 mod reflector;
 mod store;
+mod task;
 #[cfg(any(test, feature = "testing"))]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod workqueue;
 
-pub use client::{KeepAlive, client, client_with};
+pub use client::{ClusterSource, KeepAlive, client, client_with};
 #[cfg(feature = "prometheus")]
 pub use controller::ControllerMetrics;
 pub use controller::{
-    Action, Controller, ControllerBuilder, ControllerConfig, ControllerStats, DroppedHook,
-    ErrorAction, Failure, Predicate, ReconcileError, ReconcileRequest, retry_up_to,
-    retry_with_backoff,
+    Action, Controller, ControllerStats, ErrorAction, Failure, FinalizerError, FinalizerEvent,
+    Predicate, ReconcileError, ReconcileRequest, SyncFuture, finalizer, retry_up_to,
+    retry_with_backoff, sync_by_key,
 };
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{

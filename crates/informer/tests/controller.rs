@@ -1,5 +1,6 @@
-//! The controller's worker loop and error rule, on an in-memory ListWatch
-//! under paused time: retries are counted and their spacing measured.
+//! The controller run as the client-go tutorials' key loop (an informer it owns, a
+//! `sync(key)` function, five retries), on an in-memory ListWatch under paused time:
+//! retries are counted and their spacing measured.
 
 use std::{
     sync::{Arc, Mutex},
@@ -8,7 +9,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    Controller, ControllerConfig, Error, ObjectKey, SharedInformer, Verb, testing::FakeListWatch,
+    Controller, Error, ErrorAction, Failure, ObjectKey, SharedInformer, Verb, retry_up_to,
+    sync_by_key, testing::FakeListWatch,
 };
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
@@ -26,22 +28,29 @@ fn fake_with(names: &[&str]) -> Fake {
 #[tokio::test(start_paused = true)]
 async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() {
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
-    let controller = Controller::new(
+    let controller = Controller::owning(
+        "failing",
         SharedInformer::builder(fake_with(&["broken"]))
             .paged_list()
             .build(),
-        ControllerConfig::named("failing").on_dropped(move |key, error| {
-            let _ = dropped_tx.send((key.clone(), error.to_owned()));
-        }),
     );
     let stats = controller.stats();
     let attempts: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let cancel = CancellationToken::new();
     let recorded = attempts.clone();
-    let run = tokio::spawn(controller.run(cancel.clone(), move |_key: ObjectKey| {
+    let sync = move |_key: ObjectKey, _: Arc<()>| {
         recorded.lock().unwrap().push(Instant::now());
-        async { Err::<(), _>("backend unavailable") }
-    }));
+        async { Err::<(), _>(std::io::Error::other("backend unavailable")) }
+    };
+    let five_retries = retry_up_to(5);
+    let policy = move |failure: &Failure<'_, std::io::Error>, ctx: &()| {
+        let action = five_retries(failure, ctx);
+        if action == ErrorAction::GiveUp {
+            let _ = dropped_tx.send((failure.key.clone(), failure.error.to_string()));
+        }
+        action
+    };
+    let run = tokio::spawn(controller.run(sync_by_key(sync), policy, Arc::new(()), cancel.clone()));
 
     let (key, error) = dropped.recv().await.expect("the key is dropped");
     assert_eq!(key.as_str(), "default/broken");
@@ -67,18 +76,17 @@ async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() 
 
 #[tokio::test(start_paused = true)]
 async fn a_panicking_sync_does_not_kill_its_worker() {
-    let controller = Controller::new(
+    let controller = Controller::owning(
+        "panicky",
         SharedInformer::builder(fake_with(&["panics", "fine-1", "fine-2"]))
             .paged_list()
             .build(),
-        ControllerConfig::named("panicky")
-            .workers(1)
-            .max_requeues(Some(1)),
-    );
+    )
+    .workers(1);
     let stats = controller.stats();
     let (synced_tx, mut synced) = mpsc::unbounded_channel::<String>();
     let cancel = CancellationToken::new();
-    let run = tokio::spawn(controller.run(cancel.clone(), move |key: ObjectKey| {
+    let sync = move |key: ObjectKey, _: Arc<()>| {
         let synced_tx = synced_tx.clone();
         async move {
             if key.name() == "panics" {
@@ -87,7 +95,13 @@ async fn a_panicking_sync_does_not_kill_its_worker() {
             let _ = synced_tx.send(key.name().to_owned());
             Ok::<(), std::convert::Infallible>(())
         }
-    }));
+    };
+    let run = tokio::spawn(controller.run(
+        sync_by_key(sync),
+        retry_up_to(1),
+        Arc::new(()),
+        cancel.clone(),
+    ));
 
     let mut names = vec![synced.recv().await.unwrap(), synced.recv().await.unwrap()];
     names.sort();
@@ -123,16 +137,21 @@ async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
     for _ in 0..20 {
         fake.fail_next_list(forbidden());
     }
-    let controller = Controller::new(
+    let controller = Controller::owning(
+        "denied",
         SharedInformer::builder(fake.clone()).paged_list().build(),
-        ControllerConfig::named("denied").startup_grace(Duration::from_secs(10)),
-    );
+    )
+    .startup_grace(Duration::from_secs(10));
     let started = Instant::now();
     let callers = CancellationToken::new();
+    let sync = |_key: ObjectKey, _: Arc<()>| async { Ok::<(), std::io::Error>(()) };
     let result = controller
-        .run(callers.clone(), |_key: ObjectKey| async {
-            Ok::<(), String>(())
-        })
+        .run(
+            sync_by_key(sync),
+            retry_up_to(5),
+            Arc::new(()),
+            callers.clone(),
+        )
         .await;
     assert!(
         !callers.is_cancelled(),
@@ -156,16 +175,22 @@ async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
 async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
     let fake = fake_with(&["a"]);
     fake.fail_next_list(forbidden());
-    let controller = Controller::new(
+    let controller = Controller::owning(
+        "late-rbac",
         SharedInformer::builder(fake).paged_list().build(),
-        ControllerConfig::named("late-rbac"),
     );
     let (synced_tx, mut synced) = mpsc::unbounded_channel::<String>();
     let cancel = CancellationToken::new();
-    let run = tokio::spawn(controller.run(cancel.clone(), move |key: ObjectKey| {
+    let sync = move |key: ObjectKey, _: Arc<()>| {
         let _ = synced_tx.send(key.to_string());
-        async { Ok::<(), String>(()) }
-    }));
+        async { Ok::<(), std::io::Error>(()) }
+    };
+    let run = tokio::spawn(controller.run(
+        sync_by_key(sync),
+        retry_up_to(5),
+        Arc::new(()),
+        cancel.clone(),
+    ));
     assert_eq!(synced.recv().await.unwrap(), "default/a");
     cancel.cancel();
     run.await.unwrap().unwrap();
@@ -174,18 +199,24 @@ async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
 #[tokio::test(start_paused = true)]
 async fn updates_and_deletes_become_keys_and_success_forgets() {
     let fake = fake_with(&["one"]);
-    let controller = Controller::new(
+    let controller = Controller::owning(
+        "keys",
         SharedInformer::builder(fake.clone()).paged_list().build(),
-        ControllerConfig::named("keys"),
     );
     let store = controller.store();
-    let queue = controller.queue();
+    let stats = controller.stats();
     let (seen_tx, mut seen) = mpsc::unbounded_channel::<(String, bool)>();
     let cancel = CancellationToken::new();
-    let run = tokio::spawn(controller.run(cancel.clone(), move |key: ObjectKey| {
+    let sync = move |key: ObjectKey, _: Arc<()>| {
         let _ = seen_tx.send((key.to_string(), store.get_by_key(&key).is_some()));
-        async { Ok::<(), String>(()) }
-    }));
+        async { Ok::<(), std::io::Error>(()) }
+    };
+    let run = tokio::spawn(controller.run(
+        sync_by_key(sync),
+        retry_up_to(5),
+        Arc::new(()),
+        cancel.clone(),
+    ));
 
     assert_eq!(seen.recv().await.unwrap(), ("default/one".to_owned(), true));
     let mut changed = Fake::object(Some("default"), "one");
@@ -199,8 +230,9 @@ async fn updates_and_deletes_become_keys_and_success_forgets() {
         "absent = deleted"
     );
     assert_eq!(
-        queue.num_requeues(&ObjectKey::new(Some("default"), "one")),
-        0
+        (stats.synced(), stats.failed()),
+        (3, 0),
+        "every sync succeeded, so no key waits for a retry"
     );
 
     cancel.cancel();

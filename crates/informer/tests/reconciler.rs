@@ -13,9 +13,9 @@ use std::{
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube_informer::{
-    Action, CancellationToken, Controller, ControllerBuilder, ControllerConfig, ErrorAction,
-    InformerHandle, ObjectKey, Predicate, ReconcileError, ReconcileRequest, RunningInformer,
-    SharedInformer, retry_with_backoff, testing::FakeListWatch,
+    Action, CancellationToken, Controller, ErrorAction, InformerHandle, ObjectKey, Predicate,
+    ReconcileError, ReconcileRequest, RunningInformer, SharedInformer, retry_up_to,
+    retry_with_backoff, sync_by_key, testing::FakeListWatch,
 };
 use tokio::{sync::mpsc, time::Instant};
 
@@ -84,7 +84,7 @@ async fn requeue_after_reconciles_again_after_its_delay() {
     let calls: Calls = Arc::default();
     let cancel = CancellationToken::new();
     let seen = calls.clone();
-    let run = tokio::spawn(ControllerBuilder::new("requeue", handle(&running)).run(
+    let run = tokio::spawn(Controller::new("requeue", handle(&running)).run(
         move |request, _: Arc<()>, _| {
             record(&seen, &request);
             async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(30))) }
@@ -129,7 +129,7 @@ async fn the_error_policy_decides_backoff_requeue_after_or_give_up() {
         }
         _ => ErrorAction::GiveUp,
     };
-    let run = tokio::spawn(ControllerBuilder::new("policy", handle(&running)).run(
+    let run = tokio::spawn(Controller::new("policy", handle(&running)).run(
         move |request, _: Arc<()>, _| {
             record(&seen, &request);
             async { Err::<Action, _>(std::io::Error::other("backend down")) }
@@ -162,7 +162,7 @@ async fn a_predicate_skips_updates_it_rejects_and_a_deletion_carries_the_last_st
     let (tx, mut rx) = mpsc::unbounded_channel();
     let cancel = CancellationToken::new();
     let run = tokio::spawn(
-        ControllerBuilder::new("predicate", handle(&running))
+        Controller::new("predicate", handle(&running))
             .predicate(Predicate::labels_changed())
             .run(
                 move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
@@ -216,7 +216,7 @@ async fn owned_children_and_watched_objects_enqueue_their_primaries() {
     let cancel = CancellationToken::new();
     let seen = calls.clone();
     let run = tokio::spawn(
-        ControllerBuilder::new("sources", handle(&running))
+        Controller::new("sources", handle(&running))
             .owns(secrets_running.handle())
             .watches(secrets_running.handle(), |secret: &Secret| {
                 secret
@@ -309,7 +309,7 @@ async fn a_reconcile_past_its_timeout_is_cancelled_and_reported() {
     let cancel = CancellationToken::new();
     let saw_cancel = cancelled.clone();
     let run = tokio::spawn(
-        ControllerBuilder::new("timeout", handle(&running))
+        Controller::new("timeout", handle(&running))
             .reconcile_timeout(Duration::from_secs(5))
             .run(
                 move |_, _: Arc<()>, token: CancellationToken| {
@@ -355,7 +355,7 @@ async fn shutdown_takes_no_new_key_and_cancels_the_running_reconciles() {
     let cancel = CancellationToken::new();
     let (seen, done) = (calls.clone(), finished.clone());
     let run = tokio::spawn(
-        ControllerBuilder::new("shutdown", handle(&running))
+        Controller::new("shutdown", handle(&running))
             .workers(2)
             .shutdown_timeout(Duration::from_secs(10))
             .run(
@@ -400,20 +400,27 @@ async fn the_key_controller_takes_no_new_key_once_cancelled() {
     for i in 0..500 {
         fake.add(cm(&format!("o{i:03}")));
     }
-    let controller = Controller::new(
+    let controller = Controller::owning(
+        "keys",
         SharedInformer::builder(fake.clone()).paged_list().build(),
-        ControllerConfig::named("keys").shutdown_timeout(Duration::from_secs(10)),
-    );
+    )
+    .shutdown_timeout(Duration::from_secs(10));
     let synced = Arc::new(Mutex::new(0usize));
     let cancel = CancellationToken::new();
     let count = synced.clone();
-    let run = tokio::spawn(controller.run(cancel.clone(), move |_key: ObjectKey| {
+    let sync = move |_key: ObjectKey, _: Arc<()>| {
         *count.lock().unwrap() += 1;
         async {
             tokio::time::sleep(Duration::from_secs(1)).await;
             Ok::<(), std::io::Error>(())
         }
-    }));
+    };
+    let run = tokio::spawn(controller.run(
+        sync_by_key(sync),
+        retry_up_to(5),
+        Arc::new(()),
+        cancel.clone(),
+    ));
     until("the first sync", || *synced.lock().unwrap() == 1).await;
     cancel.cancel();
     tokio::time::timeout(PATIENCE, run)
@@ -443,7 +450,7 @@ async fn reconciles_are_counted_under_controller_runtime_names() {
     let cancel = CancellationToken::new();
     let seen = calls.clone();
     let run = tokio::spawn(
-        ControllerBuilder::new("counted", handle(&running))
+        Controller::new("counted", handle(&running))
             .workers(3)
             .reconcile_metrics(metrics)
             .run(
@@ -493,7 +500,7 @@ async fn a_live_change_is_reconciled_before_the_replayed_initial_list() {
     let calls: Calls = Arc::default();
     let cancel = CancellationToken::new();
     let seen = calls.clone();
-    let run = tokio::spawn(ControllerBuilder::new("priority", handle(&running)).run(
+    let run = tokio::spawn(Controller::new("priority", handle(&running)).run(
         move |request, _: Arc<()>, _| {
             record(&seen, &request);
             async {
@@ -541,7 +548,7 @@ async fn keys_from_a_stream_are_reconciled_present_or_deleted() {
         rx.recv().await.map(|key| (key, rx))
     });
     let run = tokio::spawn(
-        ControllerBuilder::new("triggered", handle(&running))
+        Controller::new("triggered", handle(&running))
             .reconcile_on(stream)
             .run(
                 move |request, _: Arc<()>, _| {
@@ -574,5 +581,63 @@ async fn keys_from_a_stream_are_reconciled_present_or_deleted() {
     run.await.unwrap().unwrap();
     // The forwarder stopped with the controller: the stream's receiver is gone.
     until("the stream dropped", || keys.is_closed()).await;
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_periodic_scan_reconciles_its_keys_after_the_sync_and_every_period() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("live"));
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let scans: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let cancel = CancellationToken::new();
+    let seen = calls.clone();
+    let scanned = scans.clone();
+    let store = running.store();
+    // An external system that still holds `ghost`, whose object is gone.
+    let scan = move || {
+        let (scanned, store) = (scanned.clone(), store.clone());
+        async move {
+            assert!(!store.is_empty(), "scanned only once the cache has synced");
+            scanned.lock().unwrap().push(Instant::now());
+            vec![ObjectKey::new(Some("ns"), "ghost")]
+        }
+    };
+    let run = tokio::spawn(
+        Controller::new("scanned", handle(&running))
+            .reconcile_every(Duration::from_secs(60), scan)
+            .run(
+                move |request, _: Arc<()>, _| {
+                    record(&seen, &request);
+                    async { Ok::<_, std::io::Error>(Action::done()) }
+                },
+                retry_with_backoff(),
+                Arc::new(()),
+                cancel.clone(),
+            ),
+    );
+    let ghosts = |calls: &Calls| -> Vec<Call> {
+        let calls = calls.lock().unwrap();
+        calls
+            .iter()
+            .filter(|c| c.key == "ns/ghost")
+            .cloned()
+            .collect()
+    };
+    until("three scans", || scans.lock().unwrap().len() == 3).await;
+    until("the third scan's key reconciled", || {
+        ghosts(&calls).len() == 3
+    })
+    .await;
+    let scans = scans.lock().unwrap().clone();
+    let gaps: Vec<Duration> = scans.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(gaps, [Duration::from_secs(60); 2]);
+    assert!(
+        ghosts(&calls).iter().all(|c| !c.present),
+        "a scanned key without an object is reconciled as deleted"
+    );
+    cancel.cancel();
+    run.await.unwrap().unwrap();
     running.stop().await;
 }

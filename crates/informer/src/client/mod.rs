@@ -8,6 +8,8 @@
 //! and watch shares one connection per API server, and a ping that goes unanswered closes
 //! it, so each watch on it ends with an error and reconnects at once.
 
+mod cluster;
+
 use std::time::Duration;
 
 use hyper_util::{
@@ -19,6 +21,8 @@ use tower::ServiceBuilder;
 use tracing::warn;
 
 use crate::error::{BoxError, Error};
+
+pub use cluster::ClusterSource;
 
 /// When an HTTP/2 connection is pinged, and how long an answer may take.
 ///

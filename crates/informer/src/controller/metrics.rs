@@ -14,7 +14,7 @@ use prometheus_client::{
 };
 
 /// controller-runtime's reconcile metrics, recorded by every
-/// [`ControllerBuilder`](crate::ControllerBuilder) given this (share one per registry;
+/// [`Controller`](crate::Controller) given this (share one per registry;
 /// cheap to clone), each labelled with the controller's name:
 ///
 /// | metric | type | meaning |
@@ -29,13 +29,13 @@ use prometheus_client::{
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{ControllerBuilder, ControllerMetrics, InformerFactory, Scope};
+/// use kube_informer::{Controller, ControllerMetrics, InformerFactory, Scope};
 /// use prometheus_client::{encoding::text::encode, registry::Registry};
 ///
 /// # fn doc(factory: InformerFactory) {
 /// let mut registry = Registry::default();
 /// let metrics = ControllerMetrics::new(&mut registry);
-/// let controller = ControllerBuilder::new("config-maps", factory.informer::<ConfigMap>(Scope::all()))
+/// let controller = Controller::new("config-maps", factory.informer::<ConfigMap>(Scope::all()))
 ///     .reconcile_metrics(metrics.clone());
 /// // ... run it; then, on a scrape:
 /// let mut text = String::new();

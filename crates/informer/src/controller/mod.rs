@@ -1,244 +1,603 @@
-//! The worker loop of a controller: an informer feeds object keys into a
-//! rate-limited workqueue, and workers hand each key to your sync function.
-//! The full documentation is on [`Controller`].
+//! The controller: a primary resource, the sources that map changes onto it (owned
+//! children, other watched objects, streams of keys), a rate-limited queue of keys, and
+//! workers that reconcile each primary. The full documentation is on [`Controller`].
 
-mod config;
+mod finalizer;
 #[cfg(feature = "prometheus")]
 mod metrics;
 mod predicate;
-mod reconciler;
+mod request;
+mod source;
 mod worker;
 
-use std::{fmt, future::Future, sync::Arc};
+use std::{error::Error as StdError, fmt, future::Future, sync::Arc, time::Duration};
 
-use kube_client::Resource;
+use dashmap::DashMap;
+use futures::Stream;
+use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::{
-    error::Error,
-    informer::{InformerHandle, SharedInformer, key_handler},
-    key::ObjectKey,
-    store::Store,
-    workqueue::{QueueConfig, RateLimitingQueue, default_controller_rate_limiter},
-};
-
-pub use config::{ControllerConfig, DroppedHook};
+pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use metrics::ControllerMetrics;
 pub use predicate::Predicate;
-#[cfg(feature = "manager")]
-pub(crate) use reconciler::error_chain;
-pub use reconciler::{
-    Action, ControllerBuilder, ErrorAction, Failure, ReconcileError, ReconcileRequest, retry_up_to,
-    retry_with_backoff,
+pub use request::{
+    Action, ErrorAction, Failure, ReconcileError, ReconcileRequest, SyncFuture, retry_up_to,
+    retry_with_backoff, sync_by_key,
 };
+use source::{Enqueue, Mapper, Source, key_of, remove_all};
 pub use worker::ControllerStats;
-pub(crate) use worker::join_within;
-use worker::run_worker;
+use worker::Worker;
 
-/// An informer wired to a rate-limited workqueue of object keys, and the
-/// workers that drain it.
+use crate::{
+    error::{Error, error_chain},
+    informer::{FactoryScope, InformerHandle, RunningInformer, SharedInformer},
+    key::ObjectKey,
+    task::join_within,
+    workqueue::{
+        MetricsProvider, QueueConfig, RateLimiter, RateLimitingQueue,
+        default_controller_rate_limiter,
+    },
+};
+
+/// A controller for the primary resource `K` (kube-runtime's `Controller`,
+/// controller-runtime's builder, client-go's sample controller), on shared informers,
+/// usually from an [`InformerFactory`](crate::InformerFactory) or a
+/// [`Manager`](crate::Manager).
 ///
-/// The worker loop of a controller: an informer feeds object keys into a
-/// rate-limited workqueue, and workers hand each key to your sync function.
+/// Changes reach a queue of primary keys from four kinds of source:
 ///
-/// This is the shape of every client-go sample controller, packaged so a
-/// controller author writes only the sync function:
+/// - the primary itself: every add and delete, and updates that pass its
+///   [`Predicate`] (default: every update);
+/// - [`owns`](Self::owns): a child whose controller owner reference names a primary of
+///   kind `K` enqueues that primary;
+/// - [`watches`](Self::watches): any object, mapped to keys by a function, or
+///   [`watches_by_index`](Self::watches_by_index): every primary whose index holds the
+///   object's key (every Deployment that names this ConfigMap);
+/// - [`reconcile_on`](Self::reconcile_on) and [`reconcile_every`](Self::reconcile_every):
+///   keys from a stream or a periodic scan, for changes outside the cluster.
 ///
-/// - adds, updates and deletes (tombstones included) become keys on a
-///   [`RateLimitingQueue`], so a burst of events for one object collapses to
-///   one sync, and no key is ever synced by two workers at once;
-/// - the workers start once the informer's cache has synced, so the sync
-///   function can trust the [`Store`]: a key that is absent there means the
-///   object was deleted;
-/// - the error rule of client-go's samples: a failed key goes back with
-///   [`add_rate_limited`](RateLimitingQueue::add_rate_limited) while it has
-///   been requeued fewer than `max_requeues` times, and is then forgotten and
-///   reported; a success calls [`forget`](RateLimitingQueue::forget);
-/// - a panic in the sync function is caught and counted as a failure, so it
-///   never takes a worker down.
+/// Keys from replays (the initial list, a resync) are queued at
+/// [`Priority::Low`](crate::workqueue::Priority::Low), behind live changes, so an edit is
+/// not stuck behind thousands of replayed objects (for at most
+/// [`LOW_PRIORITY_MAX_WAIT`](crate::workqueue::LOW_PRIORITY_MAX_WAIT), so none starves).
+///
+/// Workers take each key once at a time (a key is never reconciled twice at once) and call
+/// the reconcile function with the [`ReconcileRequest`], the shared context and a
+/// cancellation token. A success returns an [`Action`]: done, or requeue after a delay; a
+/// failure (an error, a panic, the [timeout](Self::reconcile_timeout)) goes to the error
+/// policy, which returns an [`ErrorAction`]. The default rate limiter backs off per key
+/// from 5 ms to 1000 s; [`retry_with_backoff`] retries, ever more rarely, until the key
+/// succeeds, [`retry_up_to`] gives the client-go tutorials' rule (give up after 5 retries).
+/// A reconcile written as the tutorials' `sync(key)` runs through [`sync_by_key`].
+///
+/// On cancellation the workers take no new key, the running reconciles' tokens are
+/// cancelled, and [`run`](Self::run) returns once they have finished or the
+/// [shutdown timeout](Self::shutdown_timeout) has passed (then they are dropped).
 ///
 /// ```no_run
-/// use k8s_openapi::api::core::v1::Pod;
-/// use kube_client::{Api, Client};
-/// use kube_informer::{ApiListWatch, CancellationToken, Controller, ControllerConfig, SharedInformer};
+/// use std::{sync::Arc, time::Duration};
+/// use k8s_openapi::api::{apps::v1::{Deployment, ReplicaSet}, core::v1::ConfigMap};
+/// use kube_informer::{
+///     Action, CancellationToken, Controller, InformerFactory, ObjectKey, Predicate,
+///     ReconcileRequest, Scope, retry_with_backoff,
+/// };
 ///
-/// # async fn demo(client: Client) -> Result<(), kube_informer::Error> {
-/// let informer = SharedInformer::new(ApiListWatch::new(Api::<Pod>::namespaced(client, "default")));
-/// let controller = Controller::new(informer, ControllerConfig::named("pods").workers(2));
-/// let store = controller.store();
+/// # async fn doc(client: kube_client::Client) -> Result<(), kube_informer::Error> {
+/// let factory = InformerFactory::new(client);
+/// let deployments = factory.informer::<Deployment>(Scope::namespace("web"));
 /// let cancel = CancellationToken::new();
+/// let controller = Controller::new("deployments", deployments)
+///     .predicate(Predicate::generation_changed())
+///     .owns(factory.informer::<ReplicaSet>(Scope::namespace("web")))
+///     .watches(factory.informer::<ConfigMap>(Scope::namespace("web")), |cm: &ConfigMap| {
+///         // The Deployment named like the ConfigMap.
+///         vec![ObjectKey::new(cm.metadata.namespace.as_deref(), cm.metadata.name.as_deref().unwrap_or_default())]
+///     });
+/// factory.start(&cancel);
 /// controller
-///     .run(cancel, move |key| {
-///         let pod = store.get_by_key(&key);
-///         async move {
-///             match pod {
-///                 Some(pod) => tracing::info!(%key, phase = ?pod.status.as_ref().and_then(|s| s.phase.as_deref()), "synced"),
-///                 None => tracing::info!(%key, "deleted"),
-///             }
-///             Ok::<(), std::convert::Infallible>(())
-///         }
-///     })
+///     .run(
+///         |request: ReconcileRequest<Deployment>, _ctx: Arc<()>, _cancel| async move {
+///             tracing::info!(key = %request.key(), "reconciled");
+///             Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(300)))
+///         },
+///         retry_with_backoff(),
+///         Arc::new(()),
+///         cancel,
+///     )
 ///     .await
 /// # }
 /// ```
 pub struct Controller<K> {
-    informer: SharedInformer<K>,
-    queue: RateLimitingQueue<ObjectKey>,
-    config: ControllerConfig,
+    name: String,
+    primary: InformerHandle<K>,
+    /// The primary's informer when the controller runs it itself ([`owning`](Self::owning)).
+    owned: Option<SharedInformer<K>>,
+    predicate: Predicate<K>,
+    sources: Vec<Source>,
+    workers: usize,
+    reconcile_timeout: Option<Duration>,
+    shutdown_timeout: Duration,
+    startup_grace: Duration,
+    rate_limiter: Option<Arc<dyn RateLimiter<ObjectKey>>>,
+    metrics: Option<Arc<dyn MetricsProvider>>,
+    #[cfg(feature = "prometheus")]
+    reconcile_metrics: Option<ControllerMetrics>,
     stats: Arc<ControllerStats>,
 }
 
 impl<K> fmt::Debug for Controller<K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Controller")
-            .field("config", &self.config)
+            .field("name", &self.name)
+            .field("sources", &(self.sources.len() + 1))
+            .field("owns_its_informer", &self.owned.is_some())
+            .field("workers", &self.workers)
+            .field("reconcile_timeout", &self.reconcile_timeout)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("startup_grace", &self.startup_grace)
             .finish_non_exhaustive()
     }
 }
 
 impl<K> Controller<K>
 where
-    K: Resource + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Send + Sync + 'static,
+    K::Scope: FactoryScope,
 {
-    /// A controller over `informer`, which it starts in [`run`](Self::run) (an informer that
-    /// has not run yet: one that runs cannot be passed).
-    pub fn new(informer: SharedInformer<K>, config: ControllerConfig) -> Self {
-        let queue_config = QueueConfig {
-            name: config.name.clone(),
-            metrics: config.metrics.clone(),
-        };
-        let queue = match &config.rate_limiter {
-            Some(limiter) => RateLimitingQueue::with_config(limiter.clone(), queue_config),
-            None => RateLimitingQueue::with_config(default_controller_rate_limiter(), queue_config),
-        };
+    /// A controller named `name` (logs, metrics, the queue) reconciling the objects of
+    /// `primary`, an informer someone else runs (a factory, a manager).
+    pub fn new(name: impl Into<String>, primary: InformerHandle<K>) -> Self {
         Self {
-            informer,
-            queue,
-            config,
+            name: name.into(),
+            primary,
+            owned: None,
+            predicate: Predicate::any(),
+            sources: Vec::new(),
+            workers: 1,
+            reconcile_timeout: None,
+            shutdown_timeout: Duration::from_secs(30),
+            startup_grace: Duration::from_secs(10),
+            rate_limiter: None,
+            metrics: None,
+            #[cfg(feature = "prometheus")]
+            reconcile_metrics: None,
             stats: Arc::default(),
         }
     }
 
-    /// The queue, to enqueue keys from other sources (a second informer, a
-    /// timer, an external event).
-    pub fn queue(&self) -> RateLimitingQueue<ObjectKey> {
-        self.queue.clone()
+    /// A controller that runs its primary informer itself: [`run`](Self::run) starts it
+    /// and stops it before returning (client-go's sample controller, which owns its
+    /// informer). The informer must not have run yet; one that runs cannot be passed.
+    ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_client::Api;
+    /// use kube_informer::{CancellationToken, Controller, ObjectKey, SharedInformer, retry_up_to, sync_by_key};
+    ///
+    /// # async fn demo(client: kube_client::Client) -> Result<(), kube_informer::Error> {
+    /// let informer = SharedInformer::new(Api::<Pod>::namespaced(client, "default"));
+    /// let controller = Controller::owning("pods", informer).workers(2);
+    /// let store = controller.store();
+    /// let sync = move |key: ObjectKey, _: Arc<()>| {
+    ///     let pod = store.get_by_key(&key);
+    ///     async move {
+    ///         match pod {
+    ///             Some(pod) => tracing::info!(%key, phase = ?pod.status.as_ref().and_then(|s| s.phase.as_deref()), "synced"),
+    ///             None => tracing::info!(%key, "deleted"),
+    ///         }
+    ///         Ok::<(), std::convert::Infallible>(())
+    ///     }
+    /// };
+    /// controller.run(sync_by_key(sync), retry_up_to(5), Arc::new(()), CancellationToken::new()).await
+    /// # }
+    /// ```
+    pub fn owning(name: impl Into<String>, informer: SharedInformer<K>) -> Self {
+        let mut controller = Self::new(name, informer.handle());
+        controller.owned = Some(informer);
+        controller
     }
 
-    /// The informer's cache.
-    pub fn store(&self) -> Store<K> {
-        self.informer.store()
+    /// The controller's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
-    /// A handle on the informer (e.g. to add handlers before [`run`](Self::run)).
+    /// The primary informer.
     pub fn informer(&self) -> InformerHandle<K> {
-        self.informer.handle()
+        self.primary.clone()
     }
 
-    /// What the workers have done so far.
+    /// The primary informer's cache.
+    pub fn store(&self) -> crate::store::Store<K> {
+        self.primary.store()
+    }
+
+    /// Which updates of a primary enqueue it (default: every update).
+    #[must_use]
+    pub fn predicate(mut self, predicate: Predicate<K>) -> Self {
+        self.predicate = predicate;
+        self
+    }
+
+    /// Reconciles the primary that controls each object of `children` (its owner reference
+    /// with `controller: true`, of kind `K`), on every change.
+    #[must_use]
+    pub fn owns<C>(self, children: InformerHandle<C>) -> Self
+    where
+        C: Resource + Send + Sync + 'static,
+    {
+        self.owns_with(children, Predicate::any())
+    }
+
+    /// [`owns`](Self::owns), for the updates of a child that pass `predicate`.
+    #[must_use]
+    pub fn owns_with<C>(self, children: InformerHandle<C>, predicate: Predicate<C>) -> Self
+    where
+        C: Resource + Send + Sync + 'static,
+    {
+        let kind = K::kind(&()).into_owned();
+        let api_version = K::api_version(&()).into_owned();
+        let owner = move |child: &C| -> Vec<ObjectKey> {
+            let meta = child.meta();
+            meta.owner_references
+                .iter()
+                .flatten()
+                .filter(|r| {
+                    r.controller == Some(true) && r.kind == kind && r.api_version == api_version
+                })
+                .map(|r| {
+                    let namespace = meta.namespace.as_deref().filter(|_| K::Scope::NAMESPACED);
+                    ObjectKey::new(namespace, &r.name)
+                })
+                .collect()
+        };
+        self.mapped(children, Arc::new(owner), predicate)
+    }
+
+    /// Reconciles the primaries `map` names for each changed object of `others` (for an
+    /// update, those of the old state and of the new).
+    #[must_use]
+    pub fn watches<O>(
+        self,
+        others: InformerHandle<O>,
+        map: impl Fn(&O) -> Vec<ObjectKey> + Send + Sync + 'static,
+    ) -> Self
+    where
+        O: Resource + Send + Sync + 'static,
+    {
+        self.watches_with(others, map, Predicate::any())
+    }
+
+    /// [`watches`](Self::watches), for the updates that pass `predicate`.
+    #[must_use]
+    pub fn watches_with<O>(
+        self,
+        others: InformerHandle<O>,
+        map: impl Fn(&O) -> Vec<ObjectKey> + Send + Sync + 'static,
+        predicate: Predicate<O>,
+    ) -> Self
+    where
+        O: Resource + Send + Sync + 'static,
+    {
+        self.mapped(others, Arc::new(map), predicate)
+    }
+
+    /// Reconciles every primary whose index `index` (on the primary's informer; see
+    /// [`InformerHandle::add_indexer`]) holds the key of a changed object of `others`: with
+    /// an index of the ConfigMaps each Deployment names, a ConfigMap change reconciles every
+    /// Deployment that names it.
+    #[must_use]
+    pub fn watches_by_index<O>(self, others: InformerHandle<O>, index: &str) -> Self
+    where
+        O: Resource + Send + Sync + 'static,
+    {
+        let store = self.primary.store();
+        let index = index.to_owned();
+        let map = move |obj: &O| -> Vec<ObjectKey> {
+            let Some(key) = key_of(obj) else {
+                return Vec::new();
+            };
+            match store.index_keys(&index, key.as_str()) {
+                Ok(keys) => keys,
+                Err(error) => {
+                    error!(%error, %index, "watches_by_index: the primary informer has no such index");
+                    Vec::new()
+                }
+            }
+        };
+        self.mapped(others, Arc::new(map), Predicate::any())
+    }
+
+    fn mapped<O>(
+        mut self,
+        informer: InformerHandle<O>,
+        map: Mapper<O>,
+        predicate: Predicate<O>,
+    ) -> Self
+    where
+        O: Resource + Send + Sync + 'static,
+    {
+        self.sources.push(source::mapped(informer, map, predicate));
+        self
+    }
+
+    /// Reconciles every key `keys` yields, as it yields it (kube-runtime's
+    /// `reconcile_on`): for changes the informers cannot see. A key whose object is not
+    /// cached is reconciled as [`ReconcileRequest::Deleted`] (with no last state unless the
+    /// informer saw it go), so the reconcile can clean up after an object deleted while no
+    /// controller ran. The stream is polled from the start of [`run`](Self::run) until it
+    /// ends or the controller stops; keys it yields before the caches have synced are
+    /// reconciled once they have.
+    #[must_use]
+    pub fn reconcile_on(mut self, keys: impl Stream<Item = ObjectKey> + Send + 'static) -> Self {
+        self.sources.push(source::stream(keys));
+        self
+    }
+
+    /// Reconciles the keys `scan` returns once the primary's cache has synced and every
+    /// `period` after: a periodic look at an external system for what it still holds (the
+    /// routes, records or buckets of objects deleted while no controller ran), so the
+    /// reconcile can clean up after them. A scan that fails should log why and return no
+    /// keys; the next one comes a period later.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use k8s_openapi::api::core::v1::Service;
+    /// # use kube_informer::{Controller, InformerHandle, ObjectKey};
+    /// # async fn keys_in_my_database() -> Vec<ObjectKey> { Vec::new() }
+    /// # fn doc(services: InformerHandle<Service>) {
+    /// let store = services.store();
+    /// let controller = Controller::new("services", services).reconcile_every(Duration::from_secs(300), move || {
+    ///     let store = store.clone();
+    ///     async move {
+    ///         // Records whose Service is gone are reconciled as deleted.
+    ///         keys_in_my_database().await.into_iter().filter(|key| !store.contains_key(key)).collect()
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn reconcile_every<F, Fut>(self, period: Duration, scan: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<ObjectKey>> + Send + 'static,
+    {
+        let primary = self.primary.clone();
+        let scan = Arc::new(scan);
+        let keys = futures::stream::unfold(true, move |first| {
+            let (primary, scan) = (primary.clone(), scan.clone());
+            async move {
+                if first {
+                    primary.wait_synced().await;
+                } else {
+                    tokio::time::sleep(period).await;
+                }
+                Some((futures::stream::iter(scan().await), false))
+            }
+        });
+        self.reconcile_on(futures::StreamExt::flatten(keys))
+    }
+
+    /// Reconciles this many keys at once (at least one; default one).
+    #[must_use]
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self
+    }
+
+    /// Cancels a reconcile that runs longer than `timeout` and hands the error policy a
+    /// [`ReconcileError::TimedOut`] (default: no limit).
+    #[must_use]
+    pub fn reconcile_timeout(mut self, timeout: Duration) -> Self {
+        self.reconcile_timeout = Some(timeout);
+        self
+    }
+
+    /// How long [`run`](Self::run) waits, once cancelled, for the running reconciles to
+    /// finish before dropping them (default 30 s).
+    #[must_use]
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// How long a source's first sync may keep failing with an error that retrying cannot
+    /// fix (403, 401, 404) before [`run`](Self::run) gives up with it (default 10 s). The
+    /// grace covers permissions or CRDs applied moments before the controller starts,
+    /// which the API server needs a moment to honour.
+    #[must_use]
+    pub fn startup_grace(mut self, grace: Duration) -> Self {
+        self.startup_grace = grace;
+        self
+    }
+
+    /// The limiter that spaces retries (default:
+    /// [`default_controller_rate_limiter`](crate::workqueue::default_controller_rate_limiter)).
+    #[must_use]
+    pub fn rate_limiter(mut self, limiter: impl RateLimiter<ObjectKey> + 'static) -> Self {
+        self.rate_limiter = Some(Arc::new(limiter));
+        self
+    }
+
+    /// Reports the queue's metrics to `provider` (a [`Manager`](crate::Manager)'s
+    /// controllers report to its registry without being told).
+    #[must_use]
+    pub fn metrics(mut self, provider: impl MetricsProvider + 'static) -> Self {
+        self.metrics = Some(Arc::new(provider));
+        self
+    }
+
+    /// Whether queue metrics are reported somewhere already.
+    #[cfg(feature = "manager")]
+    pub(crate) fn has_metrics(&self) -> bool {
+        self.metrics.is_some()
+    }
+
+    /// Records controller-runtime's reconcile metrics (`controller_runtime_*`) in
+    /// `metrics` (a [`Manager`](crate::Manager)'s controllers record them in its registry
+    /// without being told).
+    #[cfg(feature = "prometheus")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
+    #[must_use]
+    pub fn reconcile_metrics(mut self, metrics: ControllerMetrics) -> Self {
+        self.reconcile_metrics = Some(metrics);
+        self
+    }
+
+    /// Whether reconcile metrics are recorded somewhere already.
+    #[cfg(feature = "manager")]
+    pub(crate) fn has_reconcile_metrics(&self) -> bool {
+        self.reconcile_metrics.is_some()
+    }
+
+    /// What the workers have done so far (readable while the controller runs).
     pub fn stats(&self) -> Arc<ControllerStats> {
         self.stats.clone()
     }
 
-    /// Runs the informer and the workers until `cancel` fires, calling `sync`
-    /// with each key taken from the queue.
-    ///
-    /// Workers start once the cache has synced. On cancellation the workers
-    /// take no new key (keys still queued are left), the syncs running get up to
-    /// the [shutdown timeout](ControllerConfig::shutdown_timeout) to finish
-    /// (then they are dropped), and the informer stops; then `run` returns.
+    /// Runs the controller until `cancel` fires: registers the sources' handlers, waits for
+    /// their informers to sync (informers someone else runs must be started, e.g. by
+    /// [`InformerFactory::start`](crate::InformerFactory::start); an
+    /// [owned](Self::owning) one is started here), then reconciles.
     ///
     /// # Errors
     ///
-    /// [`Error::Forbidden`] (or another permanent error) when the informer's
-    /// first list fails in a way retrying cannot fix, such as missing RBAC
-    /// permissions, and still fails after the
-    /// [startup grace](ControllerConfig::startup_grace): the controller would
-    /// otherwise wait for a sync that never comes.
-    pub async fn run<F, Fut, E>(self, cancel: CancellationToken, sync: F) -> Result<(), Error>
+    /// [`Error::InformerStopped`] when a source's informer has stopped; an error that
+    /// retrying cannot fix (missing RBAC, an unknown resource) from a source's first sync
+    /// that lasts past the [startup grace](Self::startup_grace).
+    pub async fn run<Ctx, E, R, Fut, P>(
+        self,
+        reconcile: R,
+        error_policy: P,
+        context: Arc<Ctx>,
+        cancel: CancellationToken,
+    ) -> Result<(), Error>
     where
-        F: Fn(ObjectKey) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: fmt::Display + Send + 'static,
+        Ctx: Send + Sync + 'static,
+        E: StdError + Send + Sync + 'static,
+        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
     {
         let Self {
-            informer,
-            queue,
-            config,
+            name,
+            primary,
+            owned,
+            predicate,
+            mut sources,
+            workers,
+            reconcile_timeout,
+            shutdown_timeout,
+            startup_grace,
+            rate_limiter,
+            metrics,
+            #[cfg(feature = "prometheus")]
+            reconcile_metrics,
             stats,
         } = self;
-        let name = config.name.clone();
-        let enqueue = queue.clone();
-        let registration = informer.add_handler(key_handler::<K, _>(move |key| enqueue.add(key)));
-        let informer = informer.spawn(cancel.clone());
-
-        let synced = tokio::select! {
-            () = cancel.cancelled() => Ok(false),
-            result = first_sync(&informer, &config) => result.map(|()| true),
+        let queue_config = QueueConfig {
+            name: name.clone(),
+            metrics,
         };
-        let synced = match synced {
-            Ok(synced) => synced,
-            Err(err) => {
-                error!(controller = %name, error = %err, "cache cannot sync; stopping");
-                queue.shutdown();
+        let limiter = rate_limiter.unwrap_or_else(|| Arc::new(default_controller_rate_limiter()));
+        let queue = RateLimitingQueue::with_config(limiter, queue_config);
+        let deleted: Arc<DashMap<ObjectKey, Arc<K>>> = Arc::default();
+
+        sources.insert(
+            0,
+            source::primary(primary.clone(), predicate, deleted.clone()),
+        );
+        let enqueue = Enqueue {
+            queue: queue.clone(),
+        };
+        let mut registered = Vec::new();
+        let mut syncs = Vec::new();
+        for source in sources {
+            match source(enqueue.clone(), startup_grace) {
+                Ok(source) => {
+                    registered.push(source.registration);
+                    syncs.push(source.synced);
+                }
+                Err(error) => {
+                    remove_all(registered);
+                    return Err(error);
+                }
+            }
+        }
+        // Started after its handler is registered, and stopped by this run alone (not by
+        // the caller's token).
+        let owned: Option<RunningInformer<K>> =
+            owned.map(|informer| informer.spawn(CancellationToken::new()));
+        let stop_owned = |owned: Option<RunningInformer<K>>| async move {
+            if let Some(informer) = owned {
                 informer.stop().await;
-                return Err(err);
             }
         };
 
-        let mut workers = tokio::task::JoinSet::new();
-        // The handler has its initial keys queued soon after the cache syncs, unless the
-        // informer stops first: cancellation must end this wait too.
-        let handler_synced = synced
-            && tokio::select! {
-                biased;
-                () = cancel.cancelled() => false,
-                () = registration.wait_synced() => true,
-            };
-        if handler_synced {
-            info!(controller = %name, workers = config.workers, objects = informer.store().len(), "cache synced; starting workers");
-            let sync = Arc::new(sync);
-            for worker in 0..config.workers {
-                workers.spawn(run_worker(
-                    worker,
-                    queue.clone(),
-                    sync.clone(),
-                    config.clone(),
-                    stats.clone(),
-                    cancel.clone(),
-                ));
+        let all_synced = async {
+            for synced in syncs {
+                synced.await?;
             }
+            Ok::<(), Error>(())
+        };
+        let synced = tokio::select! {
+            biased;
+            () = cancel.cancelled() => None,
+            result = all_synced => Some(result),
+        };
+        match synced {
+            None => {
+                info!(controller = %name, "cancelled before the caches synced");
+                queue.shutdown();
+                remove_all(registered);
+                stop_owned(owned).await;
+                return Ok(());
+            }
+            Some(Err(error)) => {
+                error!(controller = %name, error = %error_chain(&error), "a source cannot sync; stopping");
+                queue.shutdown();
+                remove_all(registered);
+                stop_owned(owned).await;
+                return Err(error);
+            }
+            Some(Ok(())) => {}
+        }
+        info!(controller = %name, workers, objects = primary.store().len(), "caches synced; starting workers");
+
+        let worker = Arc::new(Worker {
+            name: name.clone(),
+            queue: queue.clone(),
+            primary,
+            deleted,
+            reconcile,
+            error_policy,
+            context,
+            reconcile_timeout,
+            stats,
+            #[cfg(feature = "prometheus")]
+            recorder: reconcile_metrics.map(|m| m.for_controller(&name, workers)),
+            cancel: cancel.clone(),
+        });
+        let mut tasks = tokio::task::JoinSet::new();
+        for id in 0..workers {
+            let worker = worker.clone();
+            tasks.spawn(async move { worker.run(id).await });
         }
 
         cancel.cancelled().await;
         debug!(controller = %name, "shutting down");
         queue.shutdown();
-        // Workers take no new key now; the syncs running get until the deadline.
-        let dropped = join_within(&mut workers, config.shutdown_timeout, |_| {}).await;
+        let dropped = join_within(&mut tasks, shutdown_timeout, |_| {}).await;
         if dropped > 0 {
-            warn!(controller = %name, timeout = ?config.shutdown_timeout, running = dropped, "syncs still running at the shutdown deadline; dropped");
+            warn!(controller = %name, timeout = ?shutdown_timeout, running = dropped, "reconciles still running at the shutdown deadline; dropped");
         }
-        registration.remove();
-        informer.stop().await;
+        remove_all(registered);
+        stop_owned(owned).await;
         info!(controller = %name, "stopped");
         Ok(())
     }
-}
-
-/// Waits for the cache to sync; a permanent error fails it unless the cache still syncs
-/// within the startup grace.
-async fn first_sync<K: Resource + Send + Sync + 'static>(
-    informer: &InformerHandle<K>,
-    config: &ControllerConfig,
-) -> Result<(), Error> {
-    let Err(error) = informer.wait_synced_or_fatal().await else {
-        return Ok(());
-    };
-    warn!(controller = %config.name, %error, grace = ?config.startup_grace, "first sync failed; retrying within the startup grace");
-    tokio::time::timeout(config.startup_grace, informer.wait_synced())
-        .await
-        .map_err(|_| error)
 }

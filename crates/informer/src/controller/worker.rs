@@ -1,7 +1,8 @@
-//! The workers: take a key, call the sync function, apply the error rule.
+//! The workers: take a key, reconcile it (panics caught, the timeout applied), apply the
+//! action or the error policy, and count what happened.
 
 use std::{
-    fmt,
+    error::Error as StdError,
     future::Future,
     panic::AssertUnwindSafe,
     sync::{
@@ -11,13 +12,21 @@ use std::{
     time::Duration,
 };
 
+use dashmap::DashMap;
 use futures::FutureExt;
-use tokio::task::{JoinError, JoinSet};
+use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, warn};
 
-use super::config::ControllerConfig;
-use crate::{error::panic_message, key::ObjectKey, workqueue::RateLimitingQueue};
+#[cfg(feature = "prometheus")]
+use super::metrics::{Outcome, Recorder};
+use super::request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest};
+use crate::{
+    error::{error_chain, panic_message},
+    informer::InformerHandle,
+    key::ObjectKey,
+    workqueue::RateLimitingQueue,
+};
 
 /// Counts of what a controller's workers did, readable while it runs.
 #[derive(Debug, Default)]
@@ -29,140 +38,209 @@ pub struct ControllerStats {
 }
 
 impl ControllerStats {
-    /// Syncs that succeeded.
+    /// Reconciles that succeeded.
     pub fn synced(&self) -> u64 {
         self.synced.load(Ordering::Relaxed)
     }
 
-    /// Syncs that failed, panics included.
+    /// Reconciles that failed, panics and timeouts included.
     pub fn failed(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
     }
 
-    /// Syncs that panicked.
+    /// Reconciles that panicked.
     pub fn panicked(&self) -> u64 {
         self.panicked.load(Ordering::Relaxed)
     }
 
-    /// Keys dropped after their last retry.
+    /// Keys the error policy gave up on.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    pub(super) fn record_synced(&self) {
+    fn record_synced(&self) {
         self.synced.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn record_failed(&self, panicked: bool) {
+    fn record_failed(&self, panicked: bool) {
         self.failed.fetch_add(1, Ordering::Relaxed);
         if panicked {
             self.panicked.fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    pub(super) fn record_dropped(&self) {
+    fn record_dropped(&self) {
         self.dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-/// The next key to work on, or `None` once the queue is shut down or `cancel` fired: no
-/// new key is taken once cancelled, even with keys still queued.
-pub(super) async fn next_key(
-    queue: &RateLimitingQueue<ObjectKey>,
-    cancel: &CancellationToken,
-) -> Option<ObjectKey> {
-    tokio::select! {
-        biased;
-        () = cancel.cancelled() => None,
-        key = queue.get() => key,
-    }
+/// What every worker of one controller shares.
+pub(super) struct Worker<K, Ctx, R, P> {
+    pub(super) name: String,
+    pub(super) queue: RateLimitingQueue<ObjectKey>,
+    pub(super) primary: InformerHandle<K>,
+    pub(super) deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
+    pub(super) reconcile: R,
+    pub(super) error_policy: P,
+    pub(super) context: Arc<Ctx>,
+    pub(super) reconcile_timeout: Option<Duration>,
+    pub(super) stats: Arc<ControllerStats>,
+    #[cfg(feature = "prometheus")]
+    pub(super) recorder: Option<Recorder>,
+    pub(super) cancel: CancellationToken,
 }
 
-/// Waits up to `timeout` for every task in `tasks` to end, handing each result to `ended`;
-/// then aborts those still running. Returns how many were aborted.
-pub(crate) async fn join_within<T: 'static>(
-    tasks: &mut JoinSet<T>,
-    timeout: Duration,
-    mut ended: impl FnMut(Result<T, JoinError>),
-) -> usize {
-    let all = async {
-        while let Some(done) = tasks.join_next().await {
-            ended(done);
-        }
-    };
-    if tokio::time::timeout(timeout, all).await.is_ok() {
-        return 0;
-    }
-    let aborted = tasks.len();
-    tasks.abort_all();
-    while tasks.join_next().await.is_some() {}
-    aborted
-}
-
-pub(super) async fn run_worker<F, Fut, E>(
-    worker: usize,
-    queue: RateLimitingQueue<ObjectKey>,
-    sync: Arc<F>,
-    config: ControllerConfig,
-    stats: Arc<ControllerStats>,
-    cancel: CancellationToken,
-) where
-    F: Fn(ObjectKey) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), E>> + Send + 'static,
-    E: fmt::Display + Send + 'static,
+impl<K, Ctx, R, P> Worker<K, Ctx, R, P>
+where
+    K: Resource + Send + Sync + 'static,
+    Ctx: Send + Sync + 'static,
 {
-    while let Some(key) = next_key(&queue, &cancel).await {
-        // The sync function may panic while building its future or while it runs.
-        let outcome = match std::panic::catch_unwind(AssertUnwindSafe(|| sync(key.clone()))) {
-            Ok(future) => AssertUnwindSafe(future).catch_unwind().await,
-            Err(panic) => Err(panic),
+    /// Takes keys until the queue shuts down or the controller is cancelled: no new key is
+    /// taken once cancelled, even with keys still queued.
+    pub(super) async fn run<E, Fut>(&self, id: usize)
+    where
+        E: StdError + Send + Sync + 'static,
+        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
+    {
+        loop {
+            let key = tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => None,
+                key = self.queue.get() => key,
+            };
+            let Some(key) = key else { break };
+            self.reconcile_one(&key).await;
+            self.queue.done(&key);
+        }
+        debug!(controller = %self.name, worker = id, "worker stopped");
+    }
+
+    async fn reconcile_one<E, Fut>(&self, key: &ObjectKey)
+    where
+        E: StdError + Send + Sync + 'static,
+        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
+    {
+        let request = match self.primary.store().get_by_key(key) {
+            Some(obj) => ReconcileRequest::Present(obj),
+            None => ReconcileRequest::Deleted {
+                key: key.clone(),
+                last_known: self.deleted.get(key).map(|e| e.value().clone()),
+            },
+        };
+        let token = self.cancel.child_token();
+        #[cfg(feature = "prometheus")]
+        let started = {
+            if let Some(recorder) = &self.recorder {
+                recorder.started();
+            }
+            tokio::time::Instant::now()
+        };
+        let outcome = self.call(request, token.clone()).await;
+        // Whatever it did, its work is over; anything it spawned under the token stops.
+        token.cancel();
+        #[cfg(feature = "prometheus")]
+        if let Some(recorder) = &self.recorder {
+            let result = match &outcome {
+                Ok(action) if action.requeue_after.is_some() => Outcome::RequeueAfter,
+                Ok(_) => Outcome::Success,
+                Err(error) => {
+                    if matches!(error, ReconcileError::Panicked(_)) {
+                        recorder.panicked();
+                    }
+                    Outcome::Error
+                }
+            };
+            recorder.finished(result, started.elapsed());
+        }
+        match outcome {
+            Ok(action) => {
+                self.stats.record_synced();
+                self.queue.forget(key);
+                // A deletion reconciled (or an object that exists again) needs no last state.
+                self.deleted.remove(key);
+                if let Some(delay) = action.requeue_after {
+                    debug!(controller = %self.name, %key, ?delay, "requeued after");
+                    self.queue.add_after(key.clone(), delay);
+                }
+            }
+            Err(error) => self.failed(key, &error),
+        }
+    }
+
+    fn failed<E>(&self, key: &ObjectKey, error: &ReconcileError<E>)
+    where
+        E: StdError + Send + Sync + 'static,
+        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
+    {
+        self.stats
+            .record_failed(matches!(error, ReconcileError::Panicked(_)));
+        let failure = Failure {
+            key,
+            error,
+            retries: self.queue.num_requeues(key),
+        };
+        let action = (self.error_policy)(&failure, &self.context);
+        let message = error_chain(error);
+        match action {
+            ErrorAction::Backoff => {
+                warn!(controller = %self.name, %key, error = %message, retry = failure.retries + 1, "reconcile failed; requeued with backoff");
+                self.queue.add_rate_limited(key.clone());
+            }
+            ErrorAction::RequeueAfter(delay) => {
+                warn!(controller = %self.name, %key, error = %message, ?delay, "reconcile failed; requeued after");
+                self.queue.forget(key);
+                self.queue.add_after(key.clone(), delay);
+            }
+            ErrorAction::GiveUp => {
+                error!(controller = %self.name, %key, error = %message, retries = failure.retries, "reconcile failed; giving up on this key until it changes");
+                self.stats.record_dropped();
+                #[cfg(feature = "prometheus")]
+                if let Some(recorder) = &self.recorder {
+                    recorder.gave_up();
+                }
+                self.queue.forget(key);
+            }
+        }
+    }
+
+    /// The reconcile, with its panic caught and its timeout applied.
+    async fn call<E, Fut>(
+        &self,
+        request: ReconcileRequest<K>,
+        token: CancellationToken,
+    ) -> Result<Action, ReconcileError<E>>
+    where
+        E: StdError + Send + Sync + 'static,
+        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+    {
+        let context = self.context.clone();
+        // The reconcile may panic while building its future or while it runs.
+        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| {
+            (self.reconcile)(request, context, token.clone())
+        })) {
+            Ok(future) => future,
+            Err(panic) => return Err(ReconcileError::Panicked(panic_message(&*panic).to_owned())),
+        };
+        let guarded = AssertUnwindSafe(future).catch_unwind();
+        let outcome = match self.reconcile_timeout {
+            Some(limit) => match tokio::time::timeout(limit, guarded).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    token.cancel();
+                    return Err(ReconcileError::TimedOut(limit));
+                }
+            },
+            None => guarded.await,
         };
         match outcome {
-            Ok(Ok(())) => {
-                stats.synced.fetch_add(1, Ordering::Relaxed);
-                queue.forget(&key);
-            }
-            Ok(Err(err)) => handle_failure(&queue, &config, &stats, &key, err.to_string()),
-            Err(panic) => {
-                stats.panicked.fetch_add(1, Ordering::Relaxed);
-                let message = format!("sync panicked: {}", panic_message(&*panic));
-                handle_failure(&queue, &config, &stats, &key, message);
-            }
-        }
-        queue.done(&key);
-    }
-    debug!(controller = %config.name, worker, "worker stopped");
-}
-
-/// The error rule: requeue with the rate limit while retries remain, else
-/// forget the key and report the drop.
-fn handle_failure(
-    queue: &RateLimitingQueue<ObjectKey>,
-    config: &ControllerConfig,
-    stats: &ControllerStats,
-    key: &ObjectKey,
-    error: String,
-) {
-    stats.failed.fetch_add(1, Ordering::Relaxed);
-    let requeues = queue.num_requeues(key);
-    match config.max_requeues {
-        Some(max) if requeues >= max => {
-            queue.forget(key);
-            stats.dropped.fetch_add(1, Ordering::Relaxed);
-            error!(
-                controller = %config.name,
-                %key,
-                %error,
-                retries = requeues,
-                "dropping key out of the queue after {max} retries"
-            );
-            if let Some(hook) = &config.on_dropped {
-                hook(key, &error);
-            }
-        }
-        _ => {
-            warn!(controller = %config.name, %key, %error, retry = requeues + 1, "sync failed; requeued with backoff");
-            queue.add_rate_limited(key.clone());
+            Ok(Ok(action)) => Ok(action),
+            Ok(Err(error)) => Err(ReconcileError::Failed(error)),
+            Err(panic) => Err(ReconcileError::Panicked(panic_message(&*panic).to_owned())),
         }
     }
 }

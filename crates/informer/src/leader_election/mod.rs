@@ -62,6 +62,33 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+/// The namespace a replica's Lease goes in by default: `$POD_NAMESPACE` (set it from the
+/// downward API), else the namespace of the Pod's service account, else `default` (a
+/// replica run outside a cluster).
+pub fn default_namespace() -> String {
+    const SERVICE_ACCOUNT_NAMESPACE: &str =
+        "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+    non_empty(std::env::var("POD_NAMESPACE").ok())
+        .or_else(|| non_empty(std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok()))
+        .unwrap_or_else(|| "default".to_owned())
+}
+
+/// A replica's identity by default: its Pod's name (`$POD_NAME`, else the host name, which
+/// is the Pod's name in a Pod), then `_` and a random suffix, so two processes on one host
+/// (or a restarted one whose old Lease is still held) never share an identity.
+pub fn default_identity() -> String {
+    let host = non_empty(std::env::var("POD_NAME").ok())
+        .or_else(|| non_empty(std::env::var("HOSTNAME").ok()))
+        .or_else(|| non_empty(std::fs::read_to_string("/etc/hostname").ok()))
+        .unwrap_or_else(|| "replica".to_owned());
+    let suffix: u64 = rand::rng().random();
+    format!("{host}_{suffix:016x}")
+}
+
+fn non_empty(text: Option<String>) -> Option<String> {
+    text.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty())
+}
+
 /// Timing and identity of a [`LeaderElector`].
 #[derive(Debug, Clone)]
 pub struct LeaderElectionConfig {
@@ -97,6 +124,13 @@ impl LeaderElectionConfig {
             retry_period: Duration::from_secs(2),
             release_on_cancel: true,
         }
+    }
+
+    /// client-go's defaults for the Lease `name`, in the namespace and under the identity
+    /// a replica running in a Pod is expected to use ([`default_namespace`],
+    /// [`default_identity`]), as controller-runtime's manager picks them.
+    pub fn with_defaults(name: impl Into<String>) -> Self {
+        Self::new(default_namespace(), name, default_identity())
     }
 
     /// Sets the three durations at once.

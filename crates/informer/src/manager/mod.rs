@@ -16,9 +16,13 @@ use tracing::{error, info, warn};
 
 #[cfg(feature = "leader-election")]
 use crate::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
+use kube_core::Resource;
+
 use crate::{
-    controller::{ControllerMetrics, error_chain, join_within},
-    informer::InformerFactory,
+    controller::{Action, Controller, ControllerMetrics, ErrorAction, Failure, ReconcileRequest},
+    error::error_chain,
+    informer::{FactoryObject, FactoryScope, InformerFactory, Scope},
+    task::join_within,
     workqueue::PrometheusMetrics,
 };
 
@@ -78,6 +82,8 @@ type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 ///   (`informer_objects`, `informer_synced`, `informer_last_sync_resource_version`,
 ///   `informer_lists_total`, `informer_watch_restarts_total`), and whatever is added to the [`registry`](Self::registry). Both bind to
 ///   loopback unless told otherwise, and read request headers within 10 s.
+/// - **Controllers** ([`controller`](Self::controller), [`add_controller`](Self::add_controller))
+///   report to the registry's metrics and run as tasks.
 /// - **Tasks** ([`add`](Self::add)) start after the factory's informers, each with a
 ///   child of the manager's token; one that fails stops the others, and
 ///   [`run`](BoundManager::run) returns its error, logged with its whole source chain.
@@ -87,30 +93,20 @@ type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{
-///     Action, ControllerBuilder, Manager, ReconcileRequest, Scope, cancel_on_signals,
-///     retry_with_backoff,
-/// };
+/// use k8s_openapi::api::{apps::v1::{Deployment, ReplicaSet}};
+/// use kube_informer::{Action, Manager, ReconcileRequest, Scope, cancel_on_signals, retry_with_backoff};
 ///
 /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut manager = Manager::new(client);
-/// let informer = manager.factory().informer::<ConfigMap>(Scope::namespace("web"));
-/// let controller = ControllerBuilder::new("config-maps", informer)
-///     .metrics(manager.workqueue_metrics())
-///     .reconcile_metrics(manager.controller_metrics());
-/// manager.add("config-maps", move |cancel| {
-///     controller.run(
-///         |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| async {
-///             Ok::<_, kube_client::Error>(Action::done())
-///         },
-///         retry_with_backoff(),
-///         Arc::new(()),
-///         cancel,
-///     )
-/// });
-/// let cancel = cancel_on_signals();
-/// manager.bind().await?.run(cancel).await?;
+/// let scope = Scope::namespace("web");
+/// let deployments = manager
+///     .controller::<Deployment>("deployments", scope.clone())
+///     .owns(manager.factory().informer::<ReplicaSet>(scope));
+/// let reconcile = |_: ReconcileRequest<Deployment>, _: Arc<()>, _| async {
+///     Ok::<_, kube_client::Error>(Action::done())
+/// };
+/// manager.add_controller(deployments, reconcile, retry_with_backoff(), Arc::new(()));
+/// manager.bind().await?.run(cancel_on_signals()).await?;
 /// # Ok(()) }
 /// ```
 pub struct Manager {
@@ -185,16 +181,61 @@ impl Manager {
         &mut self.registry
     }
 
-    /// The workqueue metrics, for [`ControllerBuilder::metrics`](crate::ControllerBuilder::metrics)
-    /// and queues of your own.
+    /// The workqueue metrics, for queues of your own (the manager's controllers report to
+    /// it already).
     pub fn workqueue_metrics(&self) -> PrometheusMetrics {
         self.workqueue_metrics.clone()
     }
 
-    /// The reconcile metrics, for
-    /// [`ControllerBuilder::reconcile_metrics`](crate::ControllerBuilder::reconcile_metrics).
+    /// The reconcile metrics (the manager's controllers record in it already).
     pub fn controller_metrics(&self) -> ControllerMetrics {
         self.controller_metrics.clone()
+    }
+
+    /// A controller of the factory's informer of `K` in `scope`, reporting its queue and
+    /// reconcile metrics to the manager's registry; give it to
+    /// [`add_controller`](Self::add_controller) once its sources are added.
+    pub fn controller<K>(&self, name: impl Into<String>, scope: Scope) -> Controller<K>
+    where
+        K: FactoryObject,
+        K::Scope: FactoryScope,
+    {
+        Controller::new(name, self.factory.informer::<K>(scope))
+            .metrics(self.workqueue_metrics())
+            .reconcile_metrics(self.controller_metrics())
+    }
+
+    /// Runs `controller` as one of the manager's tasks, named after it: started once the
+    /// informers are, only while leading when leader election is on, cancelled with the
+    /// manager and given its shutdown timeout; a controller that fails (a source that
+    /// cannot sync) stops the manager with its error. A controller built without metrics
+    /// reports to the manager's registry.
+    pub fn add_controller<K, Ctx, E, R, Fut, P>(
+        &mut self,
+        controller: Controller<K>,
+        reconcile: R,
+        error_policy: P,
+        context: Arc<Ctx>,
+    ) where
+        K: Resource<DynamicType = ()> + Send + Sync + 'static,
+        K::Scope: FactoryScope,
+        Ctx: Send + Sync + 'static,
+        E: StdError + Send + Sync + 'static,
+        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
+    {
+        let mut controller = controller;
+        if !controller.has_metrics() {
+            controller = controller.metrics(self.workqueue_metrics());
+        }
+        if !controller.has_reconcile_metrics() {
+            controller = controller.reconcile_metrics(self.controller_metrics());
+        }
+        let name = controller.name().to_owned();
+        self.add(name, move |cancel| {
+            controller.run(reconcile, error_policy, context, cancel)
+        });
     }
 
     /// Where `/healthz` and `/readyz` are served; `None` serves none.

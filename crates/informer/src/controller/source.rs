@@ -1,0 +1,208 @@
+//! Where a controller's keys come from: handlers on informers (the primary's own, owned
+//! children, watched objects) and streams of keys, all feeding one queue.
+
+use std::{collections::HashSet, sync::Arc, time::Duration};
+
+use dashmap::DashMap;
+use futures::{Stream, StreamExt, future::BoxFuture};
+use kube_core::Resource;
+use tracing::warn;
+
+use super::predicate::Predicate;
+use crate::{
+    error::Error,
+    informer::{DeletedObject, HandlerRegistration, HasSynced, InformerHandle, handler_fn},
+    key::ObjectKey,
+    workqueue::{Priority, RateLimitingQueue},
+};
+
+/// Maps a watched object to the primaries to reconcile.
+pub(super) type Mapper<O> = Arc<dyn Fn(&O) -> Vec<ObjectKey> + Send + Sync>;
+
+/// One source of keys: registers itself when the controller runs.
+pub(super) type Source = Box<dyn FnOnce(Enqueue, Duration) -> Result<Registered, Error> + Send>;
+
+/// A registered source: what to remove when the controller stops, and the wait for its
+/// sync.
+pub(super) struct Registered {
+    pub(super) registration: Registration,
+    pub(super) synced: BoxFuture<'static, Result<(), Error>>,
+}
+
+/// What a source left running.
+pub(super) enum Registration {
+    /// A handler on an informer.
+    Handler(HandlerRegistration),
+    /// A task forwarding a stream of keys.
+    Forwarder(tokio::task::AbortHandle),
+}
+
+impl Registration {
+    fn remove(self) {
+        match self {
+            Registration::Handler(registration) => registration.remove(),
+            Registration::Forwarder(task) => task.abort(),
+        }
+    }
+}
+
+pub(super) fn remove_all(registered: Vec<Registration>) {
+    for registration in registered {
+        registration.remove();
+    }
+}
+
+/// Where sources put keys.
+#[derive(Clone)]
+pub(super) struct Enqueue {
+    pub(super) queue: RateLimitingQueue<ObjectKey>,
+}
+
+impl Enqueue {
+    fn keys(&self, keys: impl IntoIterator<Item = ObjectKey>, priority: Priority) {
+        for key in keys {
+            self.queue.add_with_priority(key, priority);
+        }
+    }
+}
+
+/// Replays (the initial list, a handler's first objects, a resync) go behind live changes
+/// (controller-runtime's priority queue).
+fn add_priority(initial: bool) -> Priority {
+    if initial {
+        Priority::Low
+    } else {
+        Priority::Normal
+    }
+}
+
+/// A resync's update carries the same object twice: a replay, not a change.
+fn update_priority<K: Resource>(old: &K, new: &K) -> Priority {
+    let (old, new) = (&old.meta().resource_version, &new.meta().resource_version);
+    if old.is_some() && old == new {
+        Priority::Low
+    } else {
+        Priority::Normal
+    }
+}
+
+/// A key for `obj`, or a log line saying why there is none.
+pub(super) fn key_of<K: Resource>(obj: &K) -> Option<ObjectKey> {
+    match ObjectKey::from_object(obj) {
+        Ok(key) => Some(key),
+        Err(error) => {
+            warn!(%error, "object without a key; ignored");
+            None
+        }
+    }
+}
+
+/// The wait for a source: its informer synced, then its handler. A first sync that fails
+/// in a way retrying cannot fix (403, 401, 404) fails the wait unless the informer still
+/// syncs within `grace`: permissions or CRDs applied moments before the controller starts
+/// need a moment to be honoured.
+fn registration_synced<O: Resource + Send + Sync + 'static>(
+    informer: InformerHandle<O>,
+    registration: &HandlerRegistration,
+    grace: Duration,
+) -> BoxFuture<'static, Result<(), Error>> {
+    let mut handler_synced = registration.synced_receiver();
+    Box::pin(async move {
+        if let Err(error) = informer.wait_synced_or_fatal().await {
+            warn!(%error, ?grace, "first sync failed; retrying within the startup grace");
+            tokio::time::timeout(grace, informer.wait_synced())
+                .await
+                .map_err(|_| error)?;
+        }
+        // The sender goes with the handler: a removed handler never syncs.
+        if handler_synced.wait_for(|s| *s).await.is_err() {
+            return Err(Error::InformerStopped);
+        }
+        Ok(())
+    })
+}
+
+/// The primary's own source: every add and delete, updates that pass `predicate`; the last
+/// state of a deleted primary is kept for its reconcile.
+pub(super) fn primary<K>(
+    primary: InformerHandle<K>,
+    predicate: Predicate<K>,
+    deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
+) -> Source
+where
+    K: Resource + Send + Sync + 'static,
+{
+    Box::new(move |enqueue: Enqueue, grace| {
+        let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
+        let handler = handler_fn::<K>()
+            .on_add(move |obj, initial| on_add.keys(key_of(&**obj), add_priority(initial)))
+            .on_update(move |old, new| {
+                if predicate.accepts(old, new) {
+                    on_update.keys(key_of(&**new), update_priority(&**old, &**new));
+                }
+            })
+            .on_delete(move |gone: &DeletedObject<K>| {
+                let last = gone.object();
+                if let Some(key) = key_of(&**last) {
+                    deleted.insert(key.clone(), last.clone());
+                    on_delete.keys([key], Priority::Normal);
+                }
+            });
+        let registration = primary.add_handler(handler)?;
+        let synced = registration_synced(primary, &registration, grace);
+        Ok(Registered {
+            registration: Registration::Handler(registration),
+            synced,
+        })
+    })
+}
+
+/// Another informer's objects, mapped to primaries by `map`: for an update, the primaries
+/// of the old state and of the new.
+pub(super) fn mapped<O>(
+    informer: InformerHandle<O>,
+    map: Mapper<O>,
+    predicate: Predicate<O>,
+) -> Source
+where
+    O: Resource + Send + Sync + 'static,
+{
+    Box::new(move |enqueue: Enqueue, grace| {
+        let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
+        let (map_add, map_update, map_delete) = (map.clone(), map.clone(), map);
+        let handler = handler_fn::<O>()
+            .on_add(move |obj, initial| on_add.keys(map_add(obj), add_priority(initial)))
+            .on_update(move |old, new| {
+                if predicate.accepts(old, new) {
+                    let keys: HashSet<ObjectKey> =
+                        map_update(old).into_iter().chain(map_update(new)).collect();
+                    on_update.keys(keys, update_priority(&**old, &**new));
+                }
+            })
+            .on_delete(move |deleted| {
+                on_delete.keys(map_delete(deleted.object()), Priority::Normal)
+            });
+        let registration = informer.add_handler(handler)?;
+        let synced = registration_synced(informer, &registration, grace);
+        Ok(Registered {
+            registration: Registration::Handler(registration),
+            synced,
+        })
+    })
+}
+
+/// Every key `keys` yields, at normal priority, from the start of the run.
+pub(super) fn stream(keys: impl Stream<Item = ObjectKey> + Send + 'static) -> Source {
+    Box::new(move |enqueue: Enqueue, _grace| {
+        let forwarder = tokio::spawn(async move {
+            let mut keys = std::pin::pin!(keys);
+            while let Some(key) = keys.next().await {
+                enqueue.keys([key], Priority::Normal);
+            }
+        });
+        Ok(Registered {
+            registration: Registration::Forwarder(forwarder.abort_handle()),
+            synced: Box::pin(async { Ok(()) }),
+        })
+    })
+}
