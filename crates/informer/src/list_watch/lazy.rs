@@ -14,15 +14,11 @@ use serde::{
 use serde_json::value::RawValue;
 
 use super::{
+    LAZY_OBJECT_TOKEN,
     protobuf::{deserializer::from_message, schema::Resource as ProtobufResource},
     raw::{RawFormat, RawObject},
 };
 use crate::{error::Error, key::ObjectKey};
-
-/// The newtype name under which a [`LazyObject`] asks a deserializer for the object's own
-/// bytes. The protobuf deserializer answers with the message's bytes; any other
-/// deserializer wraps the object itself, which serde_json then hands over as its text.
-pub(crate) const LAZY_OBJECT_TOKEN: &str = "$kube_informer::LazyObject";
 
 /// An object of kind `K` whose metadata is decoded when it arrives and whose body (spec,
 /// status, `managedFields`) only when [`decode`](Self::decode) asks for it.

@@ -28,6 +28,11 @@ pub(crate) use raw::RawFormat;
 pub use raw::RawObject;
 pub use wire_format::WireFormat;
 
+/// The newtype name under which a [`LazyObject`] asks a deserializer for the object's own
+/// bytes. The protobuf deserializer answers with the message's bytes; any other
+/// deserializer wraps the object itself, which serde_json then hands over as its text.
+pub(crate) const LAZY_OBJECT_TOKEN: &str = "$kube_informer::LazyObject";
+
 /// Options of one list call (one page).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ListOptions {

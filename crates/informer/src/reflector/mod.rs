@@ -30,7 +30,7 @@ use crate::{
 };
 
 pub use backoff::{Backoff, BackoffConfig};
-use state::{Next, Phase, State};
+use state::{Next, Phase, State, WatchEnd};
 use watch::StreamingList;
 
 /// Where a [`Reflector`] writes (client-go's reflector store: `Add`/`Update`, `Delete`,
@@ -482,24 +482,23 @@ where
     }
 
     /// Logs and reports how a watch ended, when that is news.
-    fn report_watch_end(&self, end: &watch::WatchEnd) {
+    fn report_watch_end(&self, end: &WatchEnd) {
         match end {
-            watch::WatchEnd::Failed {
+            WatchEnd::Failed {
                 error: error @ Error::StreamingListUnsupported { .. },
                 ..
             } => {
                 self.report(error);
                 warn!("falling back to paged lists");
             }
-            watch::WatchEnd::Failed { error, .. } | watch::WatchEnd::Refused { error } => {
+            WatchEnd::Failed { error, .. } | WatchEnd::Refused { error } => {
                 self.report(error);
             }
-            watch::WatchEnd::Closed { events: 0, elapsed } if *elapsed < Duration::from_secs(1) => {
+            WatchEnd::Closed { events: 0, elapsed } if *elapsed < Duration::from_secs(1) => {
                 warn!("watch closed at once without events");
             }
-            watch::WatchEnd::RelistRequested => info!("relisting from a consistent read, as asked"),
-            watch::WatchEnd::Cancelled | watch::WatchEnd::Closed { .. } | watch::WatchEnd::Idle => {
-            }
+            WatchEnd::RelistRequested => info!("relisting from a consistent read, as asked"),
+            WatchEnd::Cancelled | WatchEnd::Closed { .. } | WatchEnd::Idle => {}
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::{ListMode, watch::WatchEnd};
+use super::ListMode;
 use crate::error::{Error, StreamingRefusal};
 
 /// Which resourceVersion the next full list asks for.
@@ -37,6 +37,36 @@ pub(super) enum InitialEvents {
     Incomplete,
     /// The end bookmark arrived; the watch went on following changes.
     Complete,
+}
+
+/// How a watch ended.
+#[derive(Debug)]
+pub(super) enum WatchEnd {
+    /// The reflector was cancelled.
+    Cancelled,
+    /// The server ended the watch normally (its timeout).
+    Closed {
+        /// Events received.
+        events: usize,
+        /// How long the watch lasted.
+        elapsed: Duration,
+    },
+    /// Nothing arrived for the idle timeout; presumed dead.
+    Idle,
+    /// A relist from a consistent read was asked for.
+    RelistRequested,
+    /// The watch call itself failed: no stream was opened.
+    Refused {
+        /// Why.
+        error: Error,
+    },
+    /// The watch failed.
+    Failed {
+        /// Why.
+        error: Error,
+        /// Events received before.
+        events: usize,
+    },
 }
 
 /// What a watch step did.

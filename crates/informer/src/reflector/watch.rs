@@ -12,7 +12,7 @@ use tracing::{debug, info};
 
 use super::{
     Reflector, ReflectorStore,
-    state::{InitialEvents, WatchReport},
+    state::{InitialEvents, WatchEnd, WatchReport},
 };
 use crate::{
     error::{Error, StreamingRefusal, Verb},
@@ -32,36 +32,6 @@ pub(super) enum StreamingList {
 struct InitialPhase {
     listed: usize,
     started: Instant,
-}
-
-/// How a watch ended.
-#[derive(Debug)]
-pub(super) enum WatchEnd {
-    /// The reflector was cancelled.
-    Cancelled,
-    /// The server ended the watch normally (its timeout).
-    Closed {
-        /// Events received.
-        events: usize,
-        /// How long the watch lasted.
-        elapsed: Duration,
-    },
-    /// Nothing arrived for the idle timeout; presumed dead.
-    Idle,
-    /// A relist from a consistent read was asked for.
-    RelistRequested,
-    /// The watch call itself failed: no stream was opened.
-    Refused {
-        /// Why.
-        error: Error,
-    },
-    /// The watch failed.
-    Failed {
-        /// Why.
-        error: Error,
-        /// Events received before.
-        events: usize,
-    },
 }
 
 impl<K, L, S> Reflector<K, L, S>

@@ -15,12 +15,12 @@ use serde::de::{
 };
 
 use super::{
-    super::lazy::LAZY_OBJECT_TOKEN,
     error::ProtobufError,
     schema::{Cardinality, Field, Message, Shape, Value},
     well_known,
     wire::{Raw, Reader, WireType, utf8},
 };
+use crate::list_watch::LAZY_OBJECT_TOKEN;
 
 /// `apiVersion` and `kind` from the envelope, emitted first as JSON watch events carry them.
 #[derive(Debug, Clone, Copy)]

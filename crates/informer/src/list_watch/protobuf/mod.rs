@@ -16,6 +16,7 @@ pub(super) mod deserializer;
 pub(super) mod envelope;
 pub(super) mod error;
 pub(super) mod list_decoder;
+mod lookup;
 pub(super) mod schema;
 #[rustfmt::skip]
 #[allow(clippy::all)]
