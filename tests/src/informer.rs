@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use kube_client::core::Resource;
 use kube_informer::{
-    DeletedObject, Error, HandlerRegistration, InformerHandle, RunningInformer, SharedInformer,
-    Verb, handler_fn,
+    DeletedObject, Delivery, Error, HandlerRegistration, InformerHandle, RunningInformer,
+    SharedInformer, Verb, handler_fn,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -88,10 +88,10 @@ pub fn recorder<K: Resource + Send + Sync + 'static>(
     let (t1, t2, t3) = (tx.clone(), tx.clone(), tx);
     let registration = informer.add_handler(
         handler_fn::<K>()
-            .on_add(move |o, initial| {
-                let _ = t1.send(Ev::Add(o.clone(), initial));
+            .on_add(move |o, delivery| {
+                let _ = t1.send(Ev::Add(o.clone(), delivery == Delivery::InitialList));
             })
-            .on_update(move |old, new| {
+            .on_update(move |old, new, _| {
                 let _ = t2.send(Ev::Update(old.clone(), new.clone()));
             })
             .on_delete(move |d| {

@@ -222,7 +222,7 @@ where
             .on_add(move |_pod: &Arc<K>, _initial| {
                 adds.fetch_add(1, Ordering::Relaxed);
             })
-            .on_update(move |_old, new: &Arc<K>| {
+            .on_update(move |_old, new: &Arc<K>, _delivery| {
                 let labels = new.meta().labels.as_ref();
                 recorder.saw(labels);
                 if marker.is_some() && labels.and_then(|l| l.get(RELIST_LABEL)) == marker.as_ref() {

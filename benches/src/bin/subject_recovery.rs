@@ -13,7 +13,7 @@ use benches::{
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_client::Api;
-use kube_informer::{SharedInformer, handler_fn};
+use kube_informer::{Delivery, SharedInformer, handler_fn};
 use tokio_util::sync::CancellationToken;
 
 fn event(kind: &str, object: &ConfigMap, old: Option<&ConfigMap>, tombstone: bool) -> EventLine {
@@ -46,12 +46,12 @@ async fn main() -> anyhow::Result<()> {
         .build();
     informer.add_handler(
         handler_fn()
-            .on_add(|object: &Arc<ConfigMap>, initial| {
-                if !initial {
+            .on_add(|object: &Arc<ConfigMap>, delivery| {
+                if delivery != Delivery::InitialList {
                     print(&RecoveryLine::Event(event("add", object, None, false)));
                 }
             })
-            .on_update(|old, new| {
+            .on_update(|old, new, _| {
                 print(&RecoveryLine::Event(event("update", new, Some(old), false)));
             })
             .on_delete(|deleted| {

@@ -53,10 +53,11 @@ pub use controller::{
 };
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{
-    DeletedFinalStateUnknown, DeletedObject, DivergenceCheck, DivergenceStats, Drift, EventHandler,
-    FactoryObject, FactoryScope, HandlerFn, HandlerRegistration, HasSynced, InformerBuilder,
-    InformerFactory, InformerHandle, InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject,
-    Repair, RunningInformer, Scope, SharedInformer, handler_fn, key_handler, wait_for_cache_sync,
+    DeletedFinalStateUnknown, DeletedObject, Delivery, DivergenceCheck, DivergenceStats, Drift,
+    EventHandler, FactoryObject, FactoryScope, HandlerFn, HandlerRegistration, HasSynced,
+    InformerBuilder, InformerFactory, InformerHandle, InformerStatus, KeyHandler,
+    MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, Scope, SharedInformer, handler_fn,
+    key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use kube_client::api::VersionMatch;

@@ -2,35 +2,27 @@
 //! `sync(key)` function, five retries), on an in-memory ListWatch under paused time:
 //! retries are counted and their spacing measured.
 
+mod support;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
     Controller, Error, ErrorAction, Failure, ObjectKey, SharedInformer, Verb, retry_up_to,
-    sync_by_key, testing::FakeListWatch,
+    sync_by_key,
 };
+use support::*;
 use tokio::{sync::mpsc, time::Instant};
 use tokio_util::sync::CancellationToken;
-
-type Fake = FakeListWatch<ConfigMap>;
-
-fn fake_with(names: &[&str]) -> Fake {
-    let fake = Fake::new("configmaps");
-    for name in names {
-        fake.add(Fake::object(Some("default"), name));
-    }
-    fake
-}
 
 #[tokio::test(start_paused = true)]
 async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() {
     let (dropped_tx, mut dropped) = mpsc::unbounded_channel();
     let controller = Controller::owning(
         "failing",
-        SharedInformer::builder(fake_with(&["broken"]))
+        SharedInformer::builder(fake_with("default", &["broken"]))
             .paged_list()
             .build(),
     );
@@ -78,7 +70,7 @@ async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() 
 async fn a_panicking_sync_does_not_kill_its_worker() {
     let controller = Controller::owning(
         "panicky",
-        SharedInformer::builder(fake_with(&["panics", "fine-1", "fine-2"]))
+        SharedInformer::builder(fake_with("default", &["panics", "fine-1", "fine-2"]))
             .paged_list()
             .build(),
     )
@@ -132,7 +124,7 @@ fn forbidden() -> Error {
 
 #[tokio::test(start_paused = true)]
 async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
-    let fake = fake_with(&["a"]);
+    let fake = fake_with("default", &["a"]);
     // More refusals than retries fit into the grace period.
     for _ in 0..20 {
         fake.fail_next_list(forbidden());
@@ -173,7 +165,7 @@ async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
 
 #[tokio::test(start_paused = true)]
 async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
-    let fake = fake_with(&["a"]);
+    let fake = fake_with("default", &["a"]);
     fake.fail_next_list(forbidden());
     let controller = Controller::owning(
         "late-rbac",
@@ -198,7 +190,7 @@ async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
 
 #[tokio::test(start_paused = true)]
 async fn updates_and_deletes_become_keys_and_success_forgets() {
-    let fake = fake_with(&["one"]);
+    let fake = fake_with("default", &["one"]);
     let controller = Controller::owning(
         "keys",
         SharedInformer::builder(fake.clone()).paged_list().build(),

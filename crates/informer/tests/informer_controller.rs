@@ -1,30 +1,24 @@
 //! The controller wiring, through the public API only: an informer feeds object keys to a
 //! queue, and a worker reads each object back from the store by key (absent = deleted).
 
+mod support;
+
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    Lister, ObjectKey, Selector, SharedInformer, key_handler, label_index, testing::FakeListWatch,
-    wait_for_cache_sync,
+    Lister, ObjectKey, Selector, SharedInformer, key_handler, label_index, wait_for_cache_sync,
 };
+use support::*;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-type Fake = FakeListWatch<ConfigMap>;
-
-fn labelled(name: &str, app: &str) -> ConfigMap {
-    let mut cm = Fake::object(Some("default"), name);
-    cm.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
-    cm
-}
 
 #[tokio::test(start_paused = true)]
 async fn keys_to_queue_and_back_from_the_store() {
     let fake = Fake::new("configmaps");
-    fake.add(labelled("web-1", "web"));
-    fake.add(labelled("web-2", "web"));
-    fake.add(labelled("db-1", "db"));
+    fake.add(labelled_in("default", "web-1", "web"));
+    fake.add(labelled_in("default", "web-2", "web"));
+    fake.add(labelled_in("default", "db-1", "db"));
 
     let informer = SharedInformer::builder(fake.clone())
         .index_fn("app", label_index("app"))

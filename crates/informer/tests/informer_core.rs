@@ -3,6 +3,8 @@
 //! never work, a healed start-up error, resync bounds, servers that ignore streaming lists.
 //! All on the in-memory `FakeListWatch`, under paused time.
 
+mod support;
+
 use std::{
     sync::{
         Arc, Mutex,
@@ -13,36 +15,12 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    CancellationToken, DivergenceCheck, Error, ListOptions, ListPage, ListStream, ListWatch,
-    Repair, SharedInformer, Verb, WatchOptions, WatchStream, handler_fn,
-    testing::{FakeListWatch, decode_error, status},
+    CancellationToken, Delivery, DivergenceCheck, Error, ListOptions, ListPage, ListStream,
+    ListWatch, Repair, SharedInformer, Verb, WatchOptions, WatchStream, handler_fn,
+    testing::{decode_error, status},
 };
+use support::*;
 use tokio::{sync::Semaphore, time::Instant};
-
-type Fake = FakeListWatch<ConfigMap>;
-
-/// Far longer than anything here takes in paused time; reaching it means a frozen cache.
-const PATIENCE: Duration = Duration::from_secs(3600);
-
-fn cm(name: &str) -> ConfigMap {
-    Fake::object(Some("ns"), name)
-}
-
-async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(PATIENCE, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"))
-}
-
-/// Waits until `condition` holds, checking after each tick of paused time.
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    within(what, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-}
 
 /// A fake whose later list pages wait for a permit: the first page is stored, and the
 /// rest of the list is held back until the test releases it.
@@ -112,9 +90,9 @@ async fn a_handler_added_while_the_first_list_arrives_gets_every_object() {
     let initial = Arc::new(AtomicUsize::new(0));
     let (s, i) = (seen.clone(), initial.clone());
     let late = informer
-        .add_handler(handler_fn().on_add(move |_: &Arc<ConfigMap>, is_initial| {
+        .add_handler(handler_fn().on_add(move |_: &Arc<ConfigMap>, delivery| {
             s.fetch_add(1, Ordering::SeqCst);
-            if is_initial {
+            if delivery == Delivery::InitialList {
                 i.fetch_add(1, Ordering::SeqCst);
             }
         }))
@@ -260,7 +238,7 @@ async fn resync_periods_below_a_second_are_raised_to_one() {
         .resync_period(Duration::from_millis(10))
         .build();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let registration = informer.add_handler(handler_fn().on_update(move |_, _| {
+    let registration = informer.add_handler(handler_fn().on_update(move |_, _, _| {
         let _ = tx.send(Instant::now());
     }));
     let started = Instant::now();
@@ -456,7 +434,7 @@ async fn each_handler_resyncs_at_its_own_period() {
     let informer = SharedInformer::builder(fake.clone()).build();
     let resyncs = |informer: &SharedInformer<ConfigMap>, period: Option<Duration>| {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let handler = handler_fn().on_update(move |_, _| {
+        let handler = handler_fn().on_update(move |_, _, _| {
             let _ = tx.send(Instant::now());
         });
         match period {
@@ -524,12 +502,12 @@ async fn a_relist_is_applied_atomically_and_its_events_follow_in_a_documented_or
     let (on_add, on_update, on_delete) = (record("add"), record("update"), record("delete"));
     informer.add_handler(
         handler_fn()
-            .on_add(move |o: &Arc<ConfigMap>, initial| {
-                if !initial {
+            .on_add(move |o: &Arc<ConfigMap>, delivery| {
+                if delivery == Delivery::Live {
                     on_add(o)
                 }
             })
-            .on_update(move |_, new: &Arc<ConfigMap>| on_update(new))
+            .on_update(move |_, new: &Arc<ConfigMap>, _| on_update(new))
             .on_delete(move |d| on_delete(d.object())),
     );
     let informer = informer.spawn(CancellationToken::new());
@@ -598,5 +576,61 @@ async fn a_relist_is_applied_atomically_and_its_events_follow_in_a_documented_or
         ],
         "deletes first, then adds and updates in list order, each reading the whole new list"
     );
+    informer.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_event_says_whether_it_is_the_initial_list_a_live_change_or_a_resync() {
+    let fake = Fake::new("configmaps");
+    fake.add(cm("listed"));
+    let informer = SharedInformer::builder(fake.clone())
+        .resync_period(Duration::from_secs(60))
+        .build();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (adds, updates) = (tx.clone(), tx);
+    let registration = informer.add_handler(
+        handler_fn()
+            .on_add(move |o: &Arc<ConfigMap>, delivery| {
+                let _ = adds.send(("add", o.metadata.name.clone().unwrap_or_default(), delivery));
+            })
+            .on_update(move |_, new: &Arc<ConfigMap>, delivery| {
+                let _ = updates.send((
+                    "update",
+                    new.metadata.name.clone().unwrap_or_default(),
+                    delivery,
+                ));
+            }),
+    );
+    let informer = informer.spawn(CancellationToken::new());
+    within("the handler to sync", registration.wait_synced()).await;
+    assert_eq!(
+        within("an event", rx.recv()).await.expect("open"),
+        ("add", "listed".to_owned(), Delivery::InitialList)
+    );
+    fake.add(cm("created"));
+    assert_eq!(
+        within("an event", rx.recv()).await.expect("open"),
+        ("add", "created".to_owned(), Delivery::Live)
+    );
+    let mut changed = cm("listed");
+    changed.data = Some([("k".to_owned(), "v".to_owned())].into());
+    fake.update(changed);
+    assert_eq!(
+        within("an event", rx.recv()).await.expect("open"),
+        ("update", "listed".to_owned(), Delivery::Live)
+    );
+    let mut resynced = vec![
+        within("an event", rx.recv()).await.expect("open"),
+        within("an event", rx.recv()).await.expect("open"),
+    ];
+    resynced.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        resynced,
+        [
+            ("update", "created".to_owned(), Delivery::Resync),
+            ("update", "listed".to_owned(), Delivery::Resync),
+        ]
+    );
+    assert!(resynced.iter().all(|(_, _, d)| d.is_replay()));
     informer.stop().await;
 }

@@ -2,6 +2,8 @@
 //! error policies, predicates, deleted objects with their last state, reconcile timeouts,
 //! and a shutdown that takes no new key.
 
+mod support;
+
 use std::{
     sync::{
         Arc, Mutex,
@@ -17,15 +19,8 @@ use kube_informer::{
     ReconcileError, ReconcileRequest, RunningInformer, SharedInformer, retry_up_to,
     retry_with_backoff, sync_by_key, testing::FakeListWatch,
 };
+use support::*;
 use tokio::{sync::mpsc, time::Instant};
-
-type Fake = FakeListWatch<ConfigMap>;
-
-const PATIENCE: Duration = Duration::from_secs(3600);
-
-fn cm(name: &str) -> ConfigMap {
-    Fake::object(Some("ns"), name)
-}
 
 fn informer<K>(fake: FakeListWatch<K>) -> RunningInformer<K>
 where
@@ -60,16 +55,6 @@ fn record(calls: &Calls, request: &ReconcileRequest<ConfigMap>) {
         present: matches!(request, ReconcileRequest::Present(_)),
         at: Instant::now(),
     });
-}
-
-async fn until(what: &str, mut condition: impl FnMut() -> bool) {
-    tokio::time::timeout(PATIENCE, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what}: not within {PATIENCE:?}"));
 }
 
 fn handle(running: &RunningInformer<ConfigMap>) -> InformerHandle<ConfigMap> {

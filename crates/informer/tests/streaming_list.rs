@@ -4,6 +4,8 @@
 //! vanished objects with tombstones, and servers that ignore or reject streaming lists get
 //! paged lists instead.
 
+mod support;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -11,14 +13,13 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    DeletedObject, Error, RunningInformer, SharedInformer, Verb, handler_fn, label_index,
-    testing::{FakeListWatch, gone, status},
+    DeletedObject, Delivery, Error, RunningInformer, SharedInformer, Verb, handler_fn, label_index,
+    testing::{gone, status},
     wait_for_cache_sync,
 };
+use support::*;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-type Fake = FakeListWatch<ConfigMap>;
 
 /// What a handler saw, in order.
 #[derive(Debug, PartialEq)]
@@ -53,12 +54,6 @@ fn rv(cm: &ConfigMap) -> String {
     cm.metadata.resource_version.clone().unwrap_or_default()
 }
 
-fn labelled(name: &str, app: &str) -> ConfigMap {
-    let mut cm = Fake::object(Some("ns"), name);
-    cm.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
-    cm
-}
-
 struct Running {
     informer: RunningInformer<ConfigMap>,
     seen: mpsc::UnboundedReceiver<Seen>,
@@ -85,13 +80,13 @@ impl Running {
         let (add, update, delete) = (tx.clone(), tx.clone(), tx);
         let registration = informer.add_handler(
             handler_fn()
-                .on_add(move |cm: &Arc<ConfigMap>, initial| {
+                .on_add(move |cm: &Arc<ConfigMap>, delivery| {
                     let _ = add.send(Seen::Add {
                         name: name(cm),
-                        initial,
+                        initial: delivery == Delivery::InitialList,
                     });
                 })
-                .on_update(move |old: &Arc<ConfigMap>, new: &Arc<ConfigMap>| {
+                .on_update(move |old: &Arc<ConfigMap>, new: &Arc<ConfigMap>, _| {
                     let _ = update.send(Seen::Update {
                         name: name(new),
                         old_rv: rv(old),
@@ -156,7 +151,7 @@ fn adds(names: &[&str]) -> Vec<String> {
 async fn initial_state_streams_in_and_the_same_watch_carries_on() {
     let fake = Fake::new("configmaps");
     for n in ["a", "b", "c"] {
-        fake.add(labelled(n, "web"));
+        fake.add(labelled_in("ns", n, "web"));
     }
     let mut run = Running::start(&fake, |b| b).await;
 
@@ -176,7 +171,7 @@ async fn initial_state_streams_in_and_the_same_watch_carries_on() {
     );
 
     let before = rv(&fake.get("ns/b").unwrap());
-    let after = fake.update(labelled("b", "db"));
+    let after = fake.update(labelled_in("ns", "b", "db"));
     assert_eq!(
         run.next().await,
         Seen::Update {
@@ -206,7 +201,7 @@ async fn initial_state_streams_in_and_the_same_watch_carries_on() {
 async fn a_torn_initial_stream_is_retried_without_duplicate_events() {
     let fake = Fake::new("configmaps");
     for i in 0..50 {
-        fake.add(labelled(&format!("o{i:02}"), "web"));
+        fake.add(labelled_in("ns", &format!("o{i:02}"), "web"));
     }
     fake.cut_next_initial_events(20);
     let mut run = Running::start(&fake, |b| b).await;
@@ -227,7 +222,7 @@ async fn a_torn_initial_stream_is_retried_without_duplicate_events() {
     names.dedup();
     assert_eq!(names.len(), 50);
     // The 20 objects seen before the tear were re-sent unchanged: no update for them.
-    fake.add(labelled("late", "web"));
+    fake.add(labelled_in("ns", "late", "web"));
     assert_eq!(run.next().await, add("late", false));
     run.stop().await;
 }
@@ -236,7 +231,7 @@ async fn a_torn_initial_stream_is_retried_without_duplicate_events() {
 async fn a_relist_by_stream_removes_vanished_objects_with_tombstones() {
     let fake = Fake::new("configmaps");
     for n in ["a", "b", "c"] {
-        fake.add(labelled(n, "web"));
+        fake.add(labelled_in("ns", n, "web"));
     }
     let mut run = Running::start(&fake, |b| b).await;
     assert_eq!(run.next_sorted(3).await, adds(&["a", "b", "c"]));
@@ -275,7 +270,7 @@ async fn a_relist_by_stream_removes_vanished_objects_with_tombstones() {
 async fn a_server_that_ignores_streaming_lists_gets_paged_lists() {
     let fake = Fake::new("configmaps");
     fake.set_streaming_lists(false);
-    fake.add(labelled("a", "web"));
+    fake.add(labelled_in("ns", "a", "web"));
     let informer = {
         let fake = fake.clone();
         tokio::spawn(async move {
@@ -303,7 +298,7 @@ async fn a_server_that_ignores_streaming_lists_gets_paged_lists() {
 #[tokio::test(start_paused = true)]
 async fn a_server_that_rejects_streaming_lists_gets_paged_lists() {
     let fake = Fake::new("configmaps");
-    fake.add(labelled("a", "web"));
+    fake.add(labelled_in("ns", "a", "web"));
     fake.fail_next_watch(Error::from_status(
         status(
             422,
@@ -328,7 +323,7 @@ async fn a_server_that_rejects_streaming_lists_gets_paged_lists() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_stream_is_followed_by_a_paged_list_then_streams_again() {
     let fake = Fake::new("configmaps");
-    fake.add(labelled("a", "web"));
+    fake.add(labelled_in("ns", "a", "web"));
     fake.fail_next_watch(gone("configmaps", Verb::Watch));
     let mut run = Running::start(&fake, |b| b).await;
     assert_eq!(run.next().await, add("a", true));
@@ -337,7 +332,7 @@ async fn a_failed_stream_is_followed_by_a_paged_list_then_streams_again() {
     assert!(fake.watch_requests()[0].send_initial_events);
     // The next full sync streams again: the server does stream.
     fake.set_broadcast(false);
-    fake.add(labelled("b", "web"));
+    fake.add(labelled_in("ns", "b", "web"));
     fake.compact();
     fake.set_broadcast(true);
     fake.end_watches();
@@ -351,7 +346,7 @@ async fn a_failed_stream_is_followed_by_a_paged_list_then_streams_again() {
 async fn a_compact_cache_reads_back_what_the_watch_delivered() {
     let fake = Fake::new("configmaps");
     for n in ["a", "b", "c"] {
-        fake.add(labelled(n, "web"));
+        fake.add(labelled_in("ns", n, "web"));
     }
     let mut run = Running::start(&fake, |b| b.compact().index_fn("app", label_index("app"))).await;
     assert_eq!(run.next_sorted(3).await, adds(&["a", "b", "c"]));
@@ -366,7 +361,7 @@ async fn a_compact_cache_reads_back_what_the_watch_delivered() {
 
     // The old object of an update comes back from the compact form.
     let before = rv(&fake.get("ns/b").unwrap());
-    let after = fake.update(labelled("b", "db"));
+    let after = fake.update(labelled_in("ns", "b", "db"));
     assert_eq!(
         run.next().await,
         Seen::Update {

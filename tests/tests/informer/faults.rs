@@ -14,7 +14,7 @@ use kube_client::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_informer::{
-    ApiListWatch, Error, InformerHandle, ListOptions, ListWatch, SharedInformer, Verb,
+    ApiListWatch, Delivery, Error, InformerHandle, ListOptions, ListWatch, SharedInformer, Verb,
     VersionMatch, handler_fn,
 };
 use kube_testenv::TestEnv;
@@ -277,8 +277,14 @@ async fn an_apiserver_restart_is_survived_without_spurious_events() {
     );
     informer.add_handler(
         handler_fn::<ConfigMap>()
-            .on_add(move |o, initial| if initial { on_initial(o) } else { on_add(o) })
-            .on_update(move |_, new| on_update(new))
+            .on_add(move |o, delivery| {
+                if delivery == Delivery::InitialList {
+                    on_initial(o)
+                } else {
+                    on_add(o)
+                }
+            })
+            .on_update(move |_, new, _| on_update(new))
             .on_delete(move |d| on_delete(d.object())),
     );
     let informer = run(informer);

@@ -11,7 +11,9 @@ use tracing::warn;
 use super::predicate::Predicate;
 use crate::{
     error::Error,
-    informer::{DeletedObject, HandlerRegistration, HasSynced, InformerHandle, handler_fn},
+    informer::{
+        DeletedObject, Delivery, HandlerRegistration, HasSynced, InformerHandle, handler_fn,
+    },
     key::ObjectKey,
     workqueue::{Priority, RateLimitingQueue},
 };
@@ -68,18 +70,8 @@ impl Enqueue {
 
 /// Replays (the initial list, a handler's first objects, a resync) go behind live changes
 /// (controller-runtime's priority queue).
-fn add_priority(initial: bool) -> Priority {
-    if initial {
-        Priority::Low
-    } else {
-        Priority::Normal
-    }
-}
-
-/// A resync's update carries the same object twice: a replay, not a change.
-fn update_priority<K: Resource>(old: &K, new: &K) -> Priority {
-    let (old, new) = (&old.meta().resource_version, &new.meta().resource_version);
-    if old.is_some() && old == new {
+fn priority(delivery: Delivery) -> Priority {
+    if delivery.is_replay() {
         Priority::Low
     } else {
         Priority::Normal
@@ -135,10 +127,10 @@ where
     Box::new(move |enqueue: Enqueue, grace| {
         let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
         let handler = handler_fn::<K>()
-            .on_add(move |obj, initial| on_add.keys(key_of(&**obj), add_priority(initial)))
-            .on_update(move |old, new| {
+            .on_add(move |obj, delivery| on_add.keys(key_of(&**obj), priority(delivery)))
+            .on_update(move |old, new, delivery| {
                 if predicate.accepts(old, new) {
-                    on_update.keys(key_of(&**new), update_priority(&**old, &**new));
+                    on_update.keys(key_of(&**new), priority(delivery));
                 }
             })
             .on_delete(move |gone: &DeletedObject<K>| {
@@ -171,12 +163,12 @@ where
         let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
         let (map_add, map_update, map_delete) = (map.clone(), map.clone(), map);
         let handler = handler_fn::<O>()
-            .on_add(move |obj, initial| on_add.keys(map_add(obj), add_priority(initial)))
-            .on_update(move |old, new| {
+            .on_add(move |obj, delivery| on_add.keys(map_add(obj), priority(delivery)))
+            .on_update(move |old, new, delivery| {
                 if predicate.accepts(old, new) {
                     let keys: HashSet<ObjectKey> =
                         map_update(old).into_iter().chain(map_update(new)).collect();
-                    on_update.keys(keys, update_priority(&**old, &**new));
+                    on_update.keys(keys, priority(delivery));
                 }
             })
             .on_delete(move |deleted| {

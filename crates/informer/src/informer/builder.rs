@@ -140,7 +140,7 @@ where
         self
     }
 
-    /// Re-deliver every cached object as `on_update(obj, obj)` this often to each handler
+    /// Re-deliver every cached object as `on_update(obj, obj, Delivery::Resync)` this often to each handler
     /// added without a period of its own (off by default; zero turns it off; see
     /// [`SharedInformer::add_handler_with_resync`]). Periods under [`MIN_RESYNC_PERIOD`](crate::MIN_RESYNC_PERIOD) are
     /// raised to it, as client-go does, so a typo cannot turn the informer into a busy loop.

@@ -15,6 +15,28 @@ use tracing::error;
 use super::sync::HasSynced;
 use crate::key::ObjectKey;
 
+/// How an event reached a handler: the initial list's replay, a change just observed, or a
+/// periodic resync. A controller queues replays behind live changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Delivery {
+    /// An add of the initial list (or, for a handler added later, of the objects already
+    /// cached when it was added).
+    InitialList,
+    /// A change the informer just observed: a watch event, or what a later relist found
+    /// different.
+    Live,
+    /// An update of a periodic resync: the cached object again, unchanged.
+    Resync,
+}
+
+impl Delivery {
+    /// Whether this replays what the cache already held (the initial list, a resync) rather
+    /// than reporting a change.
+    pub fn is_replay(self) -> bool {
+        !matches!(self, Delivery::Live)
+    }
+}
+
 /// The last state of a deleted object, as a handler receives it.
 pub enum DeletedObject<K> {
     /// The watch delivered the deletion; this is the object's final state.
@@ -90,12 +112,12 @@ impl<K> fmt::Debug for DeletedObject<K> {
 /// ```
 /// use std::sync::Arc;
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{DeletedObject, EventHandler};
+/// use kube_informer::{DeletedObject, Delivery, EventHandler};
 ///
 /// struct Log;
 /// impl EventHandler<ConfigMap> for Log {
-///     fn on_add(&self, cm: &Arc<ConfigMap>, is_initial_list: bool) {
-///         println!("add {:?} (initial: {is_initial_list})", cm.metadata.name);
+///     fn on_add(&self, cm: &Arc<ConfigMap>, delivery: Delivery) {
+///         println!("add {:?} ({delivery:?})", cm.metadata.name);
 ///     }
 ///     fn on_delete(&self, cm: &DeletedObject<ConfigMap>) {
 ///         println!("delete {:?}", cm.object().metadata.name);
@@ -115,16 +137,17 @@ impl<K> fmt::Debug for DeletedObject<K> {
 /// (enqueue a key and return) and never block in them; do slow work in workqueue workers. A
 /// panic in a handler is caught and logged, and the handler goes on with the next event.
 pub trait EventHandler<K>: Send + Sync + 'static {
-    /// An object appeared. `is_initial_list` is true for the objects of the initial list (or,
-    /// for a handler added late, the objects already cached when it was added).
-    fn on_add(&self, obj: &Arc<K>, is_initial_list: bool) {
-        let _ = (obj, is_initial_list);
+    /// An object appeared: [`Delivery::InitialList`] for the objects of the initial list
+    /// (or, for a handler added late, the objects already cached when it was added),
+    /// [`Delivery::Live`] for one created since.
+    fn on_add(&self, obj: &Arc<K>, delivery: Delivery) {
+        let _ = (obj, delivery);
     }
 
-    /// An object changed from `old` to `new`. On a periodic resync, `old` and `new` are the
-    /// same object.
-    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
-        let _ = (old, new);
+    /// An object changed from `old` to `new` ([`Delivery::Live`]), or a periodic resync
+    /// replays it ([`Delivery::Resync`]: `old` and `new` are the same object).
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>, delivery: Delivery) {
+        let _ = (old, new, delivery);
     }
 
     /// An object was deleted.
@@ -133,8 +156,8 @@ pub trait EventHandler<K>: Send + Sync + 'static {
     }
 }
 
-type AddFn<K> = Box<dyn Fn(&Arc<K>, bool) + Send + Sync>;
-type UpdateFn<K> = Box<dyn Fn(&Arc<K>, &Arc<K>) + Send + Sync>;
+type AddFn<K> = Box<dyn Fn(&Arc<K>, Delivery) + Send + Sync>;
+type UpdateFn<K> = Box<dyn Fn(&Arc<K>, &Arc<K>, Delivery) + Send + Sync>;
 type DeleteFn<K> = Box<dyn Fn(&DeletedObject<K>) + Send + Sync>;
 
 /// An [`EventHandler`] made of closures; see [`handler_fn`].
@@ -151,8 +174,8 @@ pub struct HandlerFn<K> {
 /// use kube_informer::{handler_fn, HandlerFn};
 ///
 /// let handler: HandlerFn<ConfigMap> = handler_fn::<ConfigMap>()
-///     .on_add(|cm, _initial| println!("add {:?}", cm.metadata.name))
-///     .on_update(|old, new| println!("{:?} -> {:?}", old.metadata.resource_version, new.metadata.resource_version))
+///     .on_add(|cm, _delivery| println!("add {:?}", cm.metadata.name))
+///     .on_update(|old, new, _delivery| println!("{:?} -> {:?}", old.metadata.resource_version, new.metadata.resource_version))
 ///     .on_delete(|gone| println!("delete {:?}", gone.object().metadata.name));
 /// ```
 pub fn handler_fn<K>() -> HandlerFn<K> {
@@ -164,16 +187,19 @@ pub fn handler_fn<K>() -> HandlerFn<K> {
 }
 
 impl<K> HandlerFn<K> {
-    /// Sets the add callback: `f(object, is_initial_list)`.
+    /// Sets the add callback: `f(object, delivery)`.
     #[must_use]
-    pub fn on_add(mut self, f: impl Fn(&Arc<K>, bool) + Send + Sync + 'static) -> Self {
+    pub fn on_add(mut self, f: impl Fn(&Arc<K>, Delivery) + Send + Sync + 'static) -> Self {
         self.add = Some(Box::new(f));
         self
     }
 
-    /// Sets the update callback: `f(old, new)`.
+    /// Sets the update callback: `f(old, new, delivery)`.
     #[must_use]
-    pub fn on_update(mut self, f: impl Fn(&Arc<K>, &Arc<K>) + Send + Sync + 'static) -> Self {
+    pub fn on_update(
+        mut self,
+        f: impl Fn(&Arc<K>, &Arc<K>, Delivery) + Send + Sync + 'static,
+    ) -> Self {
         self.update = Some(Box::new(f));
         self
     }
@@ -187,15 +213,15 @@ impl<K> HandlerFn<K> {
 }
 
 impl<K: Send + Sync + 'static> EventHandler<K> for HandlerFn<K> {
-    fn on_add(&self, obj: &Arc<K>, is_initial_list: bool) {
+    fn on_add(&self, obj: &Arc<K>, delivery: Delivery) {
         if let Some(f) = &self.add {
-            f(obj, is_initial_list);
+            f(obj, delivery);
         }
     }
 
-    fn on_update(&self, old: &Arc<K>, new: &Arc<K>) {
+    fn on_update(&self, old: &Arc<K>, new: &Arc<K>, delivery: Delivery) {
         if let Some(f) = &self.update {
-            f(old, new);
+            f(old, new, delivery);
         }
     }
 
@@ -241,13 +267,13 @@ where
     K: Resource + Send + Sync + 'static,
     F: Fn(ObjectKey) + Send + Sync + 'static,
 {
-    fn on_add(&self, obj: &Arc<K>, _is_initial_list: bool) {
+    fn on_add(&self, obj: &Arc<K>, _delivery: Delivery) {
         if let Ok(key) = ObjectKey::from_object(&**obj) {
             (self.f)(key);
         }
     }
 
-    fn on_update(&self, _old: &Arc<K>, new: &Arc<K>) {
+    fn on_update(&self, _old: &Arc<K>, new: &Arc<K>, _delivery: Delivery) {
         if let Ok(key) = ObjectKey::from_object(&**new) {
             (self.f)(key);
         }
@@ -262,11 +288,12 @@ where
 pub(super) enum Notification<K> {
     Add {
         obj: Arc<K>,
-        initial: bool,
+        delivery: Delivery,
     },
     Update {
         old: Arc<K>,
         new: Arc<K>,
+        delivery: Delivery,
     },
     Delete(DeletedObject<K>),
     /// Every initial add before this has been delivered: the handler has synced.
@@ -276,13 +303,14 @@ pub(super) enum Notification<K> {
 impl<K> Clone for Notification<K> {
     fn clone(&self) -> Self {
         match self {
-            Notification::Add { obj, initial } => Notification::Add {
+            Notification::Add { obj, delivery } => Notification::Add {
                 obj: obj.clone(),
-                initial: *initial,
+                delivery: *delivery,
             },
-            Notification::Update { old, new } => Notification::Update {
+            Notification::Update { old, new, delivery } => Notification::Update {
                 old: old.clone(),
                 new: new.clone(),
+                delivery: *delivery,
             },
             Notification::Delete(d) => Notification::Delete(d.clone()),
             Notification::Synced => Notification::Synced,
@@ -307,8 +335,8 @@ pub(super) async fn run_listener<K: 'static>(
             },
         };
         let result = catch_unwind(AssertUnwindSafe(|| match &note {
-            Notification::Add { obj, initial } => handler.on_add(obj, *initial),
-            Notification::Update { old, new } => handler.on_update(old, new),
+            Notification::Add { obj, delivery } => handler.on_add(obj, *delivery),
+            Notification::Update { old, new, delivery } => handler.on_update(old, new, *delivery),
             Notification::Delete(d) => handler.on_delete(d),
             Notification::Synced => {
                 synced.send_replace(true);

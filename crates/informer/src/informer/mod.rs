@@ -42,8 +42,8 @@ pub use divergence::{DivergenceCheck, DivergenceStats, Drift, OutdatedObject, Re
 pub use factory::{FactoryObject, FactoryScope, InformerFactory, InformerStatus, Scope};
 use handler::run_listener;
 pub use handler::{
-    DeletedFinalStateUnknown, DeletedObject, EventHandler, HandlerFn, HandlerRegistration,
-    KeyHandler, handler_fn, key_handler,
+    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn,
+    HandlerRegistration, KeyHandler, handler_fn, key_handler,
 };
 pub use sync::{HasSynced, wait_for_cache_sync};
 
@@ -75,7 +75,8 @@ pub use sync::{HasSynced, wait_for_cache_sync};
 ///   the store, and a relist that fails part-way changes nothing.
 /// * Each handler has its own unbounded buffer and task (see [`EventHandler`]); a handler
 ///   added after the first list first receives the cached objects as initial adds.
-/// * An optional resync period re-delivers every cached object as `on_update(obj, obj)`.
+/// * An optional resync period re-delivers every cached object as
+///   `on_update(obj, obj, Delivery::Resync)`.
 ///
 /// # Lifecycle, in types
 ///
@@ -208,7 +209,7 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
 
     /// Registers a handler with a resync period of its own (client-go's
     /// `AddEventHandlerWithResyncPeriod`): every cached object is re-delivered to it as
-    /// `on_update(obj, obj)` that often, whatever the informer's
+    /// `on_update(obj, obj, Delivery::Resync)` that often, whatever the informer's
     /// [`resync_period`](InformerBuilder::resync_period). Zero turns resyncs off for it;
     /// periods under [`MIN_RESYNC_PERIOD`] are raised to it.
     pub fn add_handler_with_resync(
@@ -660,10 +661,10 @@ mod tests {
         let (t1, t2, t3) = (tx.clone(), tx.clone(), tx);
         let reg = informer.add_handler(
             handler_fn()
-                .on_add(move |o, initial| {
-                    let _ = t1.send(Ev::Add(name(o), initial));
+                .on_add(move |o, delivery| {
+                    let _ = t1.send(Ev::Add(name(o), delivery == Delivery::InitialList));
                 })
-                .on_update(move |old, new| {
+                .on_update(move |old, new, _| {
                     let _ = t2.send(Ev::Update(name(new), rv(old), rv(new)));
                 })
                 .on_delete(move |d| {

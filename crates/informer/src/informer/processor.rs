@@ -17,7 +17,7 @@ use tokio::{
 };
 use tracing::debug;
 
-use super::handler::{DeletedFinalStateUnknown, DeletedObject, Notification};
+use super::handler::{DeletedFinalStateUnknown, DeletedObject, Delivery, Notification};
 use crate::{
     error::Error,
     key::ObjectKey,
@@ -114,6 +114,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
                         let _ = listener.tx.send(Notification::Update {
                             old: object.clone(),
                             new: object.clone(),
+                            delivery: Delivery::Resync,
                         });
                     }
                 }
@@ -147,9 +148,17 @@ impl<K> Sink<K> {
             StoreChange::Added(obj) => Notification::Add {
                 obj,
                 // Objects of the first list are added before the first sync.
-                initial: !dist.synced,
+                delivery: if dist.synced {
+                    Delivery::Live
+                } else {
+                    Delivery::InitialList
+                },
             },
-            StoreChange::Updated { old, new } => Notification::Update { old, new },
+            StoreChange::Updated { old, new } => Notification::Update {
+                old,
+                new,
+                delivery: Delivery::Live,
+            },
             StoreChange::Deleted { key, last_known } => {
                 Notification::Delete(DeletedObject::FinalStateUnknown(DeletedFinalStateUnknown {
                     key,
@@ -266,7 +275,10 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         let mut dist = lock(&self.dist);
         let initial_done = dist.synced;
         for obj in self.store.list() {
-            let _ = tx.send(Notification::Add { obj, initial: true });
+            let _ = tx.send(Notification::Add {
+                obj,
+                delivery: Delivery::InitialList,
+            });
         }
         if initial_done {
             let _ = tx.send(Notification::Synced);
