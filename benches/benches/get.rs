@@ -19,7 +19,8 @@ use kube_client::{
     api::{Patch, PatchParams},
 };
 use kube_informer::{
-    ApiListWatch, ListItem, ListOptions, ListWatch, ObjectKey, RawObject, ReflectorStore,
+    ObjectKey, ReflectorStore,
+    list_watch::{ApiListWatch, ListItem, ListOptions, ListWatch, RawObject},
     testing::StoreWriter,
 };
 use kube_testenv::TestEnv;

@@ -9,6 +9,7 @@
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use clap::Parser;
+use examples::config_reloader::{HASH, NAMES, annotation, hash_of};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube_client::{
     Api,
@@ -19,11 +20,6 @@ use kube_informer::{
     ReconcileRequest, Scope, retry_with_backoff,
 };
 use serde_json::json;
-
-/// The annotation on a Deployment that names its ConfigMap.
-const NAMES: &str = "config-reloader.example.com/configmap";
-/// The pod-template annotation that carries the hash of the ConfigMap's data.
-const HASH: &str = "config-reloader.example.com/config-hash";
 
 /// Rolls Deployments out when the ConfigMap they name changes.
 #[derive(Debug, Parser)]
@@ -48,20 +44,6 @@ struct Context {
     deployments: Api<Deployment>,
     config_maps: InformerHandle<ConfigMap>,
     resync: Duration,
-}
-
-fn annotation<'a>(meta: &'a kube_client::api::ObjectMeta, key: &str) -> Option<&'a str> {
-    meta.annotations.as_ref()?.get(key).map(String::as_str)
-}
-
-/// FNV-1a of the ConfigMap's data as JSON (maps in key order): the same in every run, so a
-/// restart rolls nothing out.
-fn hash_of(cm: &ConfigMap) -> String {
-    let json = serde_json::to_vec(&(&cm.data, &cm.binary_data)).unwrap_or_default();
-    let hash = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{hash:016x}")
 }
 
 async fn reconcile(

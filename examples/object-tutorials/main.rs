@@ -24,7 +24,7 @@ use std::{convert::Infallible, path::PathBuf, process::ExitCode, sync::Arc};
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube_informer::{
-    FactoryObject, LazyObject, Manager, ObjectKey, Scope, Store, retry_up_to, sync_by_key,
+    LazyObject, Manager, ObjectKey, Scope, Store, TypedResource, retry_up_to, sync_by_key,
 };
 use labels::log_labels;
 
@@ -95,7 +95,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 /// the same code for every resource type. Returns its cache.
 fn add_label_logger<K>(manager: &mut Manager, args: &Args) -> Store<K>
 where
-    K: FactoryObject<Scope = k8s_openapi::NamespaceResourceScope>,
+    K: TypedResource<Scope = k8s_openapi::NamespaceResourceScope>,
 {
     let name = K::plural(&());
     let controller = manager

@@ -1,6 +1,8 @@
 //! Pieces shared by the examples: logging set-up, namespaces, and
 //! applying YAML manifests the way `kubectl apply` does.
 
+pub mod config_reloader;
+
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube_client::{

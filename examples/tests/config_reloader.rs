@@ -1,6 +1,7 @@
-//! config-reloader end to end: the real binary against the real control plane. A
-//! Deployment that names a ConfigMap gets the hash of its data in its pod template, and a
-//! new hash when the ConfigMap changes; a Deployment that names none is left alone.
+//! config-reloader end to end: the real binary against the real control plane (and the
+//! same controller on kube-runtime, for comparison). A Deployment that names a ConfigMap
+//! gets the hash of its data in its pod template, and a new hash when the ConfigMap
+//! changes; a Deployment that names none is left alone.
 
 use std::{process::Stdio, time::Duration};
 
@@ -66,6 +67,17 @@ async fn hash_when(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_configmap_change_rolls_out_the_deployments_that_name_it() {
+    rolls_out(env!("CARGO_BIN_EXE_config-reloader")).await;
+}
+
+/// The same controller on kube-runtime passes the same test (it is there to compare how
+/// much each library leaves to write).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kube_runtime_config_reloader_does_the_same() {
+    rolls_out(env!("CARGO_BIN_EXE_config-reloader-kube-runtime")).await;
+}
+
+async fn rolls_out(reloader: &str) {
     let env = TestEnv::shared().await;
     let namespace = env.create_namespace("reloader").await.unwrap();
     let client = env.client().await.unwrap();
@@ -89,7 +101,7 @@ async fn a_configmap_change_rolls_out_the_deployments_that_name_it() {
             .unwrap();
     }
 
-    let _reloader = Command::new(env!("CARGO_BIN_EXE_config-reloader"))
+    let _reloader = Command::new(reloader)
         .arg("--kubeconfig")
         .arg(env.kubeconfig_path())
         .args(["--namespace", &namespace])

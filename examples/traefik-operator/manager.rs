@@ -1,19 +1,17 @@
 //! What the tutorial's `main.go` sets up with controller-runtime, wired on kube-informer's
 //! [`Manager`]: controllers on shared informers, probes, metrics, leader election.
 
-use std::{error::Error as StdError, sync::Arc};
+use std::sync::Arc;
 
 use k8s_openapi::{
     NamespaceResourceScope,
     api::core::v1::{Pod, Service},
 };
 use kube_client::Client;
-use kube_core::Resource;
 use kube_informer::{
-    Controller, InformerHandle, Manager, ObjectKey, retry_with_backoff, strip_managed_fields,
+    Controller, FactoryDefaults, InformerFactory, Manager, TypedResource, retry_with_backoff,
     sync_by_key,
 };
-use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
@@ -26,7 +24,7 @@ use super::{
     pods,
     preflight::{self, PreflightError},
     services::{self, UrlTemplate},
-    sweep::{Routes, Sweeps},
+    sweep::Sweeps,
     traefik_service as tsvc,
 };
 
@@ -61,7 +59,13 @@ pub async fn run(
 ) -> Result<(), ManagerError> {
     let result = async {
         preflight::check(&client, options.namespace.as_deref(), &options.controllers).await?;
-        let mut manager = Manager::new(client.clone())
+        // Every informer resyncs (so routes changed in etcd behind the operator's back are
+        // repaired) and keeps no managed fields.
+        let defaults = FactoryDefaults::default()
+            .resync_period(options.resync_period)
+            .strip_managed_fields();
+        let factory = InformerFactory::with_defaults(client.clone(), defaults);
+        let mut manager = Manager::with_factory(factory)
             .probe_address(options.probe_address().map_err(ManagerError::Flags)?)
             .metrics_address(options.metrics_address().map_err(ManagerError::Flags)?)
             .shutdown_timeout(options.graceful_shutdown_timeout);
@@ -95,103 +99,78 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
     });
     let ownership = Ownership::new(kv, &options.owner_prefix(), &options.instance);
     let routes = Arc::new(ownership.map_err(ManagerError::Flags)?);
-    let namespace = options.namespace.as_deref();
-    let sweeps = Sweeps::new(manager.registry(), routes.clone(), namespace);
-    let mut wiring = Wiring { manager, options };
+    let sweeps = Sweeps::new(
+        manager.registry(),
+        routes.clone(),
+        options.namespace.as_deref(),
+    );
+    let period = options.resync_period;
     for kind in &options.controllers {
         match kind {
             ControllerKind::Traefikservices => {
-                let informer = wiring.informer::<TraefikService>();
-                let sweep =
-                    sweeps.routes(tsvc::ROUTE_PREFIX, tsvc::key_of_route, "traefikservices");
-                let reconciler = tsvc::Reconciler {
+                let name = "traefikservices";
+                let routes_swept = sweeps.routes(tsvc::ROUTE_PREFIX, tsvc::key_of_route, name);
+                let controller = routes_swept
+                    .swept_by(controller::<TraefikService>(manager, options, name), period);
+                let reconciler = Arc::new(tsvc::Reconciler {
                     client: client.clone(),
                     routes: routes.clone(),
-                    store: informer.store(),
+                    store: controller.store(),
                     policy: policy.clone(),
-                };
-                let sync = |r: Arc<tsvc::Reconciler>, key| async move { r.sync(key).await };
-                wiring.add("traefikservices", informer, Some(sweep), reconciler, sync);
+                });
+                let sync = |key, r: Arc<tsvc::Reconciler>| async move { r.sync(key).await };
+                manager.add_controller(
+                    controller,
+                    sync_by_key(sync),
+                    retry_with_backoff(),
+                    reconciler,
+                );
             }
             ControllerKind::Services => {
-                let informer = wiring.informer::<Service>();
-                let sweep =
-                    sweeps.routes(services::ROUTE_PREFIX, services::key_of_route, "services");
-                let reconciler = services::Reconciler {
+                let name = "services";
+                let routes_swept =
+                    sweeps.routes(services::ROUTE_PREFIX, services::key_of_route, name);
+                let controller =
+                    routes_swept.swept_by(controller::<Service>(manager, options, name), period);
+                let reconciler = Arc::new(services::Reconciler {
                     routes: routes.clone(),
-                    store: informer.store(),
+                    store: controller.store(),
                     template: UrlTemplate(options.service_url_template.clone()),
                     policy: policy.clone(),
-                };
-                let sync = |r: Arc<services::Reconciler>, key| async move { r.sync(key).await };
-                wiring.add("services", informer, Some(sweep), reconciler, sync);
+                });
+                let sync = |key, r: Arc<services::Reconciler>| async move { r.sync(key).await };
+                manager.add_controller(
+                    controller,
+                    sync_by_key(sync),
+                    retry_with_backoff(),
+                    reconciler,
+                );
             }
             ControllerKind::Pods => {
-                let informer = wiring.informer::<Pod>();
-                let reconciler = pods::Reconciler::new(informer.store());
-                let sync = |r: Arc<pods::Reconciler>, key| async move { r.sync(key).await };
-                wiring.add("pods", informer, None, reconciler, sync);
+                let controller = controller::<Pod>(manager, options, "pods");
+                let reconciler = Arc::new(pods::Reconciler::new(controller.store()));
+                let sync = |key, r: Arc<pods::Reconciler>| async move { r.sync(key).await };
+                manager.add_controller(
+                    controller,
+                    sync_by_key(sync),
+                    retry_with_backoff(),
+                    reconciler,
+                );
             }
         }
     }
     Ok(())
 }
 
-/// The manager being wired, and the flags it is wired by.
-struct Wiring<'a> {
-    manager: &'a mut Manager,
-    options: &'a Options,
-}
-
-impl Wiring<'_> {
-    /// The factory's informer of `K` in the operator's scope, without managed fields.
-    fn informer<K>(&self) -> InformerHandle<K>
-    where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
-        K: Clone + Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    {
-        let resync = self.options.resync_period;
-        self.manager
-            .factory()
-            .informer_with(self.options.scope(), move |b| {
-                b.resync_period(resync).transform(strip_managed_fields)
-            })
-    }
-
-    /// Runs a controller of `informer`'s objects, calling the tutorial-shaped
-    /// `sync(reconciler, key)`, and with `routes`, sweeping their leftovers. Failures are
-    /// outages (etcd, the API server) that end: retried with backoff until they do.
-    fn add<K, R, S, Fut, E>(
-        &mut self,
-        name: &str,
-        informer: InformerHandle<K>,
-        routes: Option<Routes>,
-        reconciler: R,
-        sync: S,
-    ) where
-        K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Send + Sync + 'static,
-        R: Send + Sync + 'static,
-        S: Fn(Arc<R>, ObjectKey) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), E>> + Send + 'static,
-        E: StdError + Send + Sync + 'static,
-    {
-        let mut controller = Controller::new(name, informer.clone())
-            .workers(self.options.workers)
-            .rate_limiter(self.options.retry_limiter());
-        if let Some(routes) = routes {
-            let store = informer.store();
-            let scan = move || {
-                let (routes, store) = (routes.clone(), store.clone());
-                async move { routes.vanished(&store).await }
-            };
-            controller = controller.reconcile_every(self.options.resync_period, scan);
-        }
-        let reconcile = sync_by_key(move |key, reconciler| sync(reconciler, key));
-        self.manager.add_controller(
-            controller,
-            reconcile,
-            retry_with_backoff(),
-            Arc::new(reconciler),
-        );
-    }
+/// A controller of the manager's informer of `K` in the operator's scope, with its workers
+/// and retries. Failures are outages (etcd, the API server) that end: retried with backoff
+/// until they do.
+fn controller<K>(manager: &Manager, options: &Options, name: &str) -> Controller<K>
+where
+    K: TypedResource<Scope = NamespaceResourceScope>,
+{
+    manager
+        .controller(name, options.scope())
+        .workers(options.workers)
+        .rate_limiter(options.retry_limiter())
 }

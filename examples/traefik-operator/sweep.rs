@@ -4,10 +4,10 @@
 //! [`ownership`](super::ownership)): other operators' routes, and routes written by hand,
 //! are not its business.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use kube_core::Resource;
-use kube_informer::{ObjectKey, Store};
+use kube_informer::{Controller, FactoryScope, ObjectKey, Store, TypedResource};
 use prometheus_client::{
     metrics::{counter::Counter, family::Family},
     registry::Registry,
@@ -83,6 +83,20 @@ pub struct Routes {
 }
 
 impl Routes {
+    /// `controller`, also reconciling once it has synced and every `period` after the
+    /// [`vanished`](Self::vanished) objects, so it removes their routes.
+    pub fn swept_by<K>(self, controller: Controller<K>, period: Duration) -> Controller<K>
+    where
+        K: TypedResource,
+        K::Scope: FactoryScope,
+    {
+        let store = controller.store();
+        controller.reconcile_every(period, move || {
+            let (routes, store) = (self.clone(), store.clone());
+            async move { routes.vanished(&store).await }
+        })
+    }
+
     /// The keys of the objects whose routes are in etcd but which `store` does not hold:
     /// a controller given these keys (by
     /// [`reconcile_every`](kube_informer::Controller::reconcile_every)) reconciles them as

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use kube_informer::{Error, ListOptions, ListPage, ListWatch, WatchOptions, WatchStream};
+use kube_informer::{
+    Error,
+    list_watch::{ListOptions, ListPage, ListWatch, WatchOptions, WatchStream},
+};
 use tokio::sync::watch;
 
 use crate::wait::within;
@@ -25,7 +28,7 @@ pub struct Calls {
     pub watches: Vec<WatchOptions>,
 }
 
-/// A real [`ListWatch`] (normally an [`ApiListWatch`](kube_informer::ApiListWatch) on the
+/// A real [`ListWatch`] (normally an [`ApiListWatch`](kube_informer::list_watch::ApiListWatch) on the
 /// real API server) that records every call, and can hold new watch calls back at a gate,
 /// as a network partition would.
 #[derive(Clone)]

@@ -19,8 +19,9 @@ use kube_client::{
     api::{Patch, PatchParams, PostParams},
 };
 use kube_informer::{
-    Action, CancellationToken, Controller, FinalizerError, FinalizerEvent, InformerFactory,
-    ObjectKey, ReconcileRequest, Scope, finalizer, retry_with_backoff,
+    Action, CancellationToken, Controller, Delivery, FactoryDefaults, FinalizerError,
+    FinalizerEvent, InformerFactory, ObjectKey, ReconcileRequest, Scope, finalizer, handler_fn,
+    retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -784,4 +785,65 @@ async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_err
     .expect("a finalizer removed from an object that is gone is no error");
     assert_eq!(action, Action::done());
     assert!(*cleaned.lock().unwrap(), "the cleanup ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn factory_defaults_apply_to_every_informer_unless_one_overrides_them() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "factory-defaults").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    // Applied server-side, so the server records who manages which field.
+    let stored = api
+        .patch(
+            "kept",
+            &PatchParams::apply("factory-defaults-test"),
+            &Patch::Apply(json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": { "name": "kept" }, "data": { "owned": "by the test" },
+            })),
+        )
+        .await
+        .unwrap();
+    assert!(
+        stored.metadata.managed_fields.is_some(),
+        "the server records managed fields"
+    );
+    let defaults = FactoryDefaults::default()
+        .resync_period(Duration::from_secs(1))
+        .strip_managed_fields();
+    let factory = InformerFactory::with_defaults(client.clone(), defaults);
+    let stripped = factory.informer::<ConfigMap>(Scope::namespace(&namespace));
+    // Another scope, customised: its own transform replaces the default one.
+    let labelled_scope = Scope::namespace(&namespace).labels("absent!=true");
+    let own = factory.informer_with::<ConfigMap>(labelled_scope, |builder| {
+        builder.transform(|cm: ConfigMap| cm)
+    });
+    let resyncs = Arc::new(Mutex::new(0usize));
+    let seen = resyncs.clone();
+    stripped
+        .add_handler(handler_fn::<ConfigMap>().on_update(move |_, _, delivery| {
+            if delivery == Delivery::Resync {
+                *seen.lock().unwrap() += 1;
+            }
+        }))
+        .unwrap();
+    let cancel = CancellationToken::new();
+    factory.start(&cancel);
+    within("the caches to sync", factory.wait_synced())
+        .await
+        .unwrap();
+    let key = format!("{namespace}/kept");
+    let cached = stripped.store().get_by_key(&key).unwrap();
+    assert_eq!(cached.metadata.managed_fields, None, "stripped by default");
+    let customised = own.store().get_by_key(&key).unwrap();
+    assert!(
+        customised.metadata.managed_fields.is_some(),
+        "an informer's own transform replaces the default"
+    );
+    eventually("a resync from the default period", || {
+        *resyncs.lock().unwrap() >= 2
+    })
+    .await;
+    cancel.cancel();
+    factory.shutdown().await;
 }

@@ -17,8 +17,10 @@ use kube_client::{
     core::{ApiResource, DynamicObject, GroupVersionKind},
 };
 use kube_informer::{
-    ApiListWatch, Change, Error, ListOptions, ListWatch, ObjectKey, SharedInformer, WatchEvent,
-    WatchOptions, WireFormat,
+    Error, ObjectKey, SharedInformer,
+    list_watch::{
+        ApiListWatch, Change, ListOptions, ListWatch, WatchEvent, WatchOptions, WireFormat,
+    },
 };
 use kube_testenv::TestEnv;
 use serde_json::{Value, json};

@@ -26,7 +26,8 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    ApiListWatch, JsonCodec, LazyObject, SharedInformer, Store, WireFormat, handler_fn, label_index,
+    JsonCodec, LazyObject, SharedInformer, Store, handler_fn, label_index,
+    list_watch::{ApiListWatch, WireFormat},
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
@@ -209,31 +210,35 @@ where
     let updates = Arc::new(AtomicUsize::new(0));
     let deletes = Arc::new(AtomicUsize::new(0));
     let relisted = Arc::new(tokio::sync::Notify::new());
-    informer.add_handler({
-        let (adds, updates, deletes, recorder, relisted) = (
-            adds.clone(),
-            updates.clone(),
-            deletes.clone(),
-            recorder.clone(),
-            relisted.clone(),
-        );
-        let marker = args.relist.clone();
-        handler_fn()
-            .on_add(move |_pod: &Arc<K>, _initial| {
-                adds.fetch_add(1, Ordering::Relaxed);
-            })
-            .on_update(move |_old, new: &Arc<K>, _delivery| {
-                let labels = new.meta().labels.as_ref();
-                recorder.saw(labels);
-                if marker.is_some() && labels.and_then(|l| l.get(RELIST_LABEL)) == marker.as_ref() {
-                    relisted.notify_one();
-                }
-                updates.fetch_add(1, Ordering::Relaxed);
-            })
-            .on_delete(move |_| {
-                deletes.fetch_add(1, Ordering::Relaxed);
-            })
-    });
+    informer
+        .add_handler({
+            let (adds, updates, deletes, recorder, relisted) = (
+                adds.clone(),
+                updates.clone(),
+                deletes.clone(),
+                recorder.clone(),
+                relisted.clone(),
+            );
+            let marker = args.relist.clone();
+            handler_fn()
+                .on_add(move |_pod: &Arc<K>, _initial| {
+                    adds.fetch_add(1, Ordering::Relaxed);
+                })
+                .on_update(move |_old, new: &Arc<K>, _delivery| {
+                    let labels = new.meta().labels.as_ref();
+                    recorder.saw(labels);
+                    if marker.is_some()
+                        && labels.and_then(|l| l.get(RELIST_LABEL)) == marker.as_ref()
+                    {
+                        relisted.notify_one();
+                    }
+                    updates.fetch_add(1, Ordering::Relaxed);
+                })
+                .on_delete(move |_| {
+                    deletes.fetch_add(1, Ordering::Relaxed);
+                })
+        })
+        .expect("an informer that has not run has not stopped");
     let informer = informer.spawn(CancellationToken::new());
     informer.wait_synced_or_fatal().await?;
     while informer.store().len() < args.expect {

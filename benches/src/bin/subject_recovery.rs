@@ -44,22 +44,24 @@ async fn main() -> anyhow::Result<()> {
             });
         })
         .build();
-    informer.add_handler(
-        handler_fn()
-            .on_add(|object: &Arc<ConfigMap>, delivery| {
-                if delivery != Delivery::InitialList {
-                    print(&RecoveryLine::Event(event("add", object, None, false)));
-                }
-            })
-            .on_update(|old, new, _| {
-                print(&RecoveryLine::Event(event("update", new, Some(old), false)));
-            })
-            .on_delete(|deleted| {
-                let tombstone = deleted.is_final_state_unknown();
-                let line = event("delete", deleted.object(), None, tombstone);
-                print(&RecoveryLine::Event(line));
-            }),
-    );
+    informer
+        .add_handler(
+            handler_fn()
+                .on_add(|object: &Arc<ConfigMap>, delivery| {
+                    if delivery != Delivery::InitialList {
+                        print(&RecoveryLine::Event(event("add", object, None, false)));
+                    }
+                })
+                .on_update(|old, new, _| {
+                    print(&RecoveryLine::Event(event("update", new, Some(old), false)));
+                })
+                .on_delete(|deleted| {
+                    let tombstone = deleted.is_final_state_unknown();
+                    let line = event("delete", deleted.object(), None, tombstone);
+                    print(&RecoveryLine::Event(line));
+                }),
+        )
+        .expect("an informer that has not run has not stopped");
     let informer = informer.spawn(CancellationToken::new());
     informer.wait_synced_or_fatal().await?;
     print(&RecoveryLine::Synced {

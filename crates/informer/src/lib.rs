@@ -7,10 +7,12 @@
 //! wire up (each layer uses only the ones before it; `ARCHITECTURE.md` in the repository
 //! draws the edges):
 //!
-//! - [`ListWatch`]: paged list plus watch from a resourceVersion, implemented for
-//!   [`kube_client::Api`] (typed resources, `DynamicObject`, metadata-only objects) and
-//!   [`ApiListWatch`]; built-in kinds are read in protobuf, as client-go reads them, into
-//!   the same serde types that read JSON;
+//! - [`list_watch`]: the [`ListWatch`](list_watch::ListWatch) trait, paged list plus
+//!   watch from a resourceVersion, implemented for [`kube_client::Api`] (typed resources,
+//!   `DynamicObject`, metadata-only objects) and
+//!   [`ApiListWatch`](list_watch::ApiListWatch), with the types an implementation speaks;
+//!   built-in kinds are read in protobuf, as client-go reads them, into the same serde
+//!   types that read JSON;
 //! - [`Store`]: the indexed cache, compact by default (objects kept as the bytes the
 //!   server sent, decoded on read) or of shared `Arc<K>`s, read-only to its users, with a
 //!   [`Lister`] on top;
@@ -21,6 +23,8 @@
 //! - [`workqueue`]: deduplicating, delaying and rate-limited queues with metrics;
 //! - [`Controller`]: informers' changes mapped to keys on a rate-limited workqueue, and
 //!   the workers that reconcile each key;
+//! - [`Manager`]: a factory's informers, controllers, probes, metrics, leader election and
+//!   a bounded shutdown (feature `manager`);
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`).
 
 mod client;
@@ -31,7 +35,7 @@ mod key;
 #[cfg(feature = "leader-election")]
 #[cfg_attr(docsrs, doc(cfg(feature = "leader-election")))]
 pub mod leader_election;
-mod list_watch;
+pub mod list_watch;
 #[cfg(feature = "manager")]
 #[cfg_attr(docsrs, doc(cfg(feature = "manager")))]
 mod manager;
@@ -54,18 +58,13 @@ pub use controller::{
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, DivergenceCheck, DivergenceStats, Drift,
-    EventHandler, FactoryObject, FactoryScope, HandlerFn, HandlerRegistration, HasSynced,
+    EventHandler, FactoryDefaults, FactoryScope, HandlerFn, HandlerRegistration, HasSynced,
     InformerBuilder, InformerFactory, InformerHandle, InformerStatus, KeyHandler,
-    MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, Scope, SharedInformer, handler_fn,
-    key_handler, wait_for_cache_sync,
+    MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, Scope, SharedInformer,
+    TypedResource, handler_fn, key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
-pub use kube_client::api::VersionMatch;
-pub use list_watch::{
-    ApiListWatch, Change, KUBERNETES_API_VERSION, LazyObject, ListItem, ListOptions, ListPage,
-    ListStream, ListWatch, ObjectVersion, ProtobufError, RawObject, Undecodable, VersionPage,
-    WatchEvent, WatchOptions, WatchStream, WireFormat,
-};
+pub use list_watch::LazyObject;
 #[cfg(feature = "manager")]
 pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};
 pub use reflector::{

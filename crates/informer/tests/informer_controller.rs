@@ -24,9 +24,11 @@ async fn keys_to_queue_and_back_from_the_store() {
         .index_fn("app", label_index("app"))
         .build();
     let (queue, mut keys) = mpsc::unbounded_channel::<ObjectKey>();
-    let registration = informer.add_handler(key_handler::<ConfigMap, _>(move |key| {
-        let _ = queue.send(key);
-    }));
+    let registration = informer
+        .add_handler(key_handler::<ConfigMap, _>(move |key| {
+            let _ = queue.send(key);
+        }))
+        .expect("an informer that has not run has not stopped");
 
     let informer = informer.spawn(CancellationToken::new());
     wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(10))

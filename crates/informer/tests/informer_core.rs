@@ -15,8 +15,8 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    CancellationToken, Delivery, DivergenceCheck, Error, ListOptions, ListPage, ListStream,
-    ListWatch, Repair, SharedInformer, Verb, WatchOptions, WatchStream, handler_fn,
+    CancellationToken, Delivery, DivergenceCheck, Error, Repair, SharedInformer, Verb, handler_fn,
+    list_watch::{ListOptions, ListPage, ListStream, ListWatch, WatchOptions, WatchStream},
     testing::{decode_error, status},
 };
 use support::*;
@@ -238,9 +238,11 @@ async fn resync_periods_below_a_second_are_raised_to_one() {
         .resync_period(Duration::from_millis(10))
         .build();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let registration = informer.add_handler(handler_fn().on_update(move |_, _, _| {
-        let _ = tx.send(Instant::now());
-    }));
+    let registration = informer
+        .add_handler(handler_fn().on_update(move |_, _, _| {
+            let _ = tx.send(Instant::now());
+        }))
+        .expect("an informer that has not run has not stopped");
     let started = Instant::now();
     let informer = informer.spawn(CancellationToken::new());
     within("the handler to sync", registration.wait_synced()).await;
@@ -440,7 +442,8 @@ async fn each_handler_resyncs_at_its_own_period() {
         match period {
             Some(period) => informer.add_handler_with_resync(handler, period),
             None => informer.add_handler(handler),
-        };
+        }
+        .expect("the informer has not stopped");
         rx
     };
     let mut fast = resyncs(&informer, Some(Duration::from_secs(7)));
@@ -500,16 +503,18 @@ async fn a_relist_is_applied_atomically_and_its_events_follow_in_a_documented_or
         }
     };
     let (on_add, on_update, on_delete) = (record("add"), record("update"), record("delete"));
-    informer.add_handler(
-        handler_fn()
-            .on_add(move |o: &Arc<ConfigMap>, delivery| {
-                if delivery == Delivery::Live {
-                    on_add(o)
-                }
-            })
-            .on_update(move |_, new: &Arc<ConfigMap>, _| on_update(new))
-            .on_delete(move |d| on_delete(d.object())),
-    );
+    informer
+        .add_handler(
+            handler_fn()
+                .on_add(move |o: &Arc<ConfigMap>, delivery| {
+                    if delivery == Delivery::Live {
+                        on_add(o)
+                    }
+                })
+                .on_update(move |_, new: &Arc<ConfigMap>, _| on_update(new))
+                .on_delete(move |d| on_delete(d.object())),
+        )
+        .expect("an informer that has not run has not stopped");
     let informer = informer.spawn(CancellationToken::new());
     within("the first sync", informer.wait_synced()).await;
     fake.wait_for_calls(|c| c.watches == 1).await;
@@ -588,19 +593,22 @@ async fn each_event_says_whether_it_is_the_initial_list_a_live_change_or_a_resyn
         .build();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let (adds, updates) = (tx.clone(), tx);
-    let registration = informer.add_handler(
-        handler_fn()
-            .on_add(move |o: &Arc<ConfigMap>, delivery| {
-                let _ = adds.send(("add", o.metadata.name.clone().unwrap_or_default(), delivery));
-            })
-            .on_update(move |_, new: &Arc<ConfigMap>, delivery| {
-                let _ = updates.send((
-                    "update",
-                    new.metadata.name.clone().unwrap_or_default(),
-                    delivery,
-                ));
-            }),
-    );
+    let registration = informer
+        .add_handler(
+            handler_fn()
+                .on_add(move |o: &Arc<ConfigMap>, delivery| {
+                    let _ =
+                        adds.send(("add", o.metadata.name.clone().unwrap_or_default(), delivery));
+                })
+                .on_update(move |_, new: &Arc<ConfigMap>, delivery| {
+                    let _ = updates.send((
+                        "update",
+                        new.metadata.name.clone().unwrap_or_default(),
+                        delivery,
+                    ));
+                }),
+        )
+        .expect("an informer that has not run has not stopped");
     let informer = informer.spawn(CancellationToken::new());
     within("the handler to sync", registration.wait_synced()).await;
     assert_eq!(

@@ -31,7 +31,7 @@ where
         + Send
         + Sync
         + 'static,
-    FakeListWatch<K>: kube_informer::ListWatch<K>,
+    FakeListWatch<K>: kube_informer::list_watch::ListWatch<K>,
 {
     SharedInformer::builder(fake)
         .paged_list()

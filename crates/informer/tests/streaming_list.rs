@@ -78,32 +78,34 @@ impl Running {
         .build();
         let (tx, seen) = mpsc::unbounded_channel();
         let (add, update, delete) = (tx.clone(), tx.clone(), tx);
-        let registration = informer.add_handler(
-            handler_fn()
-                .on_add(move |cm: &Arc<ConfigMap>, delivery| {
-                    let _ = add.send(Seen::Add {
-                        name: name(cm),
-                        initial: delivery == Delivery::InitialList,
-                    });
-                })
-                .on_update(move |old: &Arc<ConfigMap>, new: &Arc<ConfigMap>, _| {
-                    let _ = update.send(Seen::Update {
-                        name: name(new),
-                        old_rv: rv(old),
-                        new_rv: rv(new),
-                    });
-                })
-                .on_delete(move |d: &DeletedObject<ConfigMap>| {
-                    let (obj, tombstone) = match d {
-                        DeletedObject::Final(o) => (o.clone(), false),
-                        DeletedObject::FinalStateUnknown(t) => (t.last_known.clone(), true),
-                    };
-                    let _ = delete.send(Seen::Delete {
-                        name: name(&obj),
-                        tombstone,
-                    });
-                }),
-        );
+        let registration = informer
+            .add_handler(
+                handler_fn()
+                    .on_add(move |cm: &Arc<ConfigMap>, delivery| {
+                        let _ = add.send(Seen::Add {
+                            name: name(cm),
+                            initial: delivery == Delivery::InitialList,
+                        });
+                    })
+                    .on_update(move |old: &Arc<ConfigMap>, new: &Arc<ConfigMap>, _| {
+                        let _ = update.send(Seen::Update {
+                            name: name(new),
+                            old_rv: rv(old),
+                            new_rv: rv(new),
+                        });
+                    })
+                    .on_delete(move |d: &DeletedObject<ConfigMap>| {
+                        let (obj, tombstone) = match d {
+                            DeletedObject::Final(o) => (o.clone(), false),
+                            DeletedObject::FinalStateUnknown(t) => (t.last_known.clone(), true),
+                        };
+                        let _ = delete.send(Seen::Delete {
+                            name: name(&obj),
+                            tombstone,
+                        });
+                    }),
+            )
+            .expect("an informer that has not run has not stopped");
         let informer = informer.spawn(CancellationToken::new());
         wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(600))
             .await

@@ -17,8 +17,11 @@ use kube_client::{
     api::{Patch, PatchParams},
 };
 use kube_informer::{
-    Change, DivergenceCheck, Error, ListOptions, ListPage, ListStream, ListWatch, Repair,
-    SharedInformer, VersionPage, WatchEvent, WatchOptions, WatchStream,
+    DivergenceCheck, Error, Repair, SharedInformer,
+    list_watch::{
+        Change, ListOptions, ListPage, ListStream, ListWatch, VersionPage, WatchEvent,
+        WatchOptions, WatchStream,
+    },
 };
 use kube_testenv::TestEnv;
 use serde_json::json;

@@ -14,7 +14,8 @@ use kube_client::{
     core::Resource,
 };
 use kube_informer::{
-    BackoffConfig, Error, ListOptions, ListWatch, SharedInformer, Verb, WatchOptions,
+    BackoffConfig, Error, SharedInformer, Verb,
+    list_watch::{ListOptions, ListWatch, WatchOptions},
 };
 use kube_testenv::TestEnv;
 use serde::{Deserialize, Serialize};

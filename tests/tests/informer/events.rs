@@ -115,11 +115,13 @@ async fn a_blocked_handler_does_not_delay_another() {
     let released = Mutex::new(released);
     let slow_seen = Arc::new(AtomicUsize::new(0));
     let slow_count = slow_seen.clone();
-    informer.add_handler(handler_fn::<ConfigMap>().on_add(move |_, _| {
-        if slow_count.fetch_add(1, Ordering::SeqCst) == 0 {
-            let _ = released.lock().unwrap().recv_timeout(2 * PATIENCE);
-        }
-    }));
+    informer
+        .add_handler(handler_fn::<ConfigMap>().on_add(move |_, _| {
+            if slow_count.fetch_add(1, Ordering::SeqCst) == 0 {
+                let _ = released.lock().unwrap().recv_timeout(2 * PATIENCE);
+            }
+        }))
+        .expect("an informer that has not run has not stopped");
     let (_fast, mut fast_rx) = recorder(&informer);
     let informer = run(informer);
     within("the informer to sync", informer.wait_synced()).await;

@@ -14,8 +14,8 @@ use kube_client::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_informer::{
-    ApiListWatch, Delivery, Error, InformerHandle, ListOptions, ListWatch, SharedInformer, Verb,
-    VersionMatch, handler_fn,
+    Delivery, Error, InformerHandle, SharedInformer, Verb, handler_fn,
+    list_watch::{ApiListWatch, ListOptions, ListWatch, VersionMatch},
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -275,18 +275,20 @@ async fn an_apiserver_restart_is_survived_without_spurious_events() {
         record("update"),
         record("delete"),
     );
-    informer.add_handler(
-        handler_fn::<ConfigMap>()
-            .on_add(move |o, delivery| {
-                if delivery == Delivery::InitialList {
-                    on_initial(o)
-                } else {
-                    on_add(o)
-                }
-            })
-            .on_update(move |_, new, _| on_update(new))
-            .on_delete(move |d| on_delete(d.object())),
-    );
+    informer
+        .add_handler(
+            handler_fn::<ConfigMap>()
+                .on_add(move |o, delivery| {
+                    if delivery == Delivery::InitialList {
+                        on_initial(o)
+                    } else {
+                        on_add(o)
+                    }
+                })
+                .on_update(move |_, new, _| on_update(new))
+                .on_delete(move |d| on_delete(d.object())),
+        )
+        .expect("an informer that has not run has not stopped");
     let informer = run(informer);
     within("the informer to sync", informer.wait_synced()).await;
     lw.wait_calls("the first watch", |c| !c.watches.is_empty())

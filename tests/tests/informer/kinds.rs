@@ -10,7 +10,10 @@ use kube_client::{
     api::{Patch, PatchParams, PostParams},
     core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
 };
-use kube_informer::{ApiListWatch, LazyObject, ListWatch, SharedInformer, WireFormat, label_index};
+use kube_informer::{
+    LazyObject, SharedInformer, label_index,
+    list_watch::{ApiListWatch, ListWatch, WireFormat},
+};
 use kube_testenv::TestEnv;
 use serde_json::json;
 use tests::{

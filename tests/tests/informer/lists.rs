@@ -8,8 +8,8 @@ use kube_client::{
     core::{ApiResource, DynamicObject, GroupVersionKind, Resource},
 };
 use kube_informer::{
-    ApiListWatch, Error, ListItem, ListOptions, ListWatch, SharedInformer, Verb, VersionMatch,
-    label_index,
+    Error, SharedInformer, Verb, label_index,
+    list_watch::{ApiListWatch, ListItem, ListOptions, ListWatch, VersionMatch},
 };
 use kube_testenv::TestEnv;
 use serde_json::json;

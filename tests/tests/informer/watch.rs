@@ -5,7 +5,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_client::{Api, api::PostParams};
-use kube_informer::{Change, ListOptions, ListWatch, WatchEvent, WatchOptions};
+use kube_informer::list_watch::{Change, ListOptions, ListWatch, WatchEvent, WatchOptions};
 use kube_testenv::TestEnv;
 use tests::{config_map, rv, test_namespace, within};
 

@@ -142,7 +142,7 @@ where
 
     /// Re-deliver every cached object as `on_update(obj, obj, Delivery::Resync)` this often to each handler
     /// added without a period of its own (off by default; zero turns it off; see
-    /// [`SharedInformer::add_handler_with_resync`]). Periods under [`MIN_RESYNC_PERIOD`](crate::MIN_RESYNC_PERIOD) are
+    /// [`InformerHandle::add_handler_with_resync`](crate::InformerHandle::add_handler_with_resync)). Periods under [`MIN_RESYNC_PERIOD`](crate::MIN_RESYNC_PERIOD) are
     /// raised to it, as client-go does, so a typo cannot turn the informer into a busy loop.
     #[must_use]
     pub fn resync_period(mut self, period: Duration) -> Self {

@@ -7,9 +7,11 @@ use std::{
     future::Future,
     pin::Pin,
     sync::{Arc, Mutex, PoisonError},
+    time::Duration,
 };
 
 use dashmap::{DashMap, mapref::entry::Entry};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube_client::{Api, Client};
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
@@ -20,6 +22,55 @@ use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, sync::HasSynced,
 };
 use crate::{error::Error, list_watch::ApiListWatch, reflector::ReflectorStats};
+
+/// A transform of every object's metadata, whatever its type.
+type MetadataTransform = Arc<dyn Fn(&mut ObjectMeta) + Send + Sync>;
+
+/// What every informer of a factory is built with (client-go's factory options): a resync
+/// period and a transform of each object's metadata. An informer's own customisation
+/// ([`InformerFactory::informer_with`]) comes after them: its resync period or transform
+/// replaces the default.
+#[derive(Clone, Default)]
+pub struct FactoryDefaults {
+    resync_period: Option<Duration>,
+    metadata_transform: Option<MetadataTransform>,
+}
+
+impl FactoryDefaults {
+    /// Every informer resyncs this often (see [`InformerBuilder::resync_period`]).
+    #[must_use]
+    pub fn resync_period(mut self, period: Duration) -> Self {
+        self.resync_period = Some(period);
+        self
+    }
+
+    /// Every object's metadata goes through `transform` before it is stored.
+    #[must_use]
+    pub fn transform_metadata(
+        mut self,
+        transform: impl Fn(&mut ObjectMeta) + Send + Sync + 'static,
+    ) -> Self {
+        self.metadata_transform = Some(Arc::new(transform));
+        self
+    }
+
+    /// Every object is stored without `metadata.managedFields`, usually the largest part of
+    /// an object and one a controller never reads (see
+    /// [`strip_managed_fields`](crate::strip_managed_fields)).
+    #[must_use]
+    pub fn strip_managed_fields(self) -> Self {
+        self.transform_metadata(|meta| meta.managed_fields = None)
+    }
+}
+
+impl Debug for FactoryDefaults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FactoryDefaults")
+            .field("resync_period", &self.resync_period)
+            .field("metadata_transform", &self.metadata_transform.is_some())
+            .finish()
+    }
+}
 
 /// Which objects of a resource an informer caches: a namespace (or all), and label and
 /// field selectors. Informers of a factory are shared per resource and scope.
@@ -74,15 +125,17 @@ impl Scope {
     }
 }
 
-/// What a factory builds informers of: a typed resource (k8s-openapi's types, your own
-/// `CustomResource`s) that the default compact cache can keep. Implemented for every type
-/// with these bounds.
-pub trait FactoryObject:
+/// A typed resource: a type whose kind is known at compile time (k8s-openapi's types, your
+/// own `CustomResource`s, a [`LazyObject`](crate::LazyObject) of either) and that the
+/// default compact cache can keep. What a factory, a manager and a controller's bounds ask
+/// for; implemented for every type with these bounds, so write `K: TypedResource` instead
+/// of the list.
+pub trait TypedResource:
     Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static
 {
 }
 
-impl<K> FactoryObject for K where
+impl<K> TypedResource for K where
     K: Resource<DynamicType = ()>
         + Clone
         + Serialize
@@ -257,6 +310,7 @@ pub struct InformerFactory {
 
 struct Inner {
     client: Client,
+    defaults: FactoryDefaults,
     registry: DashMap<(TypeId, Scope), Registered>,
     lifecycle: Mutex<Lifecycle>,
 }
@@ -278,9 +332,28 @@ impl Debug for InformerFactory {
 impl InformerFactory {
     /// A factory whose informers list and watch through `client`.
     pub fn new(client: Client) -> Self {
+        Self::with_defaults(client, FactoryDefaults::default())
+    }
+
+    /// A factory whose informers list and watch through `client`, each built with
+    /// `defaults` (client-go's `NewSharedInformerFactoryWithOptions`).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use kube_informer::{FactoryDefaults, InformerFactory};
+    ///
+    /// # fn doc(client: kube_client::Client) {
+    /// let defaults = FactoryDefaults::default()
+    ///     .resync_period(Duration::from_secs(600))
+    ///     .strip_managed_fields();
+    /// let factory = InformerFactory::with_defaults(client, defaults);
+    /// # }
+    /// ```
+    pub fn with_defaults(client: Client, defaults: FactoryDefaults) -> Self {
         Self {
             inner: Arc::new(Inner {
                 client,
+                defaults,
                 registry: DashMap::new(),
                 lifecycle: Mutex::default(),
             }),
@@ -296,7 +369,7 @@ impl InformerFactory {
     /// configuration.
     pub fn informer<K>(&self, scope: Scope) -> InformerHandle<K>
     where
-        K: FactoryObject,
+        K: TypedResource,
         K::Scope: FactoryScope,
     {
         self.informer_with(scope, |builder| builder)
@@ -314,7 +387,7 @@ impl InformerFactory {
         + 'static,
     ) -> InformerHandle<K>
     where
-        K: FactoryObject,
+        K: TypedResource,
         K::Scope: FactoryScope,
     {
         let key = (TypeId::of::<K>(), scope);
@@ -338,7 +411,7 @@ impl InformerFactory {
 
     fn build<K>(&self, scope: &Scope, customize: Customize<K>) -> SharedInformer<K>
     where
-        K: FactoryObject,
+        K: TypedResource,
         K::Scope: FactoryScope,
     {
         let api = K::Scope::api::<K>(self.inner.client.clone(), scope.namespace.as_deref());
@@ -349,7 +422,18 @@ impl InformerFactory {
         if let Some(fields) = &scope.fields {
             list_watch = list_watch.fields(fields);
         }
-        customize(SharedInformer::builder(list_watch)).build()
+        let defaults = &self.inner.defaults;
+        let mut builder = SharedInformer::builder(list_watch);
+        if let Some(period) = defaults.resync_period {
+            builder = builder.resync_period(period);
+        }
+        if let Some(transform) = defaults.metadata_transform.clone() {
+            builder = builder.transform(move |mut obj: K| {
+                transform(obj.meta_mut());
+                obj
+            });
+        }
+        customize(builder).build()
     }
 
     fn start_or_hold(&self, starter: Starter) {

@@ -39,7 +39,9 @@ use processor::{Processor, lock};
 pub use builder::{InformerBuilder, MIN_RESYNC_PERIOD};
 use divergence::Divergence;
 pub use divergence::{DivergenceCheck, DivergenceStats, Drift, OutdatedObject, Repair};
-pub use factory::{FactoryObject, FactoryScope, InformerFactory, InformerStatus, Scope};
+pub use factory::{
+    FactoryDefaults, FactoryScope, InformerFactory, InformerStatus, Scope, TypedResource,
+};
 use handler::run_listener;
 pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn,
@@ -94,7 +96,7 @@ pub use sync::{HasSynced, wait_for_cache_sync};
 /// use kube_informer::{SharedInformer, handler_fn, testing::FakeListWatch, wait_for_cache_sync};
 /// use tokio_util::sync::CancellationToken;
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), kube_informer::Error> {
 /// let fake = FakeListWatch::<ConfigMap>::new("configmaps");
 /// fake.add(FakeListWatch::<ConfigMap>::object(Some("default"), "a"));
 ///
@@ -104,14 +106,14 @@ pub use sync::{HasSynced, wait_for_cache_sync};
 /// let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
 /// let registration = informer.add_handler(handler_fn().on_add(move |cm: &std::sync::Arc<ConfigMap>, _| {
 ///     let _ = tx.send(cm.metadata.name.clone());
-/// }));
+/// }))?;
 ///
 /// let informer = informer.spawn(CancellationToken::new());
 /// wait_for_cache_sync(&[&informer, &registration], Duration::from_secs(10)).await.unwrap();
 /// assert_eq!(rx.recv().await.unwrap().as_deref(), Some("a"));
 /// assert_eq!(informer.store().by_index("by-name", "a").unwrap().len(), 1);
 /// informer.stop().await;
-/// # }
+/// # Ok(()) }
 /// ```
 pub struct SharedInformer<K> {
     handle: InformerHandle<K>,
@@ -178,7 +180,7 @@ enum Lifecycle {
 
 impl<K: Resource + Serialize + DeserializeOwned + Send + Sync + 'static> SharedInformer<K> {
     /// An informer with default options over `list_watch` (an `Api<K>`, an
-    /// [`ApiListWatch`](crate::ApiListWatch), a `testing::FakeListWatch`, ...).
+    /// [`ApiListWatch`](crate::list_watch::ApiListWatch), a `testing::FakeListWatch`, ...).
     pub fn new<L: ListWatch<K>>(list_watch: L) -> Self {
         Self::builder(list_watch).build()
     }
@@ -197,29 +199,6 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
     /// A shared handle on this informer, valid after it starts and stops.
     pub fn handle(&self) -> InformerHandle<K> {
         self.handle.clone()
-    }
-
-    /// Registers a handler; it runs once the informer runs. Unlike
-    /// [`InformerHandle::add_handler`], this cannot fail: the informer has not stopped.
-    pub fn add_handler(&self, handler: impl EventHandler<K>) -> HandlerRegistration {
-        self.handle
-            .register(handler, self.handle.inner.resync)
-            .expect("an informer that has not started has not stopped")
-    }
-
-    /// Registers a handler with a resync period of its own (client-go's
-    /// `AddEventHandlerWithResyncPeriod`): every cached object is re-delivered to it as
-    /// `on_update(obj, obj, Delivery::Resync)` that often, whatever the informer's
-    /// [`resync_period`](InformerBuilder::resync_period). Zero turns resyncs off for it;
-    /// periods under [`MIN_RESYNC_PERIOD`] are raised to it.
-    pub fn add_handler_with_resync(
-        &self,
-        handler: impl EventHandler<K>,
-        period: Duration,
-    ) -> HandlerRegistration {
-        self.handle
-            .register(handler, resync_period(period))
-            .expect("an informer that has not started has not stopped")
     }
 
     /// Starts the informer on the current tokio runtime; it runs until `cancel` fires or the
@@ -469,9 +448,11 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         self.inner.stats.clone()
     }
 
-    /// Registers a handler. It gets its own buffer and task. If the informer has already
-    /// synced, it first receives every cached object as an initial add; its registration's
+    /// Registers a handler. It gets its own buffer and task, and runs once the informer
+    /// runs. If the informer has already synced, it first receives every cached object as
+    /// an initial add; its registration's
     /// [`has_synced`](HandlerRegistration::has_synced) turns true once those are processed.
+    /// The same call on a [`SharedInformer`] that has not run yet, through its handle.
     ///
     /// # Errors
     ///
@@ -480,8 +461,11 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         self.register(handler, self.inner.resync)
     }
 
-    /// Registers a handler with a resync period of its own; see
-    /// [`SharedInformer::add_handler_with_resync`].
+    /// Registers a handler with a resync period of its own (client-go's
+    /// `AddEventHandlerWithResyncPeriod`): every cached object is re-delivered to it as
+    /// `on_update(obj, obj, Delivery::Resync)` that often, whatever the informer's
+    /// [`resync_period`](InformerBuilder::resync_period). Zero turns resyncs off for it;
+    /// periods under [`MIN_RESYNC_PERIOD`] are raised to it.
     ///
     /// # Errors
     ///
@@ -798,15 +782,17 @@ mod tests {
         let release_rx = Mutex::new(release_rx);
         let slow_seen = Arc::new(AtomicU64::new(0));
         let seen = slow_seen.clone();
-        let slow = informer.add_handler(handler_fn().on_add(move |_, _| {
-            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
-                // blocks until the fast handler has seen everything
-                let _ = release_rx
-                    .lock()
-                    .unwrap()
-                    .recv_timeout(Duration::from_secs(30));
-            }
-        }));
+        let slow = informer
+            .add_handler(handler_fn().on_add(move |_, _| {
+                if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    // blocks until the fast handler has seen everything
+                    let _ = release_rx
+                        .lock()
+                        .unwrap()
+                        .recv_timeout(Duration::from_secs(30));
+                }
+            }))
+            .expect("an informer that has not run has not stopped");
         let (fast, mut rx) = recorder(&informer);
         let informer = informer.spawn(CancellationToken::new());
         fast.wait_synced().await;
@@ -950,10 +936,12 @@ mod tests {
         let store = informer.handle().store();
         let cached_at_adds = Arc::new(std::sync::Mutex::new(Vec::new()));
         let seen = cached_at_adds.clone();
-        informer.add_handler(
-            handler_fn()
-                .on_add(move |_: &Arc<ConfigMap>, _| seen.lock().unwrap().push(store.len())),
-        );
+        informer
+            .add_handler(
+                handler_fn()
+                    .on_add(move |_: &Arc<ConfigMap>, _| seen.lock().unwrap().push(store.len())),
+            )
+            .expect("an informer that has not run has not stopped");
         let running = informer.spawn(CancellationToken::new());
         running.wait_synced().await;
         while cached_at_adds.lock().unwrap().len() < OBJECTS {

@@ -34,7 +34,7 @@ use crate::error::{Error, Verb};
 /// ```no_run
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kube_client::{Api, Client};
-/// use kube_informer::{ApiListWatch, SharedInformer};
+/// use kube_informer::{SharedInformer, list_watch::ApiListWatch};
 ///
 /// # async fn f(client: Client) {
 /// let lw = ApiListWatch::new(Api::<Pod>::namespaced(client, "apps"))

@@ -34,14 +34,14 @@ use crate::{error::Error, key::ObjectKey};
 /// it reads).
 ///
 /// The bytes are the server's, kept as they came: protobuf for built-in kinds read by
-/// [`ApiListWatch`](crate::ApiListWatch), JSON otherwise (`LazyObject` reads from
+/// [`ApiListWatch`](crate::list_watch::ApiListWatch), JSON otherwise (`LazyObject` reads from
 /// serde_json, whose text it keeps, and from the protobuf the API server sends). The
 /// metadata is all of `metadata` but `managedFields`, the largest part of most objects'
 /// metadata, which stays in the bytes: `meta().managed_fields` is `None` and
 /// [`decode`](Self::decode) returns them.
 ///
 /// What is deferred can fail late: the metadata must decode for an object to arrive at all
-/// (else it is [undecodable](crate::Undecodable), as for `K`), but a body that does not
+/// (else it is [undecodable](crate::list_watch::Undecodable), as for `K`), but a body that does not
 /// decode as `K` is an error of [`decode`](Self::decode), not of the list or watch.
 ///
 /// ```
@@ -56,7 +56,7 @@ use crate::{error::Error, key::ObjectKey};
 /// informer.add_handler(handler_fn().on_add(|pod: &std::sync::Arc<LazyObject<Pod>>, _| {
 ///     // The metadata is decoded; the spec waits until something asks for it.
 ///     println!("{:?} {:?}", pod.metadata.name, pod.metadata.labels);
-/// }));
+/// }))?;
 /// let informer = informer.spawn(Default::default());
 /// informer.wait_synced_or_fatal().await?;
 /// if let Some(pod) = informer.store().get_by_key("default/web") {

@@ -1,5 +1,11 @@
 //! The source of objects: a paged list plus a watch, as the API server serves them.
 //! The full documentation is on [`ListWatch`].
+//!
+//! An informer takes any [`ListWatch`]: a kube-client `Api<K>` (typed resources,
+//! `DynamicObject`, metadata-only objects), an [`ApiListWatch`] (an `Api` with selectors and
+//! a wire format), or your own source. This module holds what an implementation of the
+//! trait speaks: the options of a list and a watch, the pages and events it yields, and the
+//! bytes an object arrived in.
 
 mod api;
 mod batch;
@@ -14,7 +20,7 @@ mod wire_format;
 use std::{future::Future, time::Duration};
 
 use futures::{StreamExt, stream::BoxStream};
-use kube_client::api::VersionMatch;
+
 use kube_core::{Resource, Status};
 
 use serde::Deserialize;
@@ -22,6 +28,7 @@ use serde::Deserialize;
 use crate::{error::Error, key::ObjectKey};
 
 pub use api::ApiListWatch;
+pub use kube_client::api::VersionMatch;
 pub use lazy::LazyObject;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
 pub(crate) use raw::RawFormat;
@@ -245,7 +252,7 @@ pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, Error>>;
 /// # Example
 ///
 /// ```
-/// use kube_informer::{ListOptions, ListWatch, testing::FakeListWatch};
+/// use kube_informer::{list_watch::{ListOptions, ListWatch}, testing::FakeListWatch};
 /// use k8s_openapi::api::core::v1::ConfigMap;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {

@@ -13,9 +13,9 @@ use crate::error::BoxError;
 
 /// The bytes one object was decoded from, exactly as the API server sent them.
 ///
-/// [`ApiListWatch`](crate::ApiListWatch) hands them over beside each listed or watched
-/// object ([`ListItem::Decoded`](crate::ListItem::Decoded),
-/// [`WatchEvent::Decoded`](crate::WatchEvent::Decoded)), so that a compact
+/// [`ApiListWatch`](crate::list_watch::ApiListWatch) hands them over beside each listed or watched
+/// object ([`ListItem::Decoded`](crate::list_watch::ListItem::Decoded),
+/// [`WatchEvent::Decoded`](crate::list_watch::WatchEvent::Decoded)), so that a compact
 /// [`Store`](crate::Store) keeps them as they are: no encoding of its own, and no check
 /// that an encoding decodes back, since these bytes just did. Cheap to clone (shared).
 #[derive(Clone)]

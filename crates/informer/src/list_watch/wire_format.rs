@@ -6,12 +6,12 @@ use kube_core::{DynamicObject, Resource};
 
 use super::protobuf::envelope::is_protobuf;
 
-/// The encoding an [`ApiListWatch`](crate::ApiListWatch) asks the API server for.
+/// The encoding an [`ApiListWatch`](crate::list_watch::ApiListWatch) asks the API server for.
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kube_client::{Api, Client};
-/// use kube_informer::{ApiListWatch, WireFormat};
+/// use kube_informer::list_watch::{ApiListWatch, WireFormat};
 ///
 /// # async fn f(client: Client) {
 /// // JSON even for a typed built-in kind.
@@ -22,7 +22,7 @@ use super::protobuf::envelope::is_protobuf;
 #[non_exhaustive]
 pub enum WireFormat {
     /// Protobuf for typed built-in kinds (k8s-openapi types the protobuf table knows, those
-    /// of [`KUBERNETES_API_VERSION`](crate::KUBERNETES_API_VERSION)), as client-go does, and
+    /// of [`KUBERNETES_API_VERSION`](crate::list_watch::KUBERNETES_API_VERSION)), as client-go does, and
     /// JSON for everything else: custom resources, metadata-only lists, and
     /// `DynamicObject`s, which keep every field the server sends, including fields newer
     /// than the table that protobuf would drop. The API server encodes protobuf much

@@ -21,7 +21,7 @@ use kube_core::Resource;
 use crate::{
     controller::{Action, Controller, ControllerMetrics, ErrorAction, Failure, ReconcileRequest},
     error::error_chain,
-    informer::{FactoryObject, FactoryScope, InformerFactory, Scope},
+    informer::{FactoryScope, InformerFactory, Scope, TypedResource},
     task::join_within,
     workqueue::PrometheusMetrics,
 };
@@ -139,10 +139,15 @@ impl std::fmt::Debug for Manager {
 impl Manager {
     /// A manager whose factory's informers use `client`.
     pub fn new(client: Client) -> Self {
+        Self::with_factory(InformerFactory::new(client))
+    }
+
+    /// A manager of `factory` (one built
+    /// [with defaults](InformerFactory::with_defaults), say) and its informers.
+    pub fn with_factory(factory: InformerFactory) -> Self {
         let mut registry = Registry::default();
         let workqueue_metrics = PrometheusMetrics::new(&mut registry);
         let controller_metrics = ControllerMetrics::new(&mut registry);
-        let factory = InformerFactory::new(client);
         http::register_informer_metrics(&mut registry, factory.clone());
         Self {
             factory,
@@ -197,7 +202,7 @@ impl Manager {
     /// [`add_controller`](Self::add_controller) once its sources are added.
     pub fn controller<K>(&self, name: impl Into<String>, scope: Scope) -> Controller<K>
     where
-        K: FactoryObject,
+        K: TypedResource,
         K::Scope: FactoryScope,
     {
         Controller::new(name, self.factory.informer::<K>(scope))
