@@ -6,10 +6,10 @@
 //! cargo run -p examples --bin config-reloader -- --namespace web
 //! ```
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
 
 use clap::Parser;
-use examples::config_reloader::{HASH, NAMES, annotation, hash_of};
+use examples::config_reloader::{Args, HASH, NAMES, annotation, hash_of};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube_client::{
     Api,
@@ -20,24 +20,6 @@ use kube_informer::{
     ReconcileRequest, Scope, retry_with_backoff,
 };
 use serde_json::json;
-
-/// Rolls Deployments out when the ConfigMap they name changes.
-#[derive(Debug, Parser)]
-#[command(version, about)]
-struct Args {
-    /// The namespace to watch.
-    #[arg(long, default_value = "default")]
-    namespace: String,
-    /// The kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// The kubeconfig context to use (default: its current context).
-    #[arg(long)]
-    context: Option<String>,
-    /// How often each Deployment is checked even when nothing changes, in seconds.
-    #[arg(long, default_value_t = 300)]
-    resync: u64,
-}
 
 /// What every reconcile shares.
 struct Context {

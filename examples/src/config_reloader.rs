@@ -1,9 +1,29 @@
 //! What both config-reloaders share (the one on kube-informer, `config-reloader`, and the
 //! same controller on kube-runtime, `config-reloader-kube-runtime`): the annotations and
-//! the hash of a ConfigMap's data.
+//! the hash of a ConfigMap's data, and the command line.
+
+use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_client::api::ObjectMeta;
+
+/// Rolls Deployments out when the ConfigMap they name changes.
+#[derive(Debug, clap::Parser)]
+#[command(version, about)]
+pub struct Args {
+    /// The namespace to watch.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// The kubeconfig to use (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use (default: its current context).
+    #[arg(long)]
+    pub context: Option<String>,
+    /// How often each Deployment is checked even when nothing changes, in seconds.
+    #[arg(long, default_value_t = 300)]
+    pub resync: u64,
+}
 
 /// The annotation on a Deployment that names its ConfigMap.
 pub const NAMES: &str = "config-reloader.example.com/configmap";

@@ -177,12 +177,7 @@ async fn a_forbidden_first_list_that_clears_within_the_grace_is_survived() {
         let _ = synced_tx.send(key.to_string());
         async { Ok::<(), std::io::Error>(()) }
     };
-    let run = tokio::spawn(controller.run(
-        sync_by_key(sync),
-        retry_up_to(5),
-        Arc::new(()),
-        cancel.clone(),
-    ));
+    let run = spawn_key_loop(controller, sync, &cancel);
     assert_eq!(synced.recv().await.unwrap(), "default/a");
     cancel.cancel();
     run.await.unwrap().unwrap();
@@ -203,12 +198,7 @@ async fn updates_and_deletes_become_keys_and_success_forgets() {
         let _ = seen_tx.send((key.to_string(), store.get_by_key(&key).is_some()));
         async { Ok::<(), std::io::Error>(()) }
     };
-    let run = tokio::spawn(controller.run(
-        sync_by_key(sync),
-        retry_up_to(5),
-        Arc::new(()),
-        cancel.clone(),
-    ));
+    let run = spawn_key_loop(controller, sync, &cancel);
 
     assert_eq!(seen.recv().await.unwrap(), ("default/one".to_owned(), true));
     let mut changed = Fake::object(Some("default"), "one");
@@ -229,4 +219,22 @@ async fn updates_and_deletes_become_keys_and_success_forgets() {
 
     cancel.cancel();
     run.await.unwrap().unwrap();
+}
+
+/// Runs `controller` in a task as the tutorials' key loop: `sync(key)`, five retries.
+fn spawn_key_loop<F, Fut>(
+    controller: Controller<k8s_openapi::api::core::v1::ConfigMap>,
+    sync: F,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<Result<(), Error>>
+where
+    F: Fn(ObjectKey, Arc<()>) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = Result<(), std::io::Error>> + Send + 'static,
+{
+    tokio::spawn(controller.run(
+        sync_by_key(sync),
+        retry_up_to(5),
+        Arc::new(()),
+        cancel.clone(),
+    ))
 }

@@ -96,12 +96,8 @@ struct Inner<T> {
 }
 
 struct State<T> {
-    /// Items waiting for a worker at [`Priority::Normal`], oldest first, each with its slot
-    /// so that handing one out needs no hashing.
-    queue: VecDeque<(T, u32)>,
-    /// Items waiting at [`Priority::Low`], oldest first, with when they were queued: taken
-    /// when no normal item waits, or once the oldest has waited [`LOW_PRIORITY_MAX_WAIT`].
-    low: VecDeque<(T, u32, Instant)>,
+    /// The items waiting for a worker.
+    lanes: Lanes<T>,
     /// Every item that is waiting or processing, with its slot: client-go's `dirty` and
     /// `processing` sets in one table, so that each `add` and `done` looks the item up once,
     /// with a hash computed before the lock is taken.
@@ -109,13 +105,8 @@ struct State<T> {
     /// How many items `items` held room for when it last grew or was rehashed, which
     /// clears the room deleted items use up until then.
     room: usize,
-    /// The phase of each slot of `items`; freed slots are reused through `free`. One byte
-    /// a slot keeps the memory a burst of adds touches small.
-    phases: Vec<Phase>,
-    /// When each slot's item was added and started; only kept when the queue reports
-    /// metrics (then as long as `phases`), otherwise empty.
-    times: Vec<Times>,
-    free: Vec<u32>,
+    /// Each item's phase and times, by the slot its entry keeps.
+    slots: Slots,
     processing: usize,
     /// Workers that found nothing in `get` and wait for `item_queued`, less those an `add`
     /// or `done` has already woken for an item: queueing an item only notifies while this
@@ -165,6 +156,180 @@ enum Phase {
     ProcessingDirty,
     /// Added again while processing, only at low priority.
     ProcessingDirtyLow,
+}
+
+impl Phase {
+    /// The phase of an item added at `priority`.
+    #[inline]
+    fn waiting(priority: Priority) -> Self {
+        match priority {
+            Priority::Normal => Phase::Waiting,
+            Priority::Low => Phase::WaitingLow,
+        }
+    }
+
+    /// The phase of a processing item added again at `priority`.
+    #[inline]
+    fn dirty(priority: Priority) -> Self {
+        match priority {
+            Priority::Normal => Phase::ProcessingDirty,
+            Priority::Low => Phase::ProcessingDirtyLow,
+        }
+    }
+}
+
+/// Each held item's phase and, when the queue reports metrics, its times, in vectors indexed
+/// by the slot the item keeps while it is waiting or processing. A freed slot is reused, so
+/// the vectors grow with the items held at once, never with those ever held; one byte of
+/// phase a slot keeps the memory a burst of adds touches small.
+#[derive(Default)]
+struct Slots {
+    phases: Vec<Phase>,
+    /// Only kept when the queue reports metrics: then as long as `phases`.
+    times: Vec<Times>,
+    free: Vec<u32>,
+}
+
+// `#[inline]` throughout: `State<T>` is generic, so it is compiled in the crate that names
+// `T`, where these small non-generic methods would otherwise be calls across crates.
+impl Slots {
+    /// A slot for a new item in `phase`, added at `now` (set when the queue reports
+    /// metrics).
+    #[inline]
+    fn claim(&mut self, phase: Phase, now: Option<Instant>) -> u32 {
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.phases[slot as usize] = phase;
+                slot
+            }
+            None => {
+                let slot =
+                    u32::try_from(self.phases.len()).expect("a queue holds fewer than 2^32 items");
+                self.phases.push(phase);
+                slot
+            }
+        };
+        if now.is_some() {
+            let times = Times {
+                added: now,
+                started: None,
+            };
+            match self.times.get_mut(slot as usize) {
+                Some(kept) => *kept = times,
+                None => self.times.push(times),
+            }
+        }
+        slot
+    }
+
+    #[inline]
+    fn phase(&self, slot: u32) -> Phase {
+        self.phases[slot as usize]
+    }
+
+    #[inline]
+    fn set_phase(&mut self, slot: u32, phase: Phase) {
+        self.phases[slot as usize] = phase;
+    }
+
+    /// The slot's processing item was added again at `now`.
+    #[inline]
+    fn readded(&mut self, slot: u32, now: Option<Instant>) {
+        if now.is_some() {
+            self.times[slot as usize].added = now;
+        }
+    }
+
+    /// A worker takes the slot's waiting item at `now`; returns when it was added.
+    #[inline]
+    fn start(&mut self, slot: u32, now: Option<Instant>) -> Option<Instant> {
+        let phase = &mut self.phases[slot as usize];
+        debug_assert!(
+            matches!(*phase, Phase::Waiting | Phase::WaitingLow),
+            "a queued item must be waiting"
+        );
+        *phase = Phase::Processing;
+        let times = self.times.get_mut(slot as usize)?;
+        times.started = now;
+        times.added
+    }
+
+    /// When the slot's item started processing, if the queue reports metrics.
+    #[inline]
+    fn started(&self, slot: u32) -> Option<Instant> {
+        self.times.get(slot as usize).and_then(|t| t.started)
+    }
+
+    /// The slot's item left the queue.
+    #[inline]
+    fn release(&mut self, slot: u32) {
+        self.free.push(slot);
+    }
+}
+
+/// The items waiting for a worker, each with its slot so that handing one out needs no
+/// hashing: at [`Priority::Normal`] oldest first, and at [`Priority::Low`] oldest first
+/// with when they were queued, taken when no normal item waits or once the oldest has
+/// waited [`LOW_PRIORITY_MAX_WAIT`].
+struct Lanes<T> {
+    normal: VecDeque<(T, u32)>,
+    low: VecDeque<(T, u32, Instant)>,
+}
+
+impl<T> Lanes<T> {
+    #[inline]
+    fn new() -> Self {
+        Self {
+            normal: VecDeque::new(),
+            low: VecDeque::new(),
+        }
+    }
+
+    /// Queues `item` at `priority`; `now` is set when the queue reports metrics.
+    #[inline]
+    fn push(&mut self, item: T, slot: u32, priority: Priority, now: Option<Instant>) {
+        match priority {
+            Priority::Normal => self.normal.push_back((item, slot)),
+            Priority::Low => {
+                let queued = now.unwrap_or_else(Instant::now);
+                self.low.push_back((item, slot, queued));
+            }
+        }
+    }
+
+    /// Moves the low-priority item of `slot` to the back of the normal lane (rare, so a
+    /// search).
+    #[inline]
+    fn raise(&mut self, item: T, slot: u32) {
+        if let Some(at) = self.low.iter().position(|(_, s, _)| *s == slot) {
+            self.low.remove(at);
+        }
+        self.normal.push_back((item, slot));
+    }
+
+    /// The next item for a worker at `now`, with its slot.
+    #[inline]
+    fn pop(&mut self, now: Option<Instant>) -> Option<(T, u32)> {
+        let low_first = match (self.normal.front(), self.low.front()) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(_), Some((_, _, queued))) => {
+                now.unwrap_or_else(Instant::now)
+                    .saturating_duration_since(*queued)
+                    >= LOW_PRIORITY_MAX_WAIT
+            }
+        };
+        if low_first {
+            self.low.pop_front().map(|(item, slot, _)| (item, slot))
+        } else {
+            self.normal.pop_front()
+        }
+    }
+
+    #[inline]
+    fn len(&self) -> usize {
+        self.normal.len() + self.low.len()
+    }
 }
 
 /// How urgent an added item is (controller-runtime's priority queue, in two levels).
@@ -242,13 +407,10 @@ enum Next<T> {
 impl<T: Clone + Eq + Hash> State<T> {
     fn new() -> Self {
         Self {
-            queue: VecDeque::new(),
-            low: VecDeque::new(),
+            lanes: Lanes::new(),
             items: HashTable::new(),
             room: 0,
-            phases: Vec::new(),
-            times: Vec::new(),
-            free: Vec::new(),
+            slots: Slots::default(),
             processing: 0,
             sleepers: 0,
             shutting_down: false,
@@ -269,95 +431,57 @@ impl<T: Clone + Eq + Hash> State<T> {
         if self.shutting_down {
             return (Added::Ignored, Some(item));
         }
-        let len = self.items.len();
-        if len == self.items.capacity() {
-            // No room left (the table would grow or rehash in the insert below). Filled by
-            // items rather than by deleted ones, it grows fourfold while small, see
-            // `QUADRUPLE_BELOW`; otherwise it doubles or rehashes in place, as usual.
-            let additional = if len < QUADRUPLE_BELOW && len >= self.room / 2 {
-                3 * len + 1
-            } else {
-                1
-            };
-            self.items.reserve(additional, |e| e.hash.table());
-            self.room = self.items.capacity();
-        }
+        self.make_room();
         match self
             .items
             .entry(hash.table(), |e| e.item == item, |e| e.hash.table())
         {
             hash_table::Entry::Vacant(vacant) => {
-                let phase = match priority {
-                    Priority::Normal => Phase::Waiting,
-                    Priority::Low => Phase::WaitingLow,
-                };
-                let index = match self.free.pop() {
-                    Some(index) => {
-                        self.phases[index as usize] = phase;
-                        index
-                    }
-                    None => {
-                        let index = u32::try_from(self.phases.len())
-                            .expect("a queue holds fewer than 2^32 items");
-                        self.phases.push(phase);
-                        index
-                    }
-                };
-                if now.is_some() {
-                    let times = Times {
-                        added: now,
-                        started: None,
-                    };
-                    match self.times.get_mut(index as usize) {
-                        Some(slot) => *slot = times,
-                        None => self.times.push(times),
-                    }
-                }
-                match priority {
-                    Priority::Normal => self.queue.push_back((item.clone(), index)),
-                    Priority::Low => {
-                        let queued = now.unwrap_or_else(Instant::now);
-                        self.low.push_back((item.clone(), index, queued));
-                    }
-                }
-                vacant.insert(Entry {
-                    item,
-                    slot: index,
-                    hash,
-                });
+                let slot = self.slots.claim(Phase::waiting(priority), now);
+                self.lanes.push(item.clone(), slot, priority, now);
+                vacant.insert(Entry { item, slot, hash });
                 (Added::Queued, None)
             }
             hash_table::Entry::Occupied(occupied) => {
-                let index = occupied.get().slot;
-                let phase = &mut self.phases[index as usize];
-                match (*phase, priority) {
+                let slot = occupied.get().slot;
+                let added = match (self.slots.phase(slot), priority) {
                     (Phase::WaitingLow, Priority::Normal) => {
-                        // Raised: out of the low lane (rare, so a search), into the normal one.
-                        *phase = Phase::Waiting;
-                        if let Some(at) = self.low.iter().position(|(_, i, _)| *i == index) {
-                            self.low.remove(at);
-                        }
-                        self.queue.push_back((item.clone(), index));
-                        (Added::Duplicate, Some(item))
+                        self.slots.set_phase(slot, Phase::Waiting);
+                        self.lanes.raise(item.clone(), slot);
+                        Added::Duplicate
                     }
                     (Phase::Processing, _) => {
-                        *phase = match priority {
-                            Priority::Normal => Phase::ProcessingDirty,
-                            Priority::Low => Phase::ProcessingDirtyLow,
-                        };
-                        if now.is_some() {
-                            self.times[index as usize].added = now;
-                        }
-                        (Added::Dirty, Some(item))
+                        self.slots.set_phase(slot, Phase::dirty(priority));
+                        self.slots.readded(slot, now);
+                        Added::Dirty
                     }
                     (Phase::ProcessingDirtyLow, Priority::Normal) => {
-                        *phase = Phase::ProcessingDirty;
-                        (Added::Duplicate, Some(item))
+                        self.slots.set_phase(slot, Phase::ProcessingDirty);
+                        Added::Duplicate
                     }
-                    _ => (Added::Duplicate, Some(item)),
-                }
+                    _ => Added::Duplicate,
+                };
+                (added, Some(item))
             }
         }
+    }
+
+    /// Makes room in `items` for one more item when it has none left (the insert would
+    /// grow or rehash it). Filled by items rather than by deleted ones, it grows fourfold
+    /// while small, see [`QUADRUPLE_BELOW`]; otherwise it doubles or rehashes in place, as
+    /// usual.
+    fn make_room(&mut self) {
+        let len = self.items.len();
+        if len < self.items.capacity() {
+            return;
+        }
+        let additional = if len < QUADRUPLE_BELOW && len >= self.room / 2 {
+            3 * len + 1
+        } else {
+            1
+        };
+        self.items.reserve(additional, |e| e.hash.table());
+        self.room = self.items.capacity();
     }
 
     /// Whether a worker waits for an item and has not been woken for one yet; if so, counts
@@ -372,42 +496,15 @@ impl<T: Clone + Eq + Hash> State<T> {
     /// the caller will [`Sleep`](IfEmpty::Sleep), counts it among the sleepers: it is about
     /// to wait, registered with `item_queued`.
     fn next(&mut self, now: Option<Instant>, if_empty: IfEmpty) -> Next<(T, Option<Instant>)> {
-        let low_first = match (self.queue.front(), self.low.front()) {
-            (_, None) => false,
-            (None, Some(_)) => true,
-            (Some(_), Some((_, _, queued))) => {
-                now.unwrap_or_else(Instant::now)
-                    .saturating_duration_since(*queued)
-                    >= LOW_PRIORITY_MAX_WAIT
-            }
-        };
-        let taken = if low_first {
-            self.low.pop_front().map(|(item, index, _)| (item, index))
-        } else {
-            self.queue.pop_front()
-        };
-        let Some((item, index)) = taken else {
+        let Some((item, slot)) = self.lanes.pop(now) else {
             if self.shutting_down {
                 return Next::ShutDown;
             }
             self.sleepers += usize::from(if_empty == IfEmpty::Sleep);
             return Next::Empty;
         };
-        let index = index as usize;
-        let phase = &mut self.phases[index];
-        debug_assert!(
-            matches!(*phase, Phase::Waiting | Phase::WaitingLow),
-            "a queued item must be waiting"
-        );
-        *phase = Phase::Processing;
+        let added = self.slots.start(slot, now);
         self.processing += 1;
-        let added = if now.is_some() {
-            let times = &mut self.times[index];
-            times.started = now;
-            times.added
-        } else {
-            None
-        };
         Next::Item((item, added))
     }
 
@@ -416,30 +513,29 @@ impl<T: Clone + Eq + Hash> State<T> {
         let Ok(occupied) = self.items.find_entry(hash.table(), |e| e.item == *item) else {
             return None;
         };
-        let index = occupied.get().slot;
-        let phase = &mut self.phases[index as usize];
-        let (requeued, released) = match *phase {
+        let slot = occupied.get().slot;
+        let (requeued, released) = match self.slots.phase(slot) {
             Phase::Processing => {
                 let (Entry { item: key, .. }, _) = occupied.remove();
-                self.free.push(index);
+                self.slots.release(slot);
                 (false, Some(key))
             }
-            Phase::ProcessingDirty => {
-                *phase = Phase::Waiting;
-                self.queue.push_back((occupied.get().item.clone(), index));
-                (true, None)
-            }
-            Phase::ProcessingDirtyLow => {
-                *phase = Phase::WaitingLow;
-                let item = occupied.get().item.clone();
-                self.low.push_back((item, index, Instant::now()));
+            dirty @ (Phase::ProcessingDirty | Phase::ProcessingDirtyLow) => {
+                let priority = if dirty == Phase::ProcessingDirty {
+                    Priority::Normal
+                } else {
+                    Priority::Low
+                };
+                self.slots.set_phase(slot, Phase::waiting(priority));
+                self.lanes
+                    .push(occupied.get().item.clone(), slot, priority, None);
                 (true, None)
             }
             Phase::Waiting | Phase::WaitingLow => return None,
         };
         self.processing -= 1;
         Some(Finished {
-            started: self.times.get(index as usize).and_then(|t| t.started),
+            started: self.slots.started(slot),
             requeued,
             released,
         })
@@ -615,7 +711,7 @@ where
     /// The number of items waiting for a worker (not counting those processing).
     pub fn len(&self) -> usize {
         let state = self.inner.lock();
-        state.queue.len() + state.low.len()
+        state.lanes.len()
     }
 
     /// Whether no item is waiting for a worker.
@@ -713,10 +809,9 @@ impl<T: Send + Sync> InFlightSource for Inner<T> {
         let state = self.lock();
         let mut snapshot = InFlightSnapshot::default();
         for entry in &state.items {
-            let index = entry.slot as usize;
-            let started = state.times.get(index).and_then(|t| t.started);
+            let started = state.slots.started(entry.slot);
             let (Phase::Processing | Phase::ProcessingDirty, Some(started)) =
-                (state.phases[index], started)
+                (state.slots.phase(entry.slot), started)
             else {
                 continue;
             };
@@ -750,7 +845,7 @@ impl<T> fmt::Debug for Queue<T> {
         let state = self.inner.lock();
         f.debug_struct("Queue")
             .field("name", &self.inner.name)
-            .field("waiting", &(state.queue.len() + state.low.len()))
+            .field("waiting", &state.lanes.len())
             .field("processing", &state.processing)
             .field("shutting_down", &state.shutting_down)
             .finish()
@@ -893,8 +988,8 @@ mod tests {
             }
         }
         let state = queue.inner.lock();
-        assert_eq!(state.phases.len(), 10);
-        assert_eq!(state.free.len(), 10);
+        assert_eq!(state.slots.phases.len(), 10);
+        assert_eq!(state.slots.free.len(), 10);
         assert!(state.items.is_empty());
     }
 
@@ -914,7 +1009,7 @@ mod tests {
         let state = queue.inner.lock();
         assert_eq!(state.items.len(), 100);
         assert!(state.items.capacity() < 500, "{}", state.items.capacity());
-        assert_eq!(state.phases.len(), 100);
+        assert_eq!(state.slots.phases.len(), 100);
     }
 
     #[tokio::test]
