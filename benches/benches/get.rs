@@ -19,8 +19,9 @@ use kube_client::{
     api::{Patch, PatchParams},
 };
 use kube_informer::{
-    ObjectKey, ReflectorStore,
+    ObjectKey,
     list_watch::{ApiListWatch, ListItem, ListOptions, ListWatch, RawObject},
+    reflector::ReflectorStore,
     testing::StoreWriter,
 };
 use kube_testenv::TestEnv;

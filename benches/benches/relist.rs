@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_main};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube_informer::{ObjectKey, ReflectorStore, testing::StoreWriter};
+use kube_informer::{ObjectKey, reflector::ReflectorStore, testing::StoreWriter};
 
 const OBJECTS: usize = 10_000;
 

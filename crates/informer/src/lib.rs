@@ -16,8 +16,9 @@
 //! - [`Store`]: the indexed cache, compact by default (objects kept as the bytes the
 //!   server sent, decoded on read) or of shared `Arc<K>`s, read-only to its users, with a
 //!   [`Lister`] on top;
-//! - [`Reflector`]: the list-then-watch loop with client-go's semantics (pages of 500,
-//!   bookmarks, resume without relist, relist on 410, jittered backoff, idle detection);
+//! - [`reflector`]: the list-then-watch loop with client-go's semantics (pages of 500,
+//!   bookmarks, resume without relist, relist on 410, jittered backoff, idle detection),
+//!   its configuration and its counters;
 //! - [`SharedInformer`]: reflector + store + any number of [`EventHandler`]s, each with its
 //!   own buffer and task; [`spawn`](SharedInformer::spawn) gives a [`RunningInformer`];
 //! - [`workqueue`]: deduplicating, delaying and rate-limited queues with metrics;
@@ -39,7 +40,7 @@ pub mod list_watch;
 #[cfg(feature = "manager")]
 #[cfg_attr(docsrs, doc(cfg(feature = "manager")))]
 mod manager;
-mod reflector;
+pub mod reflector;
 mod store;
 mod task;
 #[cfg(any(test, feature = "testing"))]
@@ -67,10 +68,6 @@ pub use key::ObjectKey;
 pub use list_watch::LazyObject;
 #[cfg(feature = "manager")]
 pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};
-pub use reflector::{
-    Backoff, BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
-    ReflectorStore, SyncedVersion,
-};
 pub use store::{
     Codec, IndexFn, JsonCodec, Lister, NAMESPACE_INDEX, Operator, Requirement, Selector,
     SelectorError, Store, TransformFn, label_index, namespace_index, owner_uid_index,

@@ -14,8 +14,9 @@ use kube_client::{
     core::Resource,
 };
 use kube_informer::{
-    BackoffConfig, Error, SharedInformer, Verb,
+    Error, SharedInformer, Verb,
     list_watch::{ListOptions, ListWatch, WatchOptions},
+    reflector::BackoffConfig,
 };
 use kube_testenv::TestEnv;
 use serde::{Deserialize, Serialize};

@@ -51,7 +51,7 @@ impl Default for KeepAlive {
 ///
 /// Use it for the `Api`s informers watch through: a stalled connection is then found by
 /// its pings, in seconds, instead of by the reflector's idle timeout
-/// ([`ReflectorConfig::idle_timeout`](crate::ReflectorConfig::idle_timeout)). A server
+/// ([`ReflectorConfig::idle_timeout`](crate::reflector::ReflectorConfig::idle_timeout)). A server
 /// that offers no HTTP/2 (no TLS, or no `h2` in its ALPN) is spoken to over HTTP/1.1, and
 /// a configured proxy (`proxy-url`) gets kube-client's own client, both without pings.
 ///

@@ -266,7 +266,7 @@ pub type WatchStream<K> = BoxStream<'static, Result<WatchEvent<K>, Error>>;
 ///
 /// The source of objects: a paged list plus a watch, as the API server serves them.
 ///
-/// [`ListWatch`] is what a [`Reflector`](crate::Reflector) consumes. It is implemented for
+/// [`ListWatch`] is what a [`Reflector`](crate::reflector::Reflector) consumes. It is implemented for
 /// [`kube_client::Api<K>`] (typed k8s-openapi resources, [`DynamicObject`] with an
 /// [`ApiResource`] for CRDs without Rust types, and metadata-only
 /// [`PartialObjectMeta<K>`], which `kube-client` lists and watches through the metadata API),

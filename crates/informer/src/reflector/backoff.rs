@@ -38,7 +38,7 @@ impl Default for BackoffConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_informer::{Backoff, BackoffConfig};
+/// use kube_informer::reflector::{Backoff, BackoffConfig};
 ///
 /// let mut backoff = Backoff::new(BackoffConfig { jitter: 0.0, ..Default::default() });
 /// let now = tokio::time::Instant::now();

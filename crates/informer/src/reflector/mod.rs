@@ -1,5 +1,11 @@
 //! The list-then-watch loop (client-go's `Reflector`).
 //! The full documentation is on [`Reflector`].
+//!
+//! An informer runs one for you; what a user of an informer meets here is its
+//! configuration ([`ReflectorConfig`], [`BackoffConfig`], [`ListMode`], given to
+//! [`InformerBuilder`](crate::InformerBuilder)) and its counters ([`ReflectorStats`],
+//! [`SyncedVersion`]). [`Reflector`] and [`ReflectorStore`] run the loop into a store of
+//! your own.
 
 mod backoff;
 mod list;
@@ -221,7 +227,7 @@ impl ReflectorStats {
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{Reflector, ReflectorConfig, testing::{FakeListWatch, StoreWriter}};
+/// use kube_informer::{reflector::{Reflector, ReflectorConfig}, testing::{FakeListWatch, StoreWriter}};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
