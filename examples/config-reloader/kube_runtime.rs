@@ -10,12 +10,11 @@
 use std::{sync::Arc, time::Duration};
 
 use clap::Parser;
-use examples::config_reloader::{Args, HASH, NAMES, annotation, hash_of};
+use examples::config_reloader::{Args, NAMES, annotation, roll_out};
 use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube_client::{
     Api, Client, Config,
-    api::{Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
 };
 use kube_runtime::{
@@ -24,7 +23,6 @@ use kube_runtime::{
     reflector::{ObjectRef, Store},
     watcher,
 };
-use serde_json::json;
 
 /// What every reconcile shares.
 struct Context {
@@ -37,26 +35,12 @@ async fn reconcile(
     deployment: Arc<Deployment>,
     ctx: Arc<Context>,
 ) -> Result<Action, kube_client::Error> {
-    let (Some(name), Some(config_map)) = (
-        deployment.metadata.name.as_deref(),
-        annotation(&deployment.metadata, NAMES),
-    ) else {
+    let Some(config_map) = annotation(&deployment.metadata, NAMES) else {
         return Ok(Action::await_change());
     };
     // kube-runtime's controller caches only its primaries: the ConfigMap is read live.
-    let hash = match ctx.config_maps.get_opt(config_map).await? {
-        Some(cm) => hash_of(&cm),
-        None => "absent".to_owned(),
-    };
-    let template = deployment.spec.template.metadata.as_ref();
-    if template.and_then(|m| annotation(m, HASH)) != Some(hash.as_str()) {
-        tracing::info!(deployment = name, config_map, %hash, "rolling out");
-        let patch =
-            json!({ "spec": { "template": { "metadata": { "annotations": { HASH: hash } } } } });
-        ctx.deployments
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
+    let live = ctx.config_maps.get_opt(config_map).await?;
+    roll_out(&ctx.deployments, &deployment, live.as_ref()).await?;
     Ok(Action::requeue(ctx.resync))
 }
 

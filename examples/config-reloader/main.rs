@@ -9,17 +9,13 @@
 use std::{sync::Arc, time::Duration};
 
 use clap::Parser;
-use examples::config_reloader::{Args, HASH, NAMES, annotation, hash_of};
+use examples::config_reloader::{Args, NAMES, annotation, roll_out};
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
-use kube_client::{
-    Api,
-    api::{Patch, PatchParams},
-};
+use kube_client::Api;
 use kube_informer::{
     Action, CancellationToken, ClusterSource, Controller, InformerHandle, Manager, Predicate,
     ReconcileRequest, Scope, retry_with_backoff,
 };
-use serde_json::json;
 
 /// What every reconcile shares.
 struct Context {
@@ -36,30 +32,15 @@ async fn reconcile(
     let ReconcileRequest::Present(deployment) = request else {
         return Ok(Action::done());
     };
-    let (Some(name), Some(config_map)) = (
-        deployment.metadata.name.as_deref(),
-        annotation(&deployment.metadata, NAMES),
-    ) else {
+    let Some(config_map) = annotation(&deployment.metadata, NAMES) else {
         return Ok(Action::done());
     };
     let namespace = deployment.metadata.namespace.as_deref().unwrap_or_default();
-    let hash = match ctx
+    let cached = ctx
         .config_maps
         .store()
-        .get_by_key(format!("{namespace}/{config_map}"))
-    {
-        Some(cm) => hash_of(&cm),
-        None => "absent".to_owned(),
-    };
-    let template = deployment.spec.template.metadata.as_ref();
-    if template.and_then(|m| annotation(m, HASH)) != Some(hash.as_str()) {
-        tracing::info!(deployment = name, config_map, %hash, "rolling out");
-        let patch =
-            json!({ "spec": { "template": { "metadata": { "annotations": { HASH: hash } } } } });
-        ctx.deployments
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-    }
+        .get_by_key(format!("{namespace}/{config_map}"));
+    roll_out(&ctx.deployments, &deployment, cached.as_deref()).await?;
     Ok(Action::requeue_after(ctx.resync))
 }
 

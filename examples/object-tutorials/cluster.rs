@@ -55,8 +55,8 @@ impl Cluster {
     /// A new client for the cluster, on HTTP/2 with pings, as client-go talks: a stalled
     /// connection is found in seconds.
     pub async fn client(&self) -> anyhow::Result<Client> {
-        let hint =
-            "pass --kubeconfig, set KUBECONFIG, or run with --demo to start a local control plane";
+        // The library's error names --kubeconfig and KUBECONFIG; the demo is this example's.
+        let hint = "no cluster to talk to (--demo starts a local control plane)";
         self.source.client().await.context(hint)
     }
 }

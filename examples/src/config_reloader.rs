@@ -4,8 +4,12 @@
 
 use std::path::PathBuf;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube_client::api::ObjectMeta;
+use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+use kube_client::{
+    Api,
+    api::{ObjectMeta, Patch, PatchParams},
+};
+use serde_json::json;
 
 /// Rolls Deployments out when the ConfigMap they name changes.
 #[derive(Debug, clap::Parser)]
@@ -43,4 +47,30 @@ pub fn hash_of(cm: &ConfigMap) -> String {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
     });
     format!("{hash:016x}")
+}
+
+/// Puts the hash of `config_map`'s data (`absent` for none) in `deployment`'s pod template,
+/// unless it is there already: the one write that rolls the Deployment out.
+///
+/// # Errors
+///
+/// The API server's, when the patch fails.
+pub async fn roll_out(
+    deployments: &Api<Deployment>,
+    deployment: &Deployment,
+    config_map: Option<&ConfigMap>,
+) -> Result<(), kube_client::Error> {
+    let hash = config_map.map_or_else(|| "absent".to_owned(), hash_of);
+    let template = deployment.spec.template.metadata.as_ref();
+    if template.and_then(|m| annotation(m, HASH)) == Some(hash.as_str()) {
+        return Ok(());
+    }
+    let name = deployment.metadata.name.as_deref().unwrap_or_default();
+    tracing::info!(deployment = name, config_map = ?annotation(&deployment.metadata, NAMES), %hash, "rolling out");
+    let patch =
+        json!({ "spec": { "template": { "metadata": { "annotations": { HASH: hash } } } } });
+    deployments
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(drop)
 }

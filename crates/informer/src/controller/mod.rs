@@ -35,6 +35,7 @@ use crate::{
     error::{Error, error_chain},
     informer::{FactoryScope, InformerHandle, RunningInformer, SharedInformer},
     key::ObjectKey,
+    store::Store,
     task::join_within,
     workqueue::{
         MetricsProvider, QueueConfig, RateLimiter, RateLimitingQueue,
@@ -212,7 +213,7 @@ where
     }
 
     /// The primary informer's cache.
-    pub fn store(&self) -> crate::store::Store<K> {
+    pub fn store(&self) -> Store<K> {
         self.primary.store()
     }
 

@@ -63,8 +63,8 @@ pub use sync::{HasSynced, wait_for_cache_sync};
 /// handler sees events in store order, and a handler reading the store from a callback sees
 /// at least the state of the event it was given.
 ///
-/// * The **first list** fills the store as it arrives, each object an add with
-///   `is_initial_list` set; once it is complete, the informer is synced.
+/// * The **first list** fills the store as it arrives, each object an add
+///   delivered as [`Delivery::InitialList`]; once it is complete, the informer is synced.
 /// * **Every later list** (after a 410 Gone, a failed watch, a repair) is applied
 ///   **atomically**, as client-go's is since 1.36: while it arrives the store keeps the
 ///   previous state (only the objects that changed are staged); at its end, one write

@@ -197,8 +197,7 @@ impl Manager {
         self.controller_metrics.clone()
     }
 
-    /// A controller of the factory's informer of `K` in `scope`, reporting its queue and
-    /// reconcile metrics to the manager's registry; give it to
+    /// A controller of the factory's informer of `K` in `scope`; give it to
     /// [`add_controller`](Self::add_controller) once its sources are added.
     pub fn controller<K>(&self, name: impl Into<String>, scope: Scope) -> Controller<K>
     where
@@ -206,15 +205,13 @@ impl Manager {
         K::Scope: FactoryScope,
     {
         Controller::new(name, self.factory.informer::<K>(scope))
-            .metrics(self.workqueue_metrics())
-            .reconcile_metrics(self.controller_metrics())
     }
 
     /// Runs `controller` as one of the manager's tasks, named after it: started once the
     /// informers are, only while leading when leader election is on, cancelled with the
     /// manager and given its shutdown timeout; a controller that fails (a source that
-    /// cannot sync) stops the manager with its error. A controller built without metrics
-    /// reports to the manager's registry.
+    /// cannot sync) stops the manager with its error. Its queue and reconcile metrics go
+    /// to the manager's registry, unless it was given metrics of its own.
     pub fn add_controller<K, Ctx, E, R, Fut, P>(
         &mut self,
         controller: Controller<K>,
