@@ -70,8 +70,8 @@ pub use list_watch::LazyObject;
 pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};
 pub use store::{
     Codec, IndexFn, JsonCodec, Lister, NAMESPACE_INDEX, Operator, Requirement, Selector,
-    SelectorError, Store, TransformFn, label_index, namespace_index, owner_uid_index,
-    strip_managed_fields,
+    SelectorError, Store, StoreIter, TransformFn, WorkingSet, WorkingSetStats, label_index,
+    namespace_index, owner_uid_index, strip_managed_fields,
 };
 /// The token that stops informers, controllers and queues (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;

@@ -24,7 +24,7 @@ use crate::{
         BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
         SyncedVersion,
     },
-    store::{Codec, IndexFn, TransformFn, Writer},
+    store::{Codec, IndexFn, TransformFn, WorkingSet, Writer},
 };
 
 /// Options of a [`SharedInformer`]; from [`SharedInformer::builder`].
@@ -36,14 +36,15 @@ pub struct InformerBuilder<K, L> {
     indexers: Vec<(String, IndexFn<K>)>,
     error_hook: Option<ErrorHook>,
     storage: Storage<K>,
+    working_set: WorkingSet,
     divergence: Option<Divergence>,
 }
 
 /// How the informer's store keeps objects.
 enum Storage<K> {
     /// Compact, the default: as the bytes the server sent, else compact JSON
-    /// (`Writer::compact`, taken where `K`'s serde bounds are known).
-    Compact(fn() -> Writer<K>),
+    /// (`Writer::compact_with`, taken where `K`'s serde bounds are known).
+    Compact(fn(WorkingSet) -> Writer<K>),
     /// As the decoded, shared `Arc<K>`s.
     Decoded,
     /// Every object encoded by a codec of the user's.
@@ -52,16 +53,16 @@ enum Storage<K> {
 
 impl<K: Resource + Serialize + DeserializeOwned + 'static> Storage<K> {
     fn compact() -> Self {
-        Storage::Compact(Writer::compact)
+        Storage::Compact(Writer::compact_with)
     }
 }
 
 impl<K: Resource> Storage<K> {
-    fn writer(self) -> Writer<K> {
+    fn writer(self, working_set: WorkingSet) -> Writer<K> {
         match self {
-            Storage::Compact(compact) => compact(),
+            Storage::Compact(compact) => compact(working_set),
             Storage::Decoded => Writer::new(),
-            Storage::Codec(codec) => Writer::with_codec(codec),
+            Storage::Codec(codec) => Writer::with_codec(codec, working_set),
         }
     }
 }
@@ -81,6 +82,7 @@ where
             indexers: Vec::new(),
             error_hook: None,
             storage: Storage::compact(),
+            working_set: WorkingSet::default(),
             divergence: None,
         }
     }
@@ -92,11 +94,12 @@ where
     ///
     /// Objects take a fraction of the memory this way (see
     /// [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)),
-    /// and syncing costs nothing more: the bytes were read anyway. Each read (`get`,
-    /// `list`, listers) decodes, some microseconds per Pod, and hands out a fresh `Arc`;
-    /// event handlers get the objects as decoded from the watch, and the old object of an
-    /// update is decoded once for all handlers. Programs that read the whole cache often
-    /// and can spare the memory choose [`decoded`](Self::decoded).
+    /// and syncing costs nothing more: the bytes were read anyway. Event handlers get the
+    /// objects as decoded from the watch, and those objects stay decoded in the store's
+    /// [`working_set`](Self::working_set) for the reads that follow them. Other reads
+    /// decode, some microseconds per Pod, and hand out a fresh `Arc`; selector and
+    /// namespace lists decode only what they return. Programs that read the whole cache
+    /// often and can spare the memory choose [`decoded`](Self::decoded).
     ///
     /// ```
     /// use k8s_openapi::api::core::v1::ConfigMap;
@@ -234,6 +237,16 @@ where
         self
     }
 
+    /// The decoded working set of a compact store: how much of it stays decoded, for the
+    /// reads a reconcile makes of the objects just delivered and just read. The default is
+    /// [`WorkingSet::default`] (8 MiB); [`WorkingSet::off`] makes every read decode. A store
+    /// of [`decoded`](Self::decoded) objects has no working set.
+    #[must_use]
+    pub fn working_set(mut self, working_set: WorkingSet) -> Self {
+        self.working_set = working_set;
+        self
+    }
+
     /// All reflector settings at once.
     #[must_use]
     pub fn reflector_config(mut self, config: ReflectorConfig) -> Self {
@@ -284,7 +297,7 @@ where
     /// Builds the informer; it does nothing until [`spawn`](SharedInformer::spawn) or
     /// [`run`](SharedInformer::run).
     pub fn build(self) -> SharedInformer<K> {
-        let store = self.storage.writer();
+        let store = self.storage.writer(self.working_set);
         for (name, f) in self.indexers {
             if let Err(e) = store.add_indexer(&name, f) {
                 warn!(error = %e, "indexer ignored");

@@ -23,7 +23,7 @@ use crate::{
     key::ObjectKey,
     list_watch::RawObject,
     reflector::ReflectorStore,
-    store::{IndexFn, StoreChange, Writer},
+    store::{Arrival, IndexFn, StoreChange, Writer},
 };
 
 /// Applies the reflector's writes to the store and fans notifications out to handlers.
@@ -99,7 +99,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
     pub(super) fn resync_due(&self, now: Instant) -> Option<Instant> {
         let mut dist = lock(&self.dist);
         let synced = dist.synced;
-        let mut objects: Option<Vec<Arc<K>>> = None;
+        let mut due = Vec::new();
         let mut next_due = None;
         for listener in &mut dist.listeners {
             let Some(resync) = &mut listener.resync else {
@@ -107,20 +107,25 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
             };
             if resync.next <= now {
                 if synced {
-                    let objects = objects.get_or_insert_with(|| self.store.list());
-                    debug!(listener = listener.id, objects = objects.len(), "resync");
-                    for object in objects.iter() {
-                        // A closed channel means the handler task ended (stopped or removed).
-                        let _ = listener.tx.send(Notification::Update {
-                            old: object.clone(),
-                            new: object.clone(),
-                            delivery: Delivery::Resync,
-                        });
-                    }
+                    due.push(listener.tx.clone());
+                    debug!(listener = listener.id, "resync");
                 }
                 resync.next = now + resync.period;
             }
             next_due = Some(next_due.map_or(resync.next, |due: Instant| due.min(resync.next)));
+        }
+        // The store walked once for every listener due, one object decoded at a time.
+        if !due.is_empty() {
+            for object in self.store.iter() {
+                for tx in &due {
+                    // A closed channel means the handler task ended (stopped or removed).
+                    let _ = tx.send(Notification::Update {
+                        old: object.clone(),
+                        new: object.clone(),
+                        delivery: Delivery::Resync,
+                    });
+                }
+            }
         }
         next_due
     }
@@ -194,7 +199,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         dist.applied.advance(&*object);
-        if let Some(change) = p.store.upsert(key, object, raw) {
+        if let Some(change) = p.store.upsert(key, object, raw, Arrival::Watched) {
             let note = Self::notification(&dist, change);
             Processor::broadcast(&mut dist, &[note]);
         }
@@ -274,7 +279,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut dist = lock(&self.dist);
         let initial_done = dist.synced;
-        for obj in self.store.list() {
+        for obj in self.store.iter() {
             let _ = tx.send(Notification::Add {
                 obj,
                 delivery: Delivery::InitialList,

@@ -32,7 +32,7 @@ use crate::{
     error::{Error, StreamingRefusal, Verb, panic_message},
     key::ObjectKey,
     list_watch::{ListWatch, RawObject, Undecodable},
-    store::{TransformFn, Writer},
+    store::{Arrival, TransformFn, Writer},
 };
 
 pub use backoff::{Backoff, BackoffConfig};
@@ -87,7 +87,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
     }
 
     fn upsert(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
-        self.insert_keyed(key, object, raw);
+        self.insert_keyed(key, object, raw, Arrival::Watched);
     }
 
     fn delete(&self, key: ObjectKey, _object: Arc<K>) {

@@ -1,14 +1,12 @@
 //! Typed, read-only views of a [`Store`] (client-go's generated listers).
 //! The full documentation is on [`Lister`].
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::sync::Arc;
 
 use kube_core::Resource;
 
 use super::{Store, index::NAMESPACE_INDEX, selector::Selector};
 use crate::key::ObjectKey;
-
-const NO_LABELS: &BTreeMap<String, String> = &BTreeMap::new();
 
 /// Read-only typed queries over a [`Store`]. Cheap to clone.
 ///
@@ -65,19 +63,16 @@ impl<K: Resource> Lister<K> {
             .unwrap_or_default()
     }
 
-    /// The objects whose labels match `selector`, in all namespaces.
+    /// The objects whose labels match `selector`, in all namespaces
+    /// ([`Store::list_selector`]: a compact store decodes only the objects that match).
     pub fn list_selector(&self, selector: &Selector) -> Vec<Arc<K>> {
-        if selector.is_empty() {
-            return self.list();
-        }
-        self.store.list_filtered(|o| selector.matches(labels(o)))
+        self.store.list_selector(selector)
     }
 
-    /// The objects in `namespace` whose labels match `selector`.
+    /// The objects in `namespace` whose labels match `selector`
+    /// ([`Store::list_namespace_selector`]).
     pub fn list_namespace_selector(&self, namespace: &str, selector: &Selector) -> Vec<Arc<K>> {
-        let mut objects = self.list_namespace(namespace);
-        objects.retain(|o| selector.matches(labels(&**o)));
-        objects
+        self.store.list_namespace_selector(namespace, selector)
     }
 
     /// The object `name` in `namespace` (`None` or `""` for cluster-scoped objects).
@@ -85,10 +80,6 @@ impl<K: Resource> Lister<K> {
         self.store
             .get_by_key(ObjectKey::new(namespace.into(), name))
     }
-}
-
-fn labels<K: Resource>(obj: &K) -> &BTreeMap<String, String> {
-    obj.meta().labels.as_ref().unwrap_or(NO_LABELS)
 }
 
 #[cfg(test)]

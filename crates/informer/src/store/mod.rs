@@ -10,26 +10,34 @@ use std::{
 
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
-use tracing::{error, warn};
 
 mod codec;
 mod index;
+mod labels;
 mod lister;
+#[cfg(test)]
+mod property_tests;
 mod relist;
 mod selector;
+mod slot;
+mod working_set;
 
 use crate::{
     error::{BoxError, Error},
     key::ObjectKey,
-    list_watch::{RawFormat, RawObject},
+    list_watch::RawObject,
 };
 
 pub use codec::{Codec, JsonCodec};
 use index::{Index, IndexValues, apply_change, compute_values};
 pub use index::{IndexFn, NAMESPACE_INDEX, label_index, namespace_index, owner_uid_index};
+use labels::LabelInterner;
 pub use lister::Lister;
 pub(crate) use relist::StoreChange;
 pub use selector::{Operator, Requirement, Selector, SelectorError};
+use slot::{Compact, Keeping, Packer, Slot, Taken};
+use working_set::Hot;
+pub use working_set::{WorkingSet, WorkingSetStats};
 
 /// The hasher of the store's maps and sets of keys: foldhash, seeded per map, as the
 /// workqueue's. Keys are the `namespace/name`s of the server's objects, and SipHash was
@@ -87,10 +95,17 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
 /// The thread-safe, indexed object cache (client-go's `Indexer` / `threadSafeMap`).
 ///
 /// [`Store<K>`] maps [`ObjectKey`]s to objects. A *compact* store (an informer's default)
-/// holds each object as bytes, the ones the server sent or an encoding by a [`Codec`], and
-/// decodes it on every read: much less memory for some microseconds per object read. A
-/// store of decoded objects holds each as the `Arc<K>` it was decoded into: every reader,
-/// index and event handler shares it, and nothing is deep-copied after decoding.
+/// holds each object as bytes, the ones the server sent or an encoding by a [`Codec`]:
+/// much less memory than decoded objects. Beside the bytes it keeps what reads select by
+/// (the labels, shared between the objects that carry the same ones), so a selector or
+/// namespace list decodes only what it returns, and a [`WorkingSet`] of the objects just
+/// delivered and just read, decoded, so that the reads a reconcile makes of them are
+/// pointer copies. Other reads decode, some microseconds per object. A store of decoded
+/// objects holds each as the `Arc<K>` it was decoded into: every reader, index and event
+/// handler shares it, and nothing is deep-copied after decoding.
+///
+/// How a store keeps objects is fixed when it is built, and each kept object carries
+/// what decodes it: no store holds bytes it cannot read.
 ///
 /// A [`Store`] is a read-only handle. Its one [`Writer`] belongs to whoever fills the cache
 /// (a [`SharedInformer`](crate::SharedInformer)'s processor), so a program can read an
@@ -123,28 +138,22 @@ pub struct Store<K> {
 
 struct Shared<K> {
     state: RwLock<State<K>>,
-    /// Serializes writers; holds the index functions (changed only by `add_indexer`).
-    writer: Mutex<Vec<IndexFn<K>>>,
+    /// Serializes writers, and holds what only writers use.
+    writer: Mutex<WriterState<K>>,
     keeping: Keeping<K>,
+    /// The decoded working set of a compact store (see [`WorkingSet`]).
+    hot: parking_lot::Mutex<Hot<K>>,
 }
 
-/// How a store keeps its objects.
-enum Keeping<K> {
-    /// As the shared `Arc<K>` each was decoded into.
-    Decoded,
-    /// Encoded by `codec`; with `wire`, objects that came with the bytes the server sent
-    /// ([`RawObject`]) keep those instead, and `wire` decodes them.
-    Encoded {
-        codec: Arc<dyn Codec<K>>,
-        wire: Option<WireDecoder<K>>,
-    },
-}
-
-/// Decodes bytes kept as they came from the wire.
-type WireDecoder<K> = fn(RawFormat, &[u8]) -> Result<K, BoxError>;
-
-fn decode_wire<K: DeserializeOwned>(format: RawFormat, bytes: &[u8]) -> Result<K, BoxError> {
-    format.decode(bytes)
+/// What only writers use, under the writers' mutex.
+struct WriterState<K> {
+    /// The index functions, in the order of the store's indexes (changed only by
+    /// `add_indexer`).
+    index_fns: Vec<IndexFn<K>>,
+    /// The distinct labels of the encoded objects.
+    labels: LabelInterner,
+    /// How many encoded slots were written: each slot's `generation`.
+    generation: u64,
 }
 
 struct State<K> {
@@ -152,51 +161,21 @@ struct State<K> {
     indexes: Vec<Index>,
 }
 
-/// One stored object: shared as decoded, encoded by the store's codec, or as the bytes
-/// the server sent (with its resourceVersion beside the bytes, so a relist can tell an
-/// unchanged object without decoding it).
-enum Slot<K> {
-    Object(Arc<K>),
-    Packed {
-        bytes: Arc<[u8]>,
-        version: Option<Arc<str>>,
-    },
-    Wire {
-        bytes: Arc<[u8]>,
-        format: RawFormat,
-        version: Option<Arc<str>>,
-    },
+/// Whether a write came from a watch event, whose object is about to reach handlers and,
+/// through them, a reconcile that reads it back: a compact store keeps that object in its
+/// working set. A list's objects do not go there: a list writes every object at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    Listed,
+    Watched,
 }
 
-impl<K> Clone for Slot<K> {
-    fn clone(&self) -> Self {
-        match self {
-            Slot::Object(o) => Slot::Object(o.clone()),
-            Slot::Packed { bytes, version } => Slot::Packed {
-                bytes: bytes.clone(),
-                version: version.clone(),
-            },
-            Slot::Wire {
-                bytes,
-                format,
-                version,
-            } => Slot::Wire {
-                bytes: bytes.clone(),
-                format: *format,
-                version: version.clone(),
-            },
-        }
-    }
-}
-
-impl<K: Resource> Slot<K> {
-    /// The stored object's resourceVersion.
-    fn version(&self) -> Option<&str> {
-        match self {
-            Slot::Object(o) => o.meta().resource_version.as_deref(),
-            Slot::Packed { version, .. } | Slot::Wire { version, .. } => version.as_deref(),
-        }
-    }
+/// Whether a read adds what it decodes to the working set. Reads of the whole store do
+/// not: they would push out what reconciles read.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Recent {
+    Keep,
+    Pass,
 }
 
 impl<K> Clone for Store<K> {
@@ -236,85 +215,80 @@ impl<K> Store<K> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn writer(&self) -> MutexGuard<'_, Vec<IndexFn<K>>> {
+    fn writer(&self) -> MutexGuard<'_, WriterState<K>> {
         self.shared
             .writer
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The slot to keep for `obj`: in a compact store, the bytes it came in if it came
-    /// with them (they just decoded), else its encoding, unless that does not decode back.
-    /// Checking each encoding once here is what lets every read of a compact store return
-    /// what `len` and the indexes count.
-    fn pack(&self, key: &ObjectKey, obj: Arc<K>, raw: Option<RawObject>) -> Slot<K>
-    where
-        K: Resource,
-    {
-        let Keeping::Encoded { codec, wire } = &self.shared.keeping else {
-            return Slot::Object(obj);
+    /// The object of a slot taken out of the lock: shared, from the working set, or decoded
+    /// (and then kept in the working set when `recent` says so). `None`, with an error log,
+    /// when its bytes do not decode.
+    fn resolve(&self, key: &ObjectKey, taken: Taken<K>, recent: Recent) -> Option<Arc<K>> {
+        let (body, generation) = match taken {
+            Taken::Decoded(obj) => return Some(obj),
+            Taken::Encoded { body, generation } => (body, generation),
         };
-        let version = || obj.meta().resource_version.as_deref().map(Arc::from);
-        if let (Some(_), Some(raw)) = (wire, raw) {
-            return Slot::Wire {
-                // Copied out of the buffer it arrived in, which may hold other objects.
-                bytes: Arc::from(raw.as_bytes()),
-                format: raw.format(),
-                version: version(),
-            };
+        if let Some(obj) = self.shared.hot.lock().get(key, generation) {
+            return Some(obj);
         }
-        let bytes = match codec.encode(&obj) {
-            Ok(bytes) => bytes,
-            Err(err) => {
-                warn!(%key, %err, "object does not encode; keeping it decoded");
-                return Slot::Object(obj);
-            }
-        };
-        if let Err(err) = codec.decode(&bytes) {
-            warn!(%key, %err, "object's encoding does not decode; keeping it decoded");
-            return Slot::Object(obj);
+        let obj = body.unpack(key)?;
+        if recent == Recent::Keep {
+            self.shared
+                .hot
+                .lock()
+                .put(key, generation, obj.clone(), body.decoded_size());
         }
-        Slot::Packed {
-            version: version(),
-            bytes: bytes.into(),
-        }
+        Some(obj)
     }
 
-    /// The object in `slot`; `None` (with an error log) when its bytes do not decode.
-    fn unpack(&self, key: &(impl fmt::Display + ?Sized), slot: Slot<K>) -> Option<Arc<K>> {
-        let decoded = match (slot, &self.shared.keeping) {
-            (Slot::Object(obj), _) => return Some(obj),
-            (Slot::Packed { bytes, .. }, Keeping::Encoded { codec, .. }) => codec.decode(&bytes),
-            (
-                Slot::Wire { bytes, format, .. },
-                Keeping::Encoded {
-                    wire: Some(wire), ..
-                },
-            ) => wire(format, &bytes),
-            // A store keeps encoded slots only with the decoder for them.
-            (Slot::Packed { .. } | Slot::Wire { .. }, _) => Err("no decoder for the slot".into()),
-        };
-        match decoded {
-            Ok(obj) => Some(Arc::new(obj)),
-            Err(err) => {
-                error!(%key, %err, "stored object does not decode; the codec does not round-trip");
-                None
+    /// The objects of several taken slots, in their order, leaving out those that do not
+    /// decode. The working set is consulted once for all and, when `recent` says so and the
+    /// decoded ones fit in half of it, given them once.
+    fn resolve_all(&self, taken: Vec<(ObjectKey, Taken<K>)>, recent: Recent) -> Vec<Arc<K>> {
+        let mut found: Vec<Option<Arc<K>>> = Vec::with_capacity(taken.len());
+        {
+            let mut hot = self.shared.hot.lock();
+            for (key, slot) in &taken {
+                found.push(match slot {
+                    Taken::Decoded(obj) => Some(obj.clone()),
+                    Taken::Encoded { generation, .. } => hot.get(key, *generation),
+                });
             }
         }
-    }
-
-    fn unpack_all(&self, slots: Vec<(ObjectKey, Slot<K>)>) -> Vec<Arc<K>> {
-        slots
-            .into_iter()
-            .filter_map(|(key, slot)| self.unpack(&key, slot))
-            .collect()
+        let mut decoded = Vec::new();
+        for ((key, slot), found) in taken.iter().zip(&mut found) {
+            if let (None, Taken::Encoded { body, generation }) = (&found, slot) {
+                *found = body.unpack(key);
+                if let Some(obj) = found {
+                    decoded.push((key, *generation, obj.clone(), body.decoded_size()));
+                }
+            }
+        }
+        if recent == Recent::Keep && !decoded.is_empty() {
+            let size: usize = decoded.iter().map(|(_, _, _, size)| size).sum();
+            let mut hot = self.shared.hot.lock();
+            if size <= hot.stats().budget_bytes / 2 {
+                for (key, generation, obj, size) in decoded {
+                    hot.put(key, generation, obj, size);
+                }
+            }
+        }
+        found.into_iter().flatten().collect()
     }
 
     /// The object under `key` (`namespace/name`, or `name` for cluster-scoped objects).
+    ///
+    /// In a compact store, the object comes from the working set when it is there (a
+    /// pointer copy), else it is decoded and kept there (see [`WorkingSet`]).
     pub fn get_by_key(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
-        let key = key.as_ref();
-        let slot = self.read().objects.get(key)?.clone();
-        self.unpack(key, slot)
+        let (key, taken) = {
+            let st = self.read();
+            let (key, slot) = st.objects.get_key_value(key.as_ref())?;
+            (key.clone(), slot.take())
+        };
+        self.resolve(&key, taken, Recent::Keep)
     }
 
     /// The object under `key`, read as `T`: a projection that declares only the fields a
@@ -365,11 +339,14 @@ impl<K> Store<K> {
     where
         K: Serialize,
     {
-        let key = key.as_ref();
-        let Some(slot) = self.read().objects.get(key).cloned() else {
-            return Ok(None);
+        let taken = {
+            let st = self.read();
+            let Some((key, slot)) = st.objects.get_key_value(key.as_ref()) else {
+                return Ok(None);
+            };
+            (key.clone(), slot.take())
         };
-        self.project(key, slot).map(Some)
+        self.project(taken).map(Some)
     }
 
     /// Every object, read as `T` (see [`get_as`](Self::get_as)), in no particular order.
@@ -383,7 +360,7 @@ impl<K> Store<K> {
     {
         self.snapshot()
             .into_iter()
-            .map(|(key, slot)| self.project(key.as_ref(), slot))
+            .map(|taken| self.project(taken))
             .collect()
     }
 
@@ -402,21 +379,25 @@ impl<K> Store<K> {
     where
         K: Serialize,
     {
-        self.index_slots(index, value)?
+        self.index_slots(index, value, |_| true)?
             .into_iter()
-            .map(|(key, slot)| self.project(key.as_ref(), slot))
+            .map(|taken| self.project(taken))
             .collect()
     }
 
-    /// The object in `slot` read as `T`: straight from the server's bytes when the slot
-    /// holds them, else through the decoded object's JSON.
-    fn project<T: DeserializeOwned>(&self, key: &str, slot: Slot<K>) -> Result<T, Error>
+    /// The object of a taken slot read as `T`: straight from the server's bytes when the
+    /// slot holds them, else through the decoded object's JSON.
+    fn project<T: DeserializeOwned>(&self, (key, taken): (ObjectKey, Taken<K>)) -> Result<T, Error>
     where
         K: Serialize,
     {
-        let read = match slot {
-            Slot::Wire { bytes, format, .. } => format.decode::<T>(&bytes),
-            slot => match self.unpack(key, slot) {
+        let wire = match &taken {
+            Taken::Encoded { body, .. } => body.wire(),
+            Taken::Decoded(_) => None,
+        };
+        let read = match wire {
+            Some((format, bytes)) => format.decode::<T>(bytes),
+            None => match self.resolve(&key, taken, Recent::Pass) {
                 Some(object) => serde_json::to_value(&*object)
                     .and_then(serde_json::from_value)
                     .map_err(BoxError::from),
@@ -424,7 +405,7 @@ impl<K> Store<K> {
             },
         };
         read.map_err(|source| Error::Projection {
-            key: key.to_owned(),
+            key: key.to_string(),
             target: std::any::type_name::<T>(),
             source,
         })
@@ -435,23 +416,51 @@ impl<K> Store<K> {
         self.read().objects.contains_key(key.as_ref())
     }
 
-    /// All objects, in no particular order.
+    /// All objects, in no particular order, decoded at once.
+    ///
+    /// A program that walks a large compact store one object at a time (to send each
+    /// somewhere, or to count) reads it through [`iter`](Self::iter) instead, which decodes
+    /// each object as it is reached and holds no more than one.
     pub fn list(&self) -> Vec<Arc<K>> {
-        let slots = self.snapshot();
-        self.unpack_all(slots)
+        self.resolve_all(self.snapshot(), Recent::Pass)
     }
 
-    fn snapshot(&self) -> Vec<(ObjectKey, Slot<K>)> {
+    /// Every object, in no particular order, each decoded when the iterator reaches it:
+    /// the store as of this call, walked without holding it all decoded at once.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::testing::{FakeListWatch, StoreWriter};
+    ///
+    /// let writer = StoreWriter::<ConfigMap>::compact();
+    /// for name in ["a", "b", "c"] {
+    ///     writer.insert(Arc::new(FakeListWatch::<ConfigMap>::object(Some("ns"), name))).unwrap();
+    /// }
+    /// let store = writer.store();
+    /// let objects = store.iter();
+    /// writer.remove("ns/c");
+    /// assert_eq!(objects.count(), 3, "the store as of the call");
+    /// ```
+    pub fn iter(&self) -> StoreIter<K> {
+        StoreIter {
+            store: self.clone(),
+            slots: self.snapshot().into_iter(),
+        }
+    }
+
+    fn snapshot(&self) -> Vec<(ObjectKey, Taken<K>)> {
         self.read()
             .objects
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .map(|(k, v)| (k.clone(), v.take()))
             .collect()
     }
 
-    /// The objects for which `filter` is true. In a store of shared objects `filter` runs
-    /// under the read lock (keep it quick); a compact store decodes and filters after
-    /// releasing it.
+    /// The objects for which `filter` is true. `filter` reads the decoded object, so a
+    /// compact store decodes every object for it, after releasing its lock (a store of
+    /// shared objects runs it under the read lock: keep it quick). To select by labels,
+    /// [`list_selector`](Self::list_selector) decodes only the objects that match.
     pub fn list_filtered(&self, mut filter: impl FnMut(&K) -> bool) -> Vec<Arc<K>> {
         if !self.is_compact() {
             return self
@@ -459,31 +468,17 @@ impl<K> Store<K> {
                 .objects
                 .values()
                 .filter_map(|slot| match slot {
-                    Slot::Object(o) if filter(o) => Some(o.clone()),
+                    Slot::Decoded(o) if filter(o) => Some(o.clone()),
                     _ => None,
                 })
                 .collect();
         }
-        let mut objects = self.list();
-        objects.retain(|o| filter(o));
-        objects
+        self.iter().filter(|o| filter(o)).collect()
     }
 
     /// All keys, in no particular order.
     pub fn list_keys(&self) -> Vec<ObjectKey> {
         self.read().objects.keys().cloned().collect()
-    }
-
-    /// The key and resourceVersion of every object, at one instant, without decoding any.
-    pub(crate) fn key_versions(&self) -> Vec<(ObjectKey, String)>
-    where
-        K: Resource,
-    {
-        self.read()
-            .objects
-            .iter()
-            .map(|(key, slot)| (key.clone(), slot.version().unwrap_or_default().to_owned()))
-            .collect()
     }
 
     /// Number of objects.
@@ -499,7 +494,13 @@ impl<K> Store<K> {
     /// True for a store that keeps objects encoded (an informer built with
     /// [`compact`](crate::InformerBuilder::compact) or [`codec`](crate::InformerBuilder::codec)).
     pub fn is_compact(&self) -> bool {
-        matches!(self.shared.keeping, Keeping::Encoded { .. })
+        matches!(self.shared.keeping, Keeping::Compact(_))
+    }
+
+    /// What the decoded working set of a compact store holds now and how well it served
+    /// reads (all zero for a store of decoded objects, which needs none).
+    pub fn working_set(&self) -> WorkingSetStats {
+        self.shared.hot.lock().stats()
     }
 
     /// The objects whose index `index` contains `value`.
@@ -508,23 +509,28 @@ impl<K> Store<K> {
     ///
     /// [`Error::IndexNotFound`] when no index is named `index`.
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, Error> {
-        let slots = self.index_slots(index, value)?;
-        Ok(self.unpack_all(slots))
+        let slots = self.index_slots(index, value, |_| true)?;
+        Ok(self.resolve_all(slots, Recent::Keep))
     }
 
-    /// The slots of the objects whose index `index` contains `value`, taken under the read
-    /// lock so that they are decoded after it.
-    fn index_slots(&self, index: &str, value: &str) -> Result<Vec<(ObjectKey, Slot<K>)>, Error> {
+    /// The slots of the objects whose index `index` contains `value` and that `keep`
+    /// accepts, taken under the read lock so that they are decoded after it.
+    fn index_slots(
+        &self,
+        index: &str,
+        value: &str,
+        keep: impl Fn(&Slot<K>) -> bool,
+    ) -> Result<Vec<(ObjectKey, Taken<K>)>, Error> {
         let st = self.read();
         let idx = find(&st.indexes, index)?;
         let Some(keys) = idx.get(value) else {
             return Ok(Vec::new());
         };
         let mut slots = Vec::with_capacity(keys.len());
-        slots.extend(
-            keys.iter()
-                .filter_map(|k| Some((k.clone(), st.objects.get(k)?.clone()))),
-        );
+        slots.extend(keys.iter().filter_map(|k| {
+            let slot = st.objects.get(k)?;
+            keep(slot).then(|| (k.clone(), slot.take()))
+        }));
         Ok(slots)
     }
 
@@ -565,11 +571,108 @@ impl<K> Store<K> {
     }
 }
 
+impl<K: Resource> Store<K> {
+    /// The stored object with the key of `obj`.
+    pub fn get(&self, obj: &K) -> Option<Arc<K>> {
+        let key = ObjectKey::from_object(obj).ok()?;
+        self.get_by_key(key)
+    }
+
+    /// The objects whose labels match `selector`, in all namespaces (all objects for the
+    /// empty selector).
+    ///
+    /// A compact store matches the labels it keeps beside each object's bytes and decodes
+    /// only the objects that match: 100 Pods selected among 10,000 cost 100 decodes, or
+    /// none for those in the working set.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{Selector, testing::{FakeListWatch, StoreWriter}};
+    ///
+    /// let writer = StoreWriter::<ConfigMap>::compact();
+    /// for (name, app) in [("a", "web"), ("b", "db")] {
+    ///     let mut cm = FakeListWatch::<ConfigMap>::object(Some("ns"), name);
+    ///     cm.metadata.labels = Some([("app".to_owned(), app.to_owned())].into());
+    ///     writer.insert(Arc::new(cm)).unwrap();
+    /// }
+    /// let web: Selector = "app=web".parse().unwrap();
+    /// let found = writer.store().list_selector(&web);
+    /// assert_eq!(found.len(), 1);
+    /// assert_eq!(found[0].metadata.name.as_deref(), Some("a"));
+    /// ```
+    pub fn list_selector(&self, selector: &Selector) -> Vec<Arc<K>> {
+        if selector.is_empty() {
+            return self.list();
+        }
+        let slots: Vec<(ObjectKey, Taken<K>)> = self
+            .read()
+            .objects
+            .iter()
+            .filter(|(_, slot)| selector.matches_by(|key| slot.label(key)))
+            .map(|(key, slot)| (key.clone(), slot.take()))
+            .collect();
+        self.resolve_all(slots, Recent::Keep)
+    }
+
+    /// The objects in `namespace` whose labels match `selector`: the namespace's keys come
+    /// from the built-in `namespace` index, and only the objects that match are decoded.
+    pub fn list_namespace_selector(&self, namespace: &str, selector: &Selector) -> Vec<Arc<K>> {
+        let slots = self
+            .index_slots(NAMESPACE_INDEX, namespace, |slot| {
+                selector.matches_by(|key| slot.label(key))
+            })
+            .unwrap_or_default();
+        self.resolve_all(slots, Recent::Keep)
+    }
+
+    /// The key and resourceVersion of every object, at one instant, without decoding any.
+    pub(crate) fn key_versions(&self) -> Vec<(ObjectKey, String)> {
+        self.read()
+            .objects
+            .iter()
+            .map(|(key, slot)| (key.clone(), slot.version().unwrap_or_default().to_owned()))
+            .collect()
+    }
+}
+
 fn find<'a>(indexes: &'a [Index], name: &str) -> Result<&'a Index, Error> {
     indexes
         .iter()
         .find(|i| &*i.name == name)
         .ok_or_else(|| Error::IndexNotFound(name.to_owned()))
+}
+
+/// The objects of a [`Store`] as of [`Store::iter`], each decoded when reached. Objects
+/// whose bytes do not decode are left out (with an error log).
+pub struct StoreIter<K> {
+    store: Store<K>,
+    slots: std::vec::IntoIter<(ObjectKey, Taken<K>)>,
+}
+
+impl<K> Iterator for StoreIter<K> {
+    type Item = Arc<K>;
+
+    fn next(&mut self) -> Option<Arc<K>> {
+        for (key, taken) in self.slots.by_ref() {
+            if let Some(obj) = self.store.resolve(&key, taken, Recent::Pass) {
+                return Some(obj);
+            }
+        }
+        None
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (0, Some(self.slots.len()))
+    }
+}
+
+impl<K> fmt::Debug for StoreIter<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreIter")
+            .field("remaining", &self.slots.len())
+            .finish()
+    }
 }
 
 /// The one handle that writes a [`Store`] (see the consistency guarantee there).
@@ -603,8 +706,9 @@ impl<K: Resource> Default for Writer<K> {
 }
 
 impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
-    /// An empty compact store: objects that come with the bytes the server sent them in
-    /// ([`RawObject`]) are kept as those bytes, others as compact JSON ([`JsonCodec`]).
+    /// An empty compact store with the default [`WorkingSet`]: objects that come with the
+    /// bytes the server sent them in ([`RawObject`]) are kept as those bytes, others as
+    /// compact JSON ([`JsonCodec`]).
     ///
     /// ```
     /// use std::sync::Arc;
@@ -618,18 +722,12 @@ impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
     /// assert_eq!(writer.store().get_by_key("ns/a").unwrap(), cm);
     /// ```
     pub fn compact() -> Self {
-        Self::build(Keeping::Encoded {
-            codec: Arc::new(JsonCodec),
-            wire: Some(decode_wire::<K>),
-        })
+        Self::compact_with(WorkingSet::default())
     }
-}
 
-impl<K: Resource> Store<K> {
-    /// The stored object with the key of `obj`.
-    pub fn get(&self, obj: &K) -> Option<Arc<K>> {
-        let key = ObjectKey::from_object(obj).ok()?;
-        self.get_by_key(key)
+    /// An empty compact store, as [`compact`](Self::compact), with `working_set`.
+    pub fn compact_with(working_set: WorkingSet) -> Self {
+        Self::build(Keeping::Compact(Compact::wire_or_json(working_set)))
     }
 }
 
@@ -640,21 +738,33 @@ impl<K: Resource> Writer<K> {
     }
 
     /// An empty compact store that keeps every object encoded by `codec` (the bytes the
-    /// server sent are not kept).
-    pub fn with_codec(codec: Arc<dyn Codec<K>>) -> Self {
-        Self::build(Keeping::Encoded { codec, wire: None })
+    /// server sent are not kept), with `working_set`.
+    pub fn with_codec(codec: Arc<dyn Codec<K>>, working_set: WorkingSet) -> Self {
+        Self::build(Keeping::Compact(Compact {
+            codec,
+            wire: None,
+            working_set,
+        }))
     }
 
     fn build(keeping: Keeping<K>) -> Self {
-        let func = index::namespace_index::<K>();
+        let working_set = match &keeping {
+            Keeping::Decoded => WorkingSet::off(),
+            Keeping::Compact(compact) => compact.working_set,
+        };
         let store = Store {
             shared: Arc::new(Shared {
                 state: RwLock::new(State {
                     objects: HashMap::default(),
                     indexes: vec![Index::new(NAMESPACE_INDEX)],
                 }),
-                writer: Mutex::new(vec![func]),
+                writer: Mutex::new(WriterState {
+                    index_fns: vec![index::namespace_index::<K>()],
+                    labels: LabelInterner::default(),
+                    generation: 0,
+                }),
                 keeping,
+                hot: parking_lot::Mutex::new(Hot::new(working_set)),
             }),
         };
         Self {
@@ -674,14 +784,13 @@ impl<K: Resource> Writer<K> {
     ///
     /// [`Error::IndexExists`] when an index with this name exists.
     pub fn add_indexer(&self, name: &str, func: IndexFn<K>) -> Result<(), Error> {
-        let mut fns = self.writer();
+        let mut writer = self.writer();
         if self.read().indexes.iter().any(|i| &*i.name == name) {
             return Err(Error::IndexExists(name.to_owned()));
         }
-        let objects = self.snapshot();
         let mut index = Index::new(name);
-        for (key, slot) in objects {
-            let Some(obj) = self.unpack(&key, slot) else {
+        for (key, taken) in self.snapshot() {
+            let Some(obj) = self.resolve(&key, taken, Recent::Pass) else {
                 continue;
             };
             let mut values = func(&obj);
@@ -690,11 +799,12 @@ impl<K: Resource> Writer<K> {
             index.add(&key, &values);
         }
         self.write().indexes.push(index);
-        fns.push(func);
+        writer.index_fns.push(func);
         Ok(())
     }
 
-    /// Inserts or replaces the object under its key; returns the previous one.
+    /// Inserts or replaces the object under its key; returns the previous one. A compact
+    /// store keeps it as bytes (as it keeps a list's objects).
     ///
     /// # Errors
     ///
@@ -702,7 +812,16 @@ impl<K: Resource> Writer<K> {
     #[cfg(any(test, feature = "testing"))]
     pub fn insert(&self, obj: Arc<K>) -> Result<Option<Arc<K>>, Error> {
         let key = ObjectKey::from_object(&*obj)?;
-        Ok(self.insert_keyed(key, obj, None))
+        Ok(self.insert_keyed(key, obj, None, Arrival::Listed))
+    }
+
+    /// The packer of the writer that holds `writer`.
+    fn packer<'a>(&'a self, writer: &'a mut WriterState<K>) -> Packer<'a, K> {
+        Packer {
+            keeping: &self.shared.keeping,
+            labels: &mut writer.labels,
+            generation: &mut writer.generation,
+        }
     }
 
     pub(crate) fn insert_keyed(
@@ -710,14 +829,19 @@ impl<K: Resource> Writer<K> {
         key: ObjectKey,
         obj: Arc<K>,
         raw: Option<RawObject>,
+        arrival: Arrival,
     ) -> Option<Arc<K>> {
-        let fns = self.writer();
-        let old_slot = self.read().objects.get(&key).cloned();
+        let mut writer = self.writer();
+        let old_slot = self.read().objects.get(&key).map(Slot::take);
         let had_old = old_slot.is_some();
-        let old = old_slot.and_then(|slot| self.unpack(&key, slot));
-        let old_values = old.as_deref().map(|o| compute_values(&fns, o));
-        let new_values = compute_values(&fns, &obj);
-        let slot = self.pack(&key, obj, raw);
+        let old = old_slot.and_then(|slot| self.resolve(&key, slot, Recent::Pass));
+        let old_values = old.as_deref().map(|o| compute_values(&writer.index_fns, o));
+        let new_values = compute_values(&writer.index_fns, &obj);
+        let slot = self.packer(&mut writer).pack(&key, obj.clone(), raw);
+        let warm = match (&slot, arrival) {
+            (Slot::Encoded(e), Arrival::Watched) => Some((e.generation, e.body.decoded_size())),
+            _ => None,
+        };
         {
             let mut st = self.write();
             if had_old && old.is_none() {
@@ -732,26 +856,35 @@ impl<K: Resource> Writer<K> {
                 Some(&new_values),
             );
         }
+        let mut hot = self.shared.hot.lock();
+        match warm {
+            Some((generation, size)) => hot.put(&key, generation, obj, size),
+            None => hot.forget(&key),
+        }
         old
     }
 
     /// Removes the object under `key`; returns it.
     pub fn remove(&self, key: impl AsRef<str>) -> Option<Arc<K>> {
-        let fns = self.writer();
-        let (key, slot) = {
+        let writer = self.writer();
+        let (key, taken) = {
             let st = self.read();
             let (k, v) = st.objects.get_key_value(key.as_ref())?;
-            (k.clone(), v.clone())
+            (k.clone(), v.take())
         };
-        let old = self.unpack(&key, slot);
-        let old_values: Option<IndexValues> = old.as_deref().map(|o| compute_values(&fns, o));
-        let mut st = self.write();
-        st.objects.remove(&key);
-        match &old_values {
-            Some(values) => apply_change(&mut st.indexes, &key, Some(values), None),
-            // Its index values are unknown: drop the key from every index entry.
-            None => st.indexes.iter_mut().for_each(|i| i.remove_key(&key)),
+        let old = self.resolve(&key, taken, Recent::Pass);
+        let old_values: Option<IndexValues> =
+            old.as_deref().map(|o| compute_values(&writer.index_fns, o));
+        {
+            let mut st = self.write();
+            st.objects.remove(&key);
+            match &old_values {
+                Some(values) => apply_change(&mut st.indexes, &key, Some(values), None),
+                // Its index values are unknown: drop the key from every index entry.
+                None => st.indexes.iter_mut().for_each(|i| i.remove_key(&key)),
+            }
         }
+        self.shared.hot.lock().forget(&key);
         old
     }
 
@@ -781,48 +914,68 @@ impl<K: Resource> Writer<K> {
             .into_iter()
             .filter_map(|o| Some((ObjectKey::from_object(&*o).ok()?, o)))
             .collect();
-        let fns = self.writer();
+        let mut writer = self.writer();
         let mut indexes: Vec<Index> = self.read().indexes.iter().map(Index::empty_like).collect();
         let mut map = HashMap::with_capacity_and_hasher(objects.len(), KeyHasher::default());
-        for (key, obj) in &objects {
-            let values = compute_values(&fns, obj);
+        for (key, obj) in objects {
+            let values = compute_values(&writer.index_fns, &obj);
             for (index, values) in indexes.iter_mut().zip(&values) {
-                index.add(key, values);
+                index.add(&key, values);
             }
-            map.insert(key.clone(), self.pack(key, obj.clone(), None));
+            let slot = self.packer(&mut writer).pack(&key, obj, None);
+            map.insert(key, slot);
         }
-        let mut st = self.write();
-        let old = std::mem::replace(&mut st.objects, map);
-        st.indexes = indexes;
-        drop(st);
-        drop(fns);
-        old.into_iter()
-            .filter_map(|(key, slot)| {
-                let obj = self.unpack(&key, slot)?;
+        let old = {
+            let mut st = self.write();
+            st.indexes = indexes;
+            std::mem::replace(&mut st.objects, map)
+        };
+        drop(writer);
+        let old: Vec<(ObjectKey, Taken<K>)> = old
+            .into_iter()
+            .map(|(key, slot)| (key, slot.take()))
+            .collect();
+        let old = old
+            .into_iter()
+            .filter_map(|(key, taken)| {
+                let obj = self.resolve(&key, taken, Recent::Pass)?;
                 Some((key, obj))
             })
-            .collect()
+            .collect();
+        self.shared.hot.lock().clear();
+        old
     }
 }
 
 #[cfg(test)]
 impl<K: Resource> Store<K> {
-    /// Checks that objects and indexes agree; used by tests.
+    /// Checks that objects and indexes agree, and that every encoded slot's labels are its
+    /// object's; used by tests.
     pub(crate) fn check_invariants(&self) -> Result<(), String> {
         type Entries = Vec<(String, Vec<ObjectKey>)>;
         type Snapshot<K> = (
-            Vec<(ObjectKey, Slot<K>)>,
+            Vec<(
+                ObjectKey,
+                Taken<K>,
+                Option<std::collections::BTreeMap<String, String>>,
+            )>,
             Vec<(String, IndexFn<K>, Entries)>,
         );
         // The index functions, in the order of the indexes.
-        let fns: Vec<IndexFn<K>> = self.writer().clone();
+        let fns: Vec<IndexFn<K>> = self.writer().index_fns.clone();
         // One snapshot of objects and indexes, taken under one read lock.
         let (slots, indexes): Snapshot<K> = {
             let st = self.read();
             let slots = st
                 .objects
                 .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
+                .map(|(k, v)| {
+                    let labels = match v {
+                        Slot::Encoded(e) => Some(e.labels.to_map()),
+                        Slot::Decoded(_) => None,
+                    };
+                    (k.clone(), v.take(), labels)
+                })
                 .collect();
             let indexes = st
                 .indexes
@@ -839,15 +992,18 @@ impl<K: Resource> Store<K> {
                 .collect();
             (slots, indexes)
         };
-        let objects: HashMap<ObjectKey, Arc<K>> = slots
-            .into_iter()
-            .map(|(k, slot)| {
-                let obj = self
-                    .unpack(&k, slot)
-                    .ok_or(format!("{k} does not decode"))?;
-                Ok((k, obj))
-            })
-            .collect::<Result<_, String>>()?;
+        let mut objects: HashMap<ObjectKey, Arc<K>> = HashMap::new();
+        for (k, taken, labels) in slots {
+            let obj = self
+                .resolve(&k, taken, Recent::Pass)
+                .ok_or(format!("{k} does not decode"))?;
+            if let Some(labels) = labels
+                && labels != obj.meta().labels.clone().unwrap_or_default()
+            {
+                return Err(format!("{k} keeps labels {labels:?} that are not its own"));
+            }
+            objects.insert(k, obj);
+        }
         for (name, func, entries) in &indexes {
             for (value, keys) in entries {
                 for key in keys {
@@ -879,8 +1035,10 @@ impl<K: Resource> Store<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::list_watch::RawFormat;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube_core::ObjectMeta;
+    use slot::decode_wire;
     use std::{
         collections::BTreeMap,
         sync::atomic::{AtomicBool, Ordering},
@@ -1006,20 +1164,20 @@ mod tests {
 
     #[test]
     fn a_compact_store_keeps_the_bytes_an_object_came_in_without_encoding_it() {
-        let store = Writer::build(Keeping::Encoded {
+        let store = Writer::build(Keeping::Compact(Compact {
             codec: Arc::new(NoEncoding),
             wire: Some(decode_wire::<ConfigMap>),
-        });
+            working_set: WorkingSet::off(),
+        }));
         store.add_indexer("app", label_index("app")).unwrap();
         let web = cm("a", "x", "web");
         // Arrived in a buffer holding more than this object: the store copies its part.
         let buffer =
             bytes::Bytes::from([b"[".as_slice(), &serde_json::to_vec(&*web).unwrap()].concat());
         let raw = RawObject::new(buffer.slice(1..), RawFormat::Json);
-        store.insert_keyed("a/x".into(), web.clone(), Some(raw));
-        let slot = store.read().objects.get("a/x").cloned();
+        store.insert_keyed("a/x".into(), web.clone(), Some(raw), Arrival::Listed);
         assert!(
-            matches!(slot, Some(Slot::Wire { .. })),
+            matches!(store.read().objects.get("a/x"), Some(Slot::Encoded(e)) if e.body.wire().is_some()),
             "kept as the wire's bytes"
         );
         assert_eq!(Arc::strong_count(&web), 1, "and not as the decoded object");
@@ -1031,7 +1189,7 @@ mod tests {
 
         // Without bytes, the store encodes; this codec cannot, so the object stays decoded.
         let db = cm("a", "x", "db");
-        let old = store.insert_keyed("a/x".into(), db.clone(), None);
+        let old = store.insert_keyed("a/x".into(), db.clone(), None, Arrival::Listed);
         assert_eq!(
             old,
             Some(web),
@@ -1039,11 +1197,33 @@ mod tests {
         );
         assert!(matches!(
             store.read().objects.get("a/x"),
-            Some(Slot::Object(_))
+            Some(Slot::Decoded(_))
         ));
         assert!(store.index_keys("app", "web").unwrap().is_empty());
         assert_eq!(store.get_by_key("a/x"), Some(db));
         store.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn the_working_set_serves_only_the_write_a_slot_is() {
+        let store = Writer::<ConfigMap>::compact();
+        let web = cm("a", "x", "web");
+        store.insert_keyed("a/x".into(), web.clone(), None, Arrival::Watched);
+        let hot = store.get_by_key("a/x").unwrap();
+        assert!(Arc::ptr_eq(&hot, &web), "the delivered object, shared");
+        assert_eq!(store.working_set().hits, 1);
+
+        // A reader takes the slot, a write replaces it, then the reader decodes and keeps
+        // what it took: a later read must still see the write.
+        let taken = store.read().objects.get("a/x").map(Slot::take).unwrap();
+        let db = cm("a", "x", "db");
+        store.insert_keyed("a/x".into(), db.clone(), None, Arrival::Listed);
+        let late = store.resolve(&"a/x".into(), taken, Recent::Keep).unwrap();
+        assert_eq!(late, web);
+        assert_eq!(store.get_by_key("a/x"), Some(db.clone()));
+        assert_eq!(store.get_by_key("a/x"), Some(db));
+        store.remove("a/x");
+        assert_eq!(store.working_set().objects, 0, "a delete lets go");
     }
 
     /// What a controller that logs labels reads of an object.
@@ -1070,11 +1250,12 @@ mod tests {
 
     #[test]
     fn get_as_reads_a_projection_from_every_kind_of_slot() {
-        let wire = Writer::build(Keeping::Encoded {
+        let wire = Writer::build(Keeping::Compact(Compact {
             codec: Arc::new(NoEncoding),
             // The projection reads the bytes itself and never decodes a whole object.
             wire: Some(|_, _| Err("a projection must not decode the whole object".into())),
-        });
+            working_set: WorkingSet::off(),
+        }));
         let packed = Writer::<ConfigMap>::compact();
         let decoded = Writer::<ConfigMap>::new();
         for store in [&wire, &packed, &decoded] {
@@ -1082,10 +1263,10 @@ mod tests {
         }
         let web = cm("a", "x", "web");
         let raw = RawObject::new(serde_json::to_vec(&*web).unwrap().into(), RawFormat::Json);
-        wire.insert_keyed("a/x".into(), web.clone(), Some(raw));
+        wire.insert_keyed("a/x".into(), web.clone(), Some(raw), Arrival::Listed);
         assert!(matches!(
             wire.read().objects.get("a/x"),
-            Some(Slot::Wire { .. })
+            Some(Slot::Encoded(e)) if e.body.wire().is_some()
         ));
         packed.insert(web.clone()).unwrap();
         decoded.insert(web).unwrap();
@@ -1132,14 +1313,15 @@ mod tests {
 
     #[test]
     fn key_versions_read_the_slots_without_decoding() {
-        let store = Writer::build(Keeping::Encoded {
+        let store = Writer::build(Keeping::Compact(Compact {
             codec: Arc::new(NoEncoding),
             wire: Some(|_, _| Err("decoding is what this must not do".into())),
-        });
+            working_set: WorkingSet::off(),
+        }));
         let mut obj = (*cm("a", "x", "web")).clone();
         obj.metadata.resource_version = Some("7".into());
         let raw = RawObject::new(serde_json::to_vec(&obj).unwrap().into(), RawFormat::Json);
-        store.insert_keyed("a/x".into(), Arc::new(obj), Some(raw));
+        store.insert_keyed("a/x".into(), Arc::new(obj), Some(raw), Arrival::Listed);
         assert_eq!(store.key_versions(), [("a/x".into(), "7".to_owned())]);
         assert!(
             store.get_by_key("a/x").is_none(),
@@ -1149,7 +1331,7 @@ mod tests {
 
     #[test]
     fn an_object_whose_encoding_does_not_decode_is_kept_decoded() {
-        let store = Writer::<ConfigMap>::with_codec(Arc::new(Broken));
+        let store = Writer::<ConfigMap>::with_codec(Arc::new(Broken), WorkingSet::default());
         store.add_indexer("app", label_index("app")).unwrap();
         let web = cm("a", "x", "web");
         store.insert(web.clone()).unwrap();

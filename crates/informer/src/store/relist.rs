@@ -13,8 +13,9 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use kube_core::Resource;
 
 use super::{
-    KeyHasher, ObjectKeySet, Slot, Writer,
+    Arrival, KeyHasher, ObjectKeySet, Recent, Writer,
     index::{IndexValues, apply_change, compute_values},
+    slot::{Slot, Taken},
 };
 use crate::{key::ObjectKey, list_watch::RawObject};
 
@@ -88,8 +89,9 @@ impl<K: Resource> Writer<K> {
         key: ObjectKey,
         obj: Arc<K>,
         raw: Option<RawObject>,
+        arrival: Arrival,
     ) -> Option<StoreChange<K>> {
-        match self.insert_keyed(key, obj.clone(), raw) {
+        match self.insert_keyed(key, obj.clone(), raw, arrival) {
             None => Some(StoreChange::Added(obj)),
             Some(old) if same_version(&*old, &*obj) => None,
             Some(old) => Some(StoreChange::Updated { old, new: obj }),
@@ -127,7 +129,7 @@ impl<K: Resource> Writer<K> {
                 if let Some(ListInProgress::Filling { listed }) = &mut progress.current {
                     listed.insert(key.clone());
                 }
-                self.upsert(key, obj, raw)
+                self.upsert(key, obj, raw, Arrival::Listed)
             }
             Some(ListInProgress::Staging { listed, changed }) => {
                 if !listed.insert(key.clone()) {
@@ -180,20 +182,20 @@ impl<K: Resource> Writer<K> {
     /// Applies a staged relist: the decoding, encoding and index functions run first; the
     /// readers' lock is taken once, for the map updates only.
     fn swap_in(&self, listed: &ObjectKeySet, changed: Vec<Staged<K>>) -> Vec<StoreChange<K>> {
-        let fns = self.writer();
+        let mut writer = self.writer();
         // The slots a relist removes, and the one each changed object replaces (in the
         // order of `changed`), read at one instant.
         let (gone, replaced) = {
             let st = self.read();
-            let gone: Vec<(ObjectKey, Slot<K>)> = st
+            let gone: Vec<(ObjectKey, Taken<K>)> = st
                 .objects
                 .iter()
                 .filter(|(key, _)| !listed.contains(*key))
-                .map(|(key, slot)| (key.clone(), slot.clone()))
+                .map(|(key, slot)| (key.clone(), slot.take()))
                 .collect();
-            let replaced: Vec<Option<Slot<K>>> = changed
+            let replaced: Vec<Option<Taken<K>>> = changed
                 .iter()
-                .map(|(key, _, _)| st.objects.get(key).cloned())
+                .map(|(key, _, _)| st.objects.get(key).map(Slot::take))
                 .collect();
             (gone, replaced)
         };
@@ -211,13 +213,15 @@ impl<K: Resource> Writer<K> {
             old_values: Option<IndexValues>,
             new: Arc<K>,
             new_values: IndexValues,
-            slot: Slot<K>,
+            slot: Option<Slot<K>>,
         }
         let removals: Vec<Removal<K>> = gone
             .into_iter()
             .map(|(key, slot)| {
-                let last_known = self.unpack(&key, slot);
-                let values = last_known.as_deref().map(|o| compute_values(&fns, o));
+                let last_known = self.resolve(&key, slot, Recent::Pass);
+                let values = last_known
+                    .as_deref()
+                    .map(|o| compute_values(&writer.index_fns, o));
                 Removal {
                     key,
                     last_known,
@@ -225,17 +229,17 @@ impl<K: Resource> Writer<K> {
                 }
             })
             .collect();
-        let writes: Vec<Write<K>> = changed
+        let mut writes: Vec<Write<K>> = changed
             .into_iter()
             .zip(replaced)
             .map(|((key, new, raw), replaced)| {
-                let old = replaced.map(|slot| self.unpack(&key, slot));
+                let old = replaced.map(|slot| self.resolve(&key, slot, Recent::Pass));
                 let old_values = old
                     .as_ref()
                     .and_then(|o| o.as_deref())
-                    .map(|o| compute_values(&fns, o));
-                let new_values = compute_values(&fns, &new);
-                let slot = self.pack(&key, new.clone(), raw);
+                    .map(|o| compute_values(&writer.index_fns, o));
+                let new_values = compute_values(&writer.index_fns, &new);
+                let slot = Some(self.packer(&mut writer).pack(&key, new.clone(), raw));
                 Write {
                     key,
                     old,
@@ -259,12 +263,14 @@ impl<K: Resource> Writer<K> {
                         .for_each(|i| i.remove_key(&removal.key)),
                 }
             }
-            for write in &writes {
+            for write in &mut writes {
                 if let Some(None) = write.old {
                     // Its old index values are unknown: drop the key from every entry.
                     st.indexes.iter_mut().for_each(|i| i.remove_key(&write.key));
                 }
-                st.objects.insert(write.key.clone(), write.slot.clone());
+                if let Some(slot) = write.slot.take() {
+                    st.objects.insert(write.key.clone(), slot);
+                }
                 apply_change(
                     &mut st.indexes,
                     &write.key,
@@ -273,7 +279,13 @@ impl<K: Resource> Writer<K> {
                 );
             }
         }
-        drop(fns);
+        drop(writer);
+        {
+            // Those objects' decoded forms stood for the slots just replaced or removed.
+            let mut hot = self.shared.hot.lock();
+            removals.iter().for_each(|r| hot.forget(&r.key));
+            writes.iter().for_each(|w| hot.forget(&w.key));
+        }
 
         let deletions = removals.into_iter().filter_map(|r| {
             Some(StoreChange::Deleted {

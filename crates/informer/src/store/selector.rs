@@ -50,10 +50,14 @@ pub struct Requirement {
 impl Requirement {
     /// Whether `labels` satisfy this requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        let value = labels.get(&self.key);
+        self.matches_value(labels.get(&self.key).map(String::as_str))
+    }
+
+    /// Whether a label whose value is `value` (`None`: absent) satisfies this requirement.
+    fn matches_value(&self, value: Option<&str>) -> bool {
         match &self.operator {
-            Operator::Equals(v) => value == Some(v),
-            Operator::NotEquals(v) => value != Some(v),
+            Operator::Equals(v) => value == Some(v.as_str()),
+            Operator::NotEquals(v) => value != Some(v.as_str()),
             Operator::In(set) => value.is_some_and(|x| set.contains(x)),
             Operator::NotIn(set) => !value.is_some_and(|x| set.contains(x)),
             Operator::Exists => value.is_some(),
@@ -169,6 +173,14 @@ impl Selector {
     /// Whether `labels` satisfy every requirement.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
         self.requirements.iter().all(|r| r.matches(labels))
+    }
+
+    /// Whether the labels that `label` looks up (by key) satisfy every requirement: how a
+    /// store matches the labels it keeps beside an object's bytes, without decoding it.
+    pub(crate) fn matches_by<'a>(&self, label: impl Fn(&str) -> Option<&'a str>) -> bool {
+        self.requirements
+            .iter()
+            .all(|r| r.matches_value(label(&r.key)))
     }
 }
 
