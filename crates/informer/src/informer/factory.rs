@@ -21,7 +21,9 @@ use tracing::debug;
 use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, sync::HasSynced,
 };
-use crate::{error::Error, list_watch::ApiListWatch, reflector::ReflectorStats};
+use crate::{
+    error::Error, list_watch::ApiListWatch, reflector::ReflectorStats, store::WorkingSetStats,
+};
 
 /// A transform of every object's metadata, whatever its type.
 type MetadataTransform = Arc<dyn Fn(&mut ObjectMeta) + Send + Sync>;
@@ -219,6 +221,7 @@ struct Registered {
 trait Syncing: HasSynced {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
     fn objects(&self) -> usize;
+    fn working_set(&self) -> WorkingSetStats;
     fn last_sync_resource_version(&self) -> Option<String>;
     fn stats(&self) -> ReflectorStats;
     fn as_any(&self) -> &dyn Any;
@@ -231,6 +234,10 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
 
     fn objects(&self) -> usize {
         self.store().len()
+    }
+
+    fn working_set(&self) -> WorkingSetStats {
+        self.store().working_set()
     }
 
     fn last_sync_resource_version(&self) -> Option<String> {
@@ -264,6 +271,8 @@ pub struct InformerStatus {
     pub watch_restarts: u64,
     /// Lists started, the first one included.
     pub lists: u64,
+    /// Its cache's decoded working set (see [`WorkingSet`](crate::WorkingSet)).
+    pub working_set: WorkingSetStats,
 }
 
 #[derive(Default)]
@@ -524,6 +533,7 @@ impl InformerFactory {
                 last_sync_resource_version: e.synced.last_sync_resource_version(),
                 watch_restarts: e.synced.stats().watch_restarts(),
                 lists: e.synced.stats().lists(),
+                working_set: e.synced.working_set(),
             })
             .collect()
     }

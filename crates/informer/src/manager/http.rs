@@ -168,6 +168,11 @@ impl Collector for InformerCollector {
         let version: Family<InformerLabels, Gauge> = Family::default();
         let restarts: Family<InformerLabels, Counter> = Family::default();
         let lists: Family<InformerLabels, Counter> = Family::default();
+        let hot_bytes: Family<InformerLabels, Gauge> = Family::default();
+        let hot_objects: Family<InformerLabels, Gauge> = Family::default();
+        let hot_hits: Family<InformerLabels, Counter> = Family::default();
+        let hot_misses: Family<InformerLabels, Counter> = Family::default();
+        let hot_evictions: Family<InformerLabels, Counter> = Family::default();
         for state in self.factory.informers() {
             let labels = InformerLabels {
                 resource: state.resource,
@@ -188,6 +193,16 @@ impl Collector for InformerCollector {
             }
             restarts.get_or_create(&labels).inc_by(state.watch_restarts);
             lists.get_or_create(&labels).inc_by(state.lists);
+            let hot = state.working_set;
+            hot_bytes
+                .get_or_create(&labels)
+                .set(i64::try_from(hot.bytes).unwrap_or(i64::MAX));
+            hot_objects
+                .get_or_create(&labels)
+                .set(i64::try_from(hot.objects).unwrap_or(i64::MAX));
+            hot_hits.get_or_create(&labels).inc_by(hot.hits);
+            hot_misses.get_or_create(&labels).inc_by(hot.misses);
+            hot_evictions.get_or_create(&labels).inc_by(hot.evictions);
         }
         let gauges = [
             (
@@ -205,6 +220,16 @@ impl Collector for InformerCollector {
                 "The resourceVersion the informer's cache last synced to",
                 version,
             ),
+            (
+                "informer_working_set_bytes",
+                "Estimated bytes of the decoded objects the cache's working set holds",
+                hot_bytes,
+            ),
+            (
+                "informer_working_set_objects",
+                "Decoded objects the cache's working set holds",
+                hot_objects,
+            ),
         ];
         let counters = [
             (
@@ -216,6 +241,21 @@ impl Collector for InformerCollector {
                 "informer_lists",
                 "Lists the informer started, the first one included",
                 lists,
+            ),
+            (
+                "informer_working_set_hits",
+                "Reads of one object the cache's working set served decoded",
+                hot_hits,
+            ),
+            (
+                "informer_working_set_misses",
+                "Reads of one object that decoded it",
+                hot_misses,
+            ),
+            (
+                "informer_working_set_evictions",
+                "Objects the working set let go to stay within its budget",
+                hot_evictions,
             ),
         ];
         for (name, help, family) in gauges {

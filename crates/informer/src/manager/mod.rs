@@ -80,8 +80,10 @@ type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 ///   metrics ([`workqueue_metrics`](Self::workqueue_metrics)), the reconcile metrics
 ///   ([`controller_metrics`](Self::controller_metrics)), the informers' gauges and counters
 ///   (`informer_objects`, `informer_synced`, `informer_last_sync_resource_version`,
-///   `informer_lists_total`, `informer_watch_restarts_total`), and whatever is added to the [`registry`](Self::registry). Both bind to
-///   loopback unless told otherwise, and read request headers within 10 s.
+///   `informer_lists_total`, `informer_watch_restarts_total`, and the cache's working set:
+///   `informer_working_set_bytes`, `_objects`, `_hits_total`, `_misses_total`,
+///   `_evictions_total`), and whatever is added to the [`registry`](Self::registry). Both
+///   bind to loopback unless told otherwise, and read request headers within 10 s.
 /// - **Controllers** ([`controller`](Self::controller), [`add_controller`](Self::add_controller))
 ///   report to the registry's metrics and run as tasks.
 /// - **Tasks** ([`add`](Self::add)) start after the factory's informers, each with a
