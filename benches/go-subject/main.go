@@ -8,8 +8,14 @@
 // --reads R, once the driver writes a line to stdin (when the CPUs are idle
 // again), one more line with the times of R gets by random key, of full lists
 // and of by-index reads (the informer indexes the Pods by their bench-group
-// label); with --relist V, one more line once the handler saw a Pod's
-// bench-relist label set to V (set while the subject is cut off).
+// label); with --reconciles M, once the driver writes another line, the
+// reconcile case: the update handler queues the key of each Pod whose
+// bench-reconcile label changed on a client-go workqueue, one worker
+// reconciles each key as a ReplicaSet controller reads its cache (the Pod by
+// key through the generated PodLister, then its group by label selector), and
+// once the M changes are seen and reconciled it prints one more line; with
+// --relist V, one more line once the handler saw a Pod's bench-relist label
+// set to V (set while the subject is cut off).
 package main
 
 import (
@@ -22,20 +28,25 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/workqueue"
 )
 
 const (
-	updateLabel = "bench-update"
-	groupLabel  = "bench-group"
-	groupSize   = 100
-	relistLabel = "bench-relist"
+	updateLabel    = "bench-update"
+	groupLabel     = "bench-group"
+	groupSize      = 100
+	relistLabel    = "bench-relist"
+	reconcileLabel = "bench-reconcile"
 )
 
 // xorShift draws the same random keys as the Rust subjects (benches/src/lib.rs).
@@ -59,6 +70,121 @@ func median(values []float64) float64 {
 	default:
 		return (values[n/2-1] + values[n/2]) / 2
 	}
+}
+
+// percentile is the nearest-rank percentile p (0 to 1) of sorted values, as
+// benches::percentile.
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	r := int(p*float64(len(sorted)) + 0.999999999)
+	return sorted[min(max(r, 1), len(sorted))-1]
+}
+
+// reconcileQueue is the reconcile case's side of the update handler: the
+// controller's workqueue of Pod keys. It shuts down once the handler saw the
+// expected changes, so the worker stops when it has reconciled the last key.
+type reconcileQueue struct {
+	queue    *workqueue.Typed[string]
+	expected int
+	events   atomic.Int64
+	// When the handler saw the first change, Unix ns.
+	first atomic.Int64
+}
+
+// onUpdate queues the key of newPod if the update changed its bench-reconcile
+// label, as a controller's handler filters the updates it acts on.
+func (r *reconcileQueue) onUpdate(oldPod, newPod *corev1.Pod) {
+	value, ok := newPod.Labels[reconcileLabel]
+	if !ok || oldPod.Labels[reconcileLabel] == value {
+		return
+	}
+	key, err := cache.MetaNamespaceKeyFunc(newPod)
+	if err != nil {
+		return
+	}
+	r.first.CompareAndSwap(0, time.Now().UnixNano())
+	r.queue.Add(key)
+	if r.events.Add(1) == int64(r.expected) {
+		r.queue.ShutDown()
+	}
+}
+
+// work runs the worker: it reconciles each key until the queue is shut down
+// and empty, then returns the reconcile line.
+func (r *reconcileQueue) work(lister corelisters.PodLister, n int) (map[string]interface{}, error) {
+	reads := make([]float64, 0, r.expected)
+	lastEnd := time.Now()
+	for {
+		key, shutdown := r.queue.Get()
+		if shutdown {
+			break
+		}
+		started := time.Now()
+		group, length, err := reconcileReads(lister, key)
+		lastEnd = time.Now()
+		reads = append(reads, float64(lastEnd.Sub(started).Nanoseconds()))
+		r.queue.Done(key)
+		if err != nil {
+			return nil, err
+		}
+		if expected := groupLen(n, group); expected != length {
+			return nil, fmt.Errorf("listing %s=%s returned %d Pods, expected %d", groupLabel, group, length, expected)
+		}
+	}
+	rss, hwm := status()
+	slices.Sort(reads)
+	total := 0.0
+	for _, ns := range reads {
+		total += ns
+	}
+	events := r.events.Load()
+	wall := float64(lastEnd.UnixNano()-r.first.Load()) / 1e9
+	return map[string]interface{}{
+		"subject":         "client-go",
+		"events":          events,
+		"reconciles":      len(reads),
+		"per_second":      float64(len(reads)) / (total / 1e9),
+		"wall_per_second": float64(events) / wall,
+		"read_p50_us":     percentile(reads, 0.50) / 1e3,
+		"read_p99_us":     percentile(reads, 0.99) / 1e3,
+		"rss_kb":          rss,
+		"hwm_kb":          hwm,
+	}, nil
+}
+
+// reconcileReads is a ReplicaSet-style reconcile's reads of the cache: the Pod
+// under key, then every Pod of its group by label selector. It returns the
+// group and how many Pods the list returned.
+func reconcileReads(lister corelisters.PodLister, key string) (string, int, error) {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return "", 0, err
+	}
+	pod, err := lister.Pods(namespace).Get(name)
+	if err != nil {
+		return "", 0, err
+	}
+	group, ok := pod.Labels[groupLabel]
+	if !ok {
+		return "", 0, fmt.Errorf("%s has no %s label", key, groupLabel)
+	}
+	pods, err := lister.List(labels.SelectorFromSet(labels.Set{groupLabel: group}))
+	if err != nil {
+		return "", 0, err
+	}
+	return group, len(pods), nil
+}
+
+// groupLen is how many of n Pods carry the bench-group value group (as
+// benches::group_len); -1 for a value no Pod has.
+func groupLen(n int, group string) int {
+	g, err := strconv.Atoi(strings.TrimPrefix(group, "g"))
+	if err != nil || !strings.HasPrefix(group, "g") || g < 0 || g*groupSize >= n {
+		return -1
+	}
+	return min(groupSize, n-g*groupSize)
 }
 
 // timeReads times reads of the informer's cache of n Pods and returns the
@@ -85,13 +211,6 @@ func timeReads(indexer cache.Indexer, namespace string, n, samples int) (map[str
 		}
 	}
 	slices.Sort(gets)
-	rank := func(p float64) float64 {
-		if len(gets) == 0 {
-			return 0
-		}
-		r := int(p*float64(len(gets)) + 0.999999999)
-		return gets[min(max(r, 1), len(gets))-1]
-	}
 	lists := make([]float64, 0, 7)
 	for range 7 {
 		started := time.Now()
@@ -117,8 +236,8 @@ func timeReads(indexer cache.Indexer, namespace string, n, samples int) (map[str
 	return map[string]interface{}{
 		"subject":      "client-go",
 		"get_samples":  samples,
-		"get_p50_ns":   rank(0.50),
-		"get_p99_ns":   rank(0.99),
+		"get_p50_ns":   percentile(gets, 0.50),
+		"get_p99_ns":   percentile(gets, 0.99),
 		"list_ms":      median(lists),
 		"by_index_us":  median(byIndex),
 		"by_index_len": length,
@@ -156,6 +275,7 @@ func main() {
 	updates := flag.Int("updates", 0, "update events to wait for after sync")
 	jsonOnly := flag.Bool("json", false, "talk JSON only (client-go prefers protobuf for built-in types)")
 	reads := flag.Int("reads", 0, "after the updates, time this many gets by random key, lists and by-index reads (0 skips)")
+	reconciles := flag.Int("reconciles", 0, "after the reads and the driver's next go-ahead, reconcile each change of a Pod's bench-reconcile label until this many were seen (0 skips)")
 	relist := flag.String("relist", "", "then wait until the handler sees a Pod whose bench-relist label has this value")
 	flag.Parse()
 
@@ -175,6 +295,11 @@ func main() {
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(clientset, 0, informers.WithNamespace(*namespace))
 	informer := factory.Core().V1().Pods().Informer()
+	podLister := factory.Core().V1().Pods().Lister()
+	var reconcile *reconcileQueue
+	if *reconciles > 0 {
+		reconcile = &reconcileQueue{queue: workqueue.NewTyped[string](), expected: *reconciles}
+	}
 	err = informer.AddIndexers(cache.Indexers{groupLabel: func(obj interface{}) ([]string, error) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -209,6 +334,9 @@ func main() {
 			pod, ok := newObj.(*corev1.Pod)
 			if !ok {
 				return
+			}
+			if old, isPod := oldObj.(*corev1.Pod); isPod && reconcile != nil {
+				reconcile.onUpdate(old, pod)
 			}
 			id, ok := pod.Labels[updateLabel]
 			mu.Lock()
@@ -286,6 +414,24 @@ func main() {
 			os.Exit(1)
 		}
 		line, err := timeReads(informer.GetIndexer(), *namespace, *expect, *reads)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "client-go:", err)
+			os.Exit(1)
+		}
+		out, _ := json.Marshal(line)
+		fmt.Println(string(out))
+	}
+	if reconcile != nil {
+		if _, err := stdin.ReadString('\n'); err != nil {
+			fmt.Fprintln(os.Stderr, "client-go: stdin closed before the driver's go-ahead to reconcile:", err)
+			os.Exit(1)
+		}
+		// The peak from here on is the reconciles'.
+		if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+			fmt.Fprintln(os.Stderr, "client-go: resetting the peak RSS:", err)
+			os.Exit(1)
+		}
+		line, err := reconcile.work(podLister, *expect)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "client-go:", err)
 			os.Exit(1)

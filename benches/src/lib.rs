@@ -2,15 +2,16 @@
 //! benchmark: subjects and the `informer-bench` driver).
 //!
 //! This library holds what the subject processes share: their command line and the JSON
-//! lines they print; the workqueue cases ([`workqueue_cases`]) and the driver's workqueue
-//! comparison ([`workqueue_report`]); the lines the `recovery-bench` subjects print
-//! ([`recovery`]); and the description of the machine and versions the
+//! lines they print, and what the reconcile case shares ([`ReconcileLine`],
+//! [`reconcile_pods`], [`check_group`]); the workqueue cases ([`workqueue_cases`]) and the
+//! driver's workqueue comparison ([`workqueue_report`]); the lines the `recovery-bench`
+//! subjects print ([`recovery`]); and the description of the machine and versions the
 //! reports carry.
 
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use clap::Parser;
@@ -36,6 +37,10 @@ pub const GROUP_SIZE: usize = 100;
 /// The label the relist scenario sets on one Pod while the subject is cut off; the
 /// subject reports its relist once it has seen that change.
 pub const RELIST_LABEL: &str = "bench-relist";
+
+/// The label the reconcile case sets, one Pod at a time; a subject reconciles a Pod each
+/// time an update changes it.
+pub const RECONCILE_LABEL: &str = "bench-reconcile";
 
 /// The name of the benchmark's `i`th Pod.
 pub fn pod_name(i: usize) -> String {
@@ -102,6 +107,14 @@ pub struct SubjectArgs {
     /// [`ReadsLine`] (0 skips).
     #[arg(long, default_value_t = 0)]
     pub reads: usize,
+    /// Then the reconcile case: after the driver's next go-ahead it changes the
+    /// `bench-reconcile` label this many times ([`reconcile_pods`]); the handler queues the
+    /// key of each Pod whose label changed and one worker reconciles each key as a
+    /// ReplicaSet controller reads its cache (the Pod by key, then its group by label
+    /// selector); once every change was seen and reconciled, print a [`ReconcileLine`]
+    /// (0 skips).
+    #[arg(long, default_value_t = 0)]
+    pub reconciles: usize,
     /// Then wait for a relist: print a [`RelistLine`] once the handler has seen a Pod's
     /// `bench-relist` label set to this value (the driver sets it while the subject is cut
     /// off, on the Pod a list delivers last).
@@ -185,6 +198,91 @@ pub struct RelistLine {
     pub cached: usize,
     /// When the change was seen, Unix ns.
     pub at_ns: i64,
+}
+
+/// The line a subject prints once it has reconciled every change of the reconcile case
+/// (`--reconciles`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ReconcileLine {
+    /// Which subject.
+    pub subject: String,
+    /// Update events that changed a Pod's `bench-reconcile` label, each of which queued its
+    /// key: the driver's M.
+    pub events: usize,
+    /// Reconciles the worker ran: fewer than `events` when a queue that collapses
+    /// duplicates (client-go's and kube-informer's) held one Pod's key for two changes.
+    pub reconciles: usize,
+    /// Reconciles per second of the reconciles' own read time (get + list, summed): the
+    /// worker's read capacity, whatever pace the API server delivered the events at.
+    pub per_second: f64,
+    /// `events` per second from the first event to the end of the last reconcile: the pace
+    /// of the whole path, API server included.
+    pub wall_per_second: f64,
+    /// Median of one reconcile's reads (get + list), µs.
+    pub read_p50_us: f64,
+    /// 99th percentile of the same, µs.
+    pub read_p99_us: f64,
+    /// VmRSS right after the last reconcile, KiB.
+    pub rss_kb: u64,
+    /// VmHWM from the go-ahead (the subject resets it then) to the last reconcile, KiB.
+    pub hwm_kb: u64,
+}
+
+impl ReconcileLine {
+    /// The line of `subject` after `events` events and one reconcile per entry of `read_ns`
+    /// (each one's read time, ns) in `wall` from the first event to the last reconcile's
+    /// end, with this process's memory now: call it right after the last reconcile.
+    pub fn now(subject: &str, events: usize, mut read_ns: Vec<f64>, wall: Duration) -> Self {
+        let (rss_kb, hwm_kb) = self_memory();
+        read_ns.sort_by(f64::total_cmp);
+        let read_s = read_ns.iter().sum::<f64>() / 1e9;
+        let reconciles = read_ns.len();
+        Self {
+            subject: subject.to_owned(),
+            events,
+            reconciles,
+            per_second: reconciles as f64 / read_s,
+            wall_per_second: events as f64 / wall.as_secs_f64(),
+            read_p50_us: percentile(&read_ns, 0.50) / 1e3,
+            read_p99_us: percentile(&read_ns, 0.99) / 1e3,
+            rss_kb,
+            hwm_kb,
+        }
+    }
+
+    /// Prints the line.
+    pub fn print(&self) {
+        println!("{}", serde_json::to_string(self).expect("serialises"));
+    }
+}
+
+/// The Pods the reconcile case changes, by index, in order: `m` drawn at random (with
+/// repeats) from all `n`, so across every group, and the same for every subject.
+pub fn reconcile_pods(n: usize, m: usize) -> Vec<usize> {
+    let mut random = XorShift(0x853c_49e6_748f_ea9b);
+    (0..m).map(|_| random.below(n)).collect()
+}
+
+/// How many of `n` benchmark Pods carry the [`GROUP_LABEL`] value `group`
+/// ([`GROUP_SIZE`], fewer in a last group cut short by `n`); `None` for a value no Pod has.
+pub fn group_len(n: usize, group: &str) -> Option<usize> {
+    let first = group.strip_prefix('g')?.parse::<usize>().ok()? * GROUP_SIZE;
+    (first < n).then(|| GROUP_SIZE.min(n - first))
+}
+
+/// Checks that a list of the group `group` of `n` Pods by label selector returned `len`
+/// Pods, [`group_len`]: a reconcile that read a wrong list must not count as a fast one.
+///
+/// # Errors
+///
+/// When it did not.
+pub fn check_group(subject: &str, n: usize, group: &str, len: usize) -> anyhow::Result<()> {
+    match group_len(n, group) {
+        Some(expected) if expected == len => Ok(()),
+        expected => anyhow::bail!(
+            "{subject}: listing {GROUP_LABEL}={group} returned {len} Pods, expected {expected:?}"
+        ),
+    }
 }
 
 impl ReadsLine {
@@ -385,7 +483,8 @@ fn time_groups(
     Ok((median(times), len))
 }
 
-/// A small deterministic generator for the random keys (the same keys for every subject).
+/// A small deterministic generator for the random keys (the same keys for every subject)
+/// and the reconcile case's Pods.
 struct XorShift(u64);
 
 impl XorShift {

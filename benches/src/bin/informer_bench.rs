@@ -11,7 +11,10 @@
 //! updates sent at a steady pace the API server keeps up with, where it is the watch
 //! pipeline's (server and subject) rather than the server's queue. After the updates each
 //! subject times reads of its cache (gets by key, full lists, by-index reads), and the
-//! driver records kube-apiserver's peak RSS during each subject's sync. For each N it also
+//! driver records kube-apiserver's peak RSS during each subject's sync. Then the reconcile
+//! case: the driver changes a label of Pods drawn at random, and the subject reconciles each
+//! change as a ReplicaSet controller reads its cache (the Pod by key, its group by label
+//! selector), timing those reads. For each N it also
 //! times the floor (the same list read bare by the default subject's client, unpaged and
 //! streaming, and by kube-client's default for reference) and, as a scenario of its own,
 //! each subject's peak RSS during a relist forced by a 410 (through Toxiproxy, etcd
@@ -27,10 +30,10 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    CpuUse, GROUP_LABEL, RELIST_LABEL, ReadsLine, RelistLine, SyncedLine, UPDATE_LABEL,
-    UpdatesLine, apiserver_gc, client_go_version, command_output, cpu_ms_of, cpu_use_of,
-    lock_version, machine, median, memory_of, nginx_pod, percentile, pod_name, reset_peak,
-    unix_nanos, workqueue_report,
+    CpuUse, GROUP_LABEL, RECONCILE_LABEL, RELIST_LABEL, ReadsLine, ReconcileLine, RelistLine,
+    SyncedLine, UPDATE_LABEL, UpdatesLine, apiserver_gc, client_go_version, command_output,
+    cpu_ms_of, cpu_use_of, lock_version, machine, median, memory_of, nginx_pod, percentile,
+    pod_name, reset_peak, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -63,6 +66,25 @@ struct Args {
     /// Gets by random key each subject times after the updates (0 skips the reads).
     #[arg(long, default_value_t = 2000)]
     reads: usize,
+    /// Label updates of the reconcile case, after the reads (0 skips the case). Once the CPUs
+    /// are idle the driver sets the `bench-reconcile` label of Pods drawn at random across
+    /// all groups (the same Pods in the same order for every subject), `--concurrency` in
+    /// flight; the subject queues the key of each Pod whose label changed, and one worker
+    /// reconciles each key as a ReplicaSet controller reads its cache: the Pod by key, then
+    /// its group of 100 by label selector. Reported: reconciles per second of those reads'
+    /// time (the worker's read capacity, whatever the API server's pace), their p50/p99,
+    /// and the subject's RSS right after and once the CPUs are idle plus `--settle-ms`.
+    #[arg(long, default_value_t = 2000)]
+    reconciles: usize,
+    /// The subjects of `--subjects` that run the reconcile case, comma-separated (the
+    /// default configuration beside client-go and kube-runtime; a `--baseline` executable
+    /// built before the case existed does not know it).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "kube-informer,kube-runtime,client-go"
+    )]
+    reconcile_subjects: Vec<String>,
     /// Runs of the relist scenario per subject per Pod count: the subject, through its own
     /// Toxiproxy, is cut off while a Pod changes, etcd is compacted and kube-apiserver
     /// restarted, so its watch gets 410 Gone and it relists; its peak RSS during the
@@ -78,7 +100,7 @@ struct Args {
     #[arg(long, default_value_t = 128)]
     create_concurrency: usize,
     /// How long to wait for any one line of a subject (its sync, its updates, its reads,
-    /// its relist), s.
+    /// its reconciles, its relist), s.
     #[arg(long, default_value_t = 900)]
     timeout_s: u64,
     /// Label updates per run for the update-latency scenario (at most N; 0 skips it).
@@ -101,12 +123,14 @@ struct Args {
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     watch_cache: bool,
     /// Whether kube-apiserver collects its garbage just before each timed phase (a
-    /// subject's sync, its burst of updates, its paced updates, each floor read), so that
+    /// subject's sync, its burst of updates, its paced updates, the reconcile case's
+    /// updates, each floor read), so that
     /// no subject meets the server's collection by chance (see `benches::apiserver_gc`).
     /// The collections during each phase are counted either way.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     collect_apiserver_garbage: bool,
-    /// How long after sync to wait before reading steady RSS, ms.
+    /// How long after sync, and after the reconcile case once the CPUs are idle, to wait
+    /// before reading steady RSS, ms.
     #[arg(long, default_value_t = 2000)]
     settle_ms: u64,
     /// The markdown report (its part after `<!-- notes -->` is kept).
@@ -159,6 +183,35 @@ struct UpdateResult {
     p99_ms: f64,
 }
 
+/// The reconcile case of one run (`--reconciles`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ReconcileResult {
+    /// Label updates sent, M.
+    updates: usize,
+    /// Reconciles the subject ran: M, or fewer where its queue collapsed two changes of one
+    /// Pod that waited together (client-go's and kube-informer's workqueues do).
+    reconciles: usize,
+    /// Reconciles per second of their reads' own time (get + list, summed): the worker's
+    /// read capacity, independent of the API server's pace.
+    per_second: f64,
+    /// M per second from the subject's first event to the end of its last reconcile.
+    wall_per_second: f64,
+    /// Median of one reconcile's reads, µs.
+    read_p50_us: f64,
+    /// 99th percentile of the same, µs.
+    read_p99_us: f64,
+    /// VmRSS once the CPUs were idle again after the last reconcile and `--settle-ms`
+    /// more, KiB: the memory the reads leave behind.
+    rss_kb: u64,
+    /// VmRSS right after the last reconcile, KiB.
+    rss_during_kb: u64,
+    /// VmHWM from the case's start to the last reconcile, KiB.
+    hwm_kb: u64,
+    /// kube-apiserver's garbage collections from before the updates to the subject's
+    /// line (the driver's own collection before them not counted).
+    apiserver_gcs: u64,
+}
+
 /// Latencies of updates sent at a steady pace.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct PacedResult {
@@ -192,6 +245,10 @@ struct RunResult {
     /// The subject's reads of its cache after the updates; absent before they existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reads: Option<ReadsLine>,
+    /// The reconcile case, after the reads; absent for a subject that does not run it, and
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reconcile: Option<ReconcileResult>,
     /// kube-apiserver's VmRSS just before the subject started, KiB.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_rss_before_kb: Option<u64>,
@@ -706,6 +763,13 @@ fn write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
         .unwrap_or_else(|| format!("{NOTES_MARKER}\n"));
     std::fs::write(&args.out, format!("{report}\n{notes}"))?;
     eprintln!("wrote {} and {}", args.out.display(), json.display());
+    // The reconcile tables on stdout too, the figures a change to the read path is after.
+    let mut ns: Vec<usize> = results.results.iter().map(|r| r.pods).collect();
+    ns.sort_unstable();
+    ns.dedup();
+    for n in ns {
+        print!("{}", reconcile_table(args, results, n));
+    }
     if !results.results.is_empty() {
         chart(&args.chart, &args.subjects, results)
             .with_context(|| format!("drawing {}", args.chart.display()))?;
@@ -984,6 +1048,11 @@ async fn run_subject(
 ) -> anyhow::Result<RunResult> {
     let updates = args.updates.min(n);
     let paced_updates = args.paced_updates.min(n);
+    let reconciles = if args.reconcile_subjects.iter().any(|s| s == subject) {
+        args.reconciles
+    } else {
+        0
+    };
     let client = pods.clone().into_client();
     let gcs_before_sync = before_timed_phase(args, &client).await?;
     // kube-apiserver's peak from here to the subject's sync is what serving its initial
@@ -996,21 +1065,18 @@ async fn run_subject(
     let apiserver_cpu_before = apiserver.and_then(cpu_use_of);
     let etcd_cpu_before = cpu_ms_of(env.etcd_pid());
     let spawned = Instant::now();
-    let (updates_arg, reads_arg) = (
+    let (updates_arg, reads_arg, reconciles_arg) = (
         (updates + paced_updates).to_string(),
         args.reads.to_string(),
+        reconciles.to_string(),
     );
-    let mut subject_process = Subject::spawn(
-        args,
-        binary,
-        subject,
-        kubeconfig,
-        namespace,
-        n,
-        run,
-        &["--updates", &updates_arg, "--reads", &reads_arg],
-    )
-    .await?;
+    let mut extra = vec!["--updates", &updates_arg, "--reads", &reads_arg];
+    // Only to a subject that runs the case: a baseline may not know the option.
+    if reconciles > 0 {
+        extra.extend(["--reconciles", &reconciles_arg]);
+    }
+    let mut subject_process =
+        Subject::spawn(args, binary, subject, kubeconfig, namespace, n, run, &extra).await?;
     let pid = subject_process.pid.to_string();
     let synced: SyncedLine = subject_process.next("synced").await?;
     let spawn_to_synced_ms = spawned.elapsed().as_secs_f64() * 1000.0;
@@ -1033,7 +1099,10 @@ async fn run_subject(
     let id = |phase: &str, i: usize| format!("r{run}-{subject}-{phase}{i}");
     let gcs_before_updates = before_timed_phase(args, &client).await?;
     let first_sent = unix_nanos();
-    let burst = burst_updates(pods, updates, args.concurrency, |i| id("", i)).await?;
+    let burst = burst_updates(pods, UPDATE_LABEL, 0..updates, args.concurrency, |i| {
+        id("", i)
+    })
+    .await?;
     // The collections the updates needed, the burst's and then the paced ones'; the
     // driver's own collection before the paced updates is not among them.
     let mut gcs_during_updates = 0;
@@ -1066,6 +1135,17 @@ async fn run_subject(
     // Only now: reading /metrics costs kube-apiserver a burst of CPU, which the subject's
     // timed reads of its cache, right after its updates, would share.
     gcs_during_updates += apiserver_gc::collections(&client).await? - gcs_before_paced;
+    let reconcile = if reconciles > 0 {
+        Some(
+            run_reconciles(args, &mut subject_process, pods, n, reconciles, |i| {
+                id("c", i)
+            })
+            .await
+            .context("the reconcile case")?,
+        )
+    } else {
+        None
+    };
     let received = seen.map(|s| s.received).unwrap_or_default();
     let update = (updates > 0).then(|| {
         let latencies = latencies(&burst, &received);
@@ -1106,6 +1186,7 @@ async fn run_subject(
         update,
         paced,
         reads,
+        reconcile,
         apiserver_rss_before_kb,
         apiserver_peak_kb,
         subject_cpu_ms: subject_cpu_use.as_ref().map(CpuUse::cpu_ms),
@@ -1115,6 +1196,67 @@ async fn run_subject(
         etcd_cpu_ms,
         apiserver_gcs_sync: Some(apiserver_gcs_sync),
         apiserver_gcs_updates: Some(gcs_during_updates),
+    })
+}
+
+/// The reconcile case for a subject that has done its reads: once kube-apiserver has
+/// collected its garbage (if `args` say so) and the CPUs are idle, the go-ahead, then `m`
+/// changes of the reconcile label of [`benches::reconcile_pods`], `id(i)` the `i`th value
+/// (unique: a value the Pod already has would make no event), sent as the burst of updates
+/// is; then the subject's line, and its RSS once the CPUs are idle again and `--settle-ms`
+/// passed, so the figure is what the reconciles left behind rather than their garbage.
+async fn run_reconciles(
+    args: &Args,
+    subject: &mut Subject,
+    pods: &Api<Pod>,
+    n: usize,
+    m: usize,
+    id: impl Fn(usize) -> String,
+) -> anyhow::Result<ReconcileResult> {
+    let client = pods.clone().into_client();
+    let gcs_before = before_timed_phase(args, &client).await?;
+    wait_for_idle_cpus().await;
+    subject.go_ahead().await?;
+    let targets = benches::reconcile_pods(n, m);
+    let started = Instant::now();
+    burst_updates(pods, RECONCILE_LABEL, targets, args.concurrency, id).await?;
+    tracing::info!(
+        updates = m,
+        ms = started.elapsed().as_secs_f64() * 1000.0,
+        "reconcile case: label updates sent"
+    );
+    let line: ReconcileLine = subject.next("reconcile").await?;
+    let apiserver_gcs = apiserver_gc::collections(&client).await? - gcs_before;
+    if line.events != m || line.reconciles == 0 {
+        bail!(
+            "{} saw {} changes and ran {} reconciles, expected {m} changes",
+            line.subject,
+            line.events,
+            line.reconciles
+        );
+    }
+    wait_for_idle_cpus().await;
+    tokio::time::sleep(Duration::from_millis(args.settle_ms)).await;
+    let (rss_kb, _) = memory_of(&subject.pid.to_string());
+    tracing::info!(
+        subject = line.subject,
+        reconciles = line.reconciles,
+        per_second = line.per_second,
+        read_p99_us = line.read_p99_us,
+        rss_kb,
+        "reconcile case done"
+    );
+    Ok(ReconcileResult {
+        updates: m,
+        reconciles: line.reconciles,
+        per_second: line.per_second,
+        wall_per_second: line.wall_per_second,
+        read_p50_us: line.read_p50_us,
+        read_p99_us: line.read_p99_us,
+        rss_kb,
+        rss_during_kb: line.rss_kb,
+        hwm_kb: line.hwm_kb,
+        apiserver_gcs,
     })
 }
 
@@ -1184,17 +1326,18 @@ async fn run_relist(
     })
 }
 
-/// Sets the update label of the first `m` Pods to `id(i)` with `concurrency` requests in
-/// flight, as fast as the API server takes them; returns each id with the Unix nanos of
-/// its response.
+/// Sets `label` of each Pod of `targets` (indexes, in order; the `i`th) to `id(i)` with
+/// `concurrency` requests in flight, as fast as the API server takes them; returns each id
+/// with the Unix nanos of its response.
 async fn burst_updates(
     pods: &Api<Pod>,
-    m: usize,
+    label: &'static str,
+    targets: impl IntoIterator<Item = usize>,
     concurrency: usize,
     id: impl Fn(usize) -> String,
 ) -> anyhow::Result<Vec<(String, i64)>> {
-    futures::stream::iter(0..m)
-        .map(|i| update_label(pods.clone(), i, id(i)))
+    futures::stream::iter(targets.into_iter().enumerate())
+        .map(|(i, pod)| update_label(pods.clone(), label, pod, id(i)))
         .buffer_unordered(concurrency)
         .try_collect()
         .await
@@ -1213,7 +1356,7 @@ async fn paced_updates_at(
     let mut in_flight = tokio::task::JoinSet::new();
     for i in 0..m {
         ticks.tick().await;
-        in_flight.spawn(update_label(pods.clone(), i, id(i)));
+        in_flight.spawn(update_label(pods.clone(), UPDATE_LABEL, i, id(i)));
     }
     let mut responses = Vec::with_capacity(m);
     while let Some(response) = in_flight.join_next().await {
@@ -1222,9 +1365,14 @@ async fn paced_updates_at(
     Ok(responses)
 }
 
-/// Sets Pod `nginx-<i>`'s update label to `id`; returns `id` and when the response came.
-async fn update_label(pods: Api<Pod>, i: usize, id: String) -> anyhow::Result<(String, i64)> {
-    let patch = serde_json::json!({"metadata": {"labels": {UPDATE_LABEL: id}}});
+/// Sets Pod `nginx-<i>`'s `label` to `id`; returns `id` and when the response came.
+async fn update_label(
+    pods: Api<Pod>,
+    label: &'static str,
+    i: usize,
+    id: String,
+) -> anyhow::Result<(String, i64)> {
+    let patch = serde_json::json!({"metadata": {"labels": {label: id}}});
     let name = pod_name(i);
     pods.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
         .await
@@ -1368,6 +1516,9 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
          subject's sync time over the bare read of the same list.\n",
         args.reads
     );
+    if results.iter().any(|r| r.reconcile.is_some()) {
+        let _ = writeln!(out, "{}\n", reconcile_description(args));
+    }
     let _ = writeln!(
         out,
         "![median sync time and steady RSS against N]({})\n",
@@ -1449,6 +1600,7 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
         let _ = writeln!(out);
         if runs_are_last_of(&by_key, *n, runs[0]) {
             out.push_str(&depth_table(args, all, *n));
+            out.push_str(&reconcile_table(args, all, *n));
         }
     }
     out.push_str(&growth_section(args, all));
@@ -1603,6 +1755,95 @@ fn depth_table(args: &Args, all: &Results, n: usize) -> String {
             },
             ratio(list_floor),
             ratio(stream_floor),
+        );
+    }
+    out
+}
+
+/// What the reconcile tables show, for the report's preamble.
+fn reconcile_description(args: &Args) -> String {
+    format!(
+        "Third table of each N, the reconcile case, after the reads, for {}: once the CPUs \
+         are idle the driver changes the `{RECONCILE_LABEL}` label of M Pods drawn at random \
+         across all groups (the same Pods in the same order for every subject, {} in \
+         flight); the subject's update handler queues the key of each Pod whose label \
+         changed (kube-informer: `workqueue::Queue`; client-go: `workqueue.Typed`; \
+         kube-runtime, whose queue is inside its `Controller`: a tokio channel), and one \
+         worker reconciles each key with a ReplicaSet controller's reads of its cache: the \
+         Pod by key, then its group of {} by label selector (kube-informer: \
+         `Store::get_by_key` and `Lister::list_selector`; client-go: the generated \
+         `PodLister`'s `Pods(ns).Get` and `List(labels.SelectorFromSet(…))`; kube-runtime: \
+         `Store::get` and `state()` filtered by a kube-rs `Selector`), each list checked \
+         whole. **reconciles/s** = reconciles over the sum of their reads' time (get + \
+         list): the worker's read capacity, whatever the API server's pace; **÷ client-go** \
+         = that over client-go's; **read p50/p99** = one reconcile's reads; **RSS during** = \
+         VmRSS right after the last reconcile, **peak** = VmHWM from the case's start (reset \
+         then) to it, **RSS after** = VmRSS once the CPUs are idle again plus {} ms; \
+         **wall updates/s** = M over the time from the subject's first event to its last \
+         reconcile's end, the API server's pace included; **reconciles** = how many ran, \
+         fewer than M where a queue collapsed two changes of one Pod that waited together.",
+        args.reconcile_subjects.join(", "),
+        args.concurrency,
+        benches::GROUP_SIZE,
+        args.settle_ms,
+    )
+}
+
+/// The reconcile case's table at `n`: a row per subject that ran it, medians over its runs;
+/// empty if none did.
+fn reconcile_table(args: &Args, all: &Results, n: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let of = |subject: &str, f: fn(&ReconcileResult) -> f64| {
+        median_of(&all.results, n, subject, |r| r.reconcile.as_ref().map(f))
+    };
+    let Some(m) = all
+        .results
+        .iter()
+        .filter(|r| r.pods == n)
+        .find_map(|r| r.reconcile.as_ref().map(|c| c.updates))
+    else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "\nReconcile case at {n} Pods, M = {m} label updates (medians):\n"
+    );
+    let _ = writeln!(
+        out,
+        "| subject | runs | reconciles/s | ÷ client-go | read p50 µs | read p99 µs | RSS during MiB | peak MiB | RSS after MiB | wall updates/s | reconciles |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let client_go = of("client-go", |c| c.per_second);
+    for subject in &args.subjects {
+        let runs = all
+            .results
+            .iter()
+            .filter(|r| r.pods == n && r.subject == *subject && r.reconcile.is_some())
+            .count();
+        let Some(per_second) = of(subject, |c| c.per_second) else {
+            continue;
+        };
+        // Two significant digits however far below client-go a subject is.
+        let ratio = match client_go {
+            Some(base) if subject != "client-go" && base > 0.0 => {
+                let ratio = per_second / base;
+                let decimals = (1.0 - ratio.log10().floor()).clamp(2.0, 6.0) as usize;
+                format!("{ratio:.decimals$}×")
+            }
+            _ => "–".to_owned(),
+        };
+        let mib = |f: fn(&ReconcileResult) -> f64| cell(of(subject, f).map(|kb| kb / 1024.0), 1);
+        let _ = writeln!(
+            out,
+            "| {subject} | {runs} | {per_second:.0} | {ratio} | {} | {} | {} | {} | {} | {} | {} |",
+            cell(of(subject, |c| c.read_p50_us), 1),
+            cell(of(subject, |c| c.read_p99_us), 1),
+            mib(|c| c.rss_during_kb as f64),
+            mib(|c| c.hwm_kb as f64),
+            mib(|c| c.rss_kb as f64),
+            cell(of(subject, |c| c.wall_per_second), 0),
+            cell(of(subject, |c| c.reconciles as f64), 0),
         );
     }
     out

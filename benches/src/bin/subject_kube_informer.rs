@@ -9,25 +9,34 @@
 //! protobuf; `--object lazy` caches `LazyObject<Pod>`s, whose metadata alone is decoded
 //! on arrival (its full reads decode the whole Pod, so they compare with the others'). Every
 //! configuration indexes the Pods by their `bench-group` label.
+//!
+//! The reconcile case (`--reconciles`) is a controller as the library's users write one: the
+//! update handler adds the key of each Pod whose `bench-reconcile` label changed to a
+//! [`Queue`], and one worker reads the Pod back by key and lists its group through a
+//! [`Lister`] by label [`Selector`].
 
 use std::{
     collections::BTreeMap,
     sync::{
-        Arc,
+        Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
     },
     time::Instant,
 };
 
+use anyhow::Context;
 use benches::{
-    GROUP_LABEL, LabelsReads, PodLabels, RELIST_LABEL, Recorder, RelistLine, SubjectArgs,
+    GROUP_LABEL, LabelsReads, PodLabels, RECONCILE_LABEL, RELIST_LABEL, ReconcileLine, Recorder,
+    RelistLine, SubjectArgs,
 };
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    JsonCodec, LazyObject, SharedInformer, Store, handler_fn, label_index,
+    JsonCodec, LazyObject, Lister, ObjectKey, Selector, SharedInformer, Store, handler_fn,
+    label_index,
     list_watch::{ApiListWatch, WireFormat},
+    workqueue::Queue,
 };
 use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
@@ -123,6 +132,102 @@ fn labelled_lazy(pods: &[Arc<LazyObject<Pod>>]) -> usize {
         .count()
 }
 
+/// The reconcile case's side of the update handler: the controller's queue of Pod keys.
+struct ReconcileQueue {
+    queue: Queue<ObjectKey>,
+    /// The changes the driver makes; the queue shuts down once the handler saw them all,
+    /// so the worker stops when it has reconciled the last key.
+    expected: usize,
+    /// Changes seen so far.
+    events: AtomicUsize,
+    /// When the handler saw the first.
+    first: OnceLock<Instant>,
+}
+
+impl ReconcileQueue {
+    fn new(expected: usize) -> Self {
+        Self {
+            queue: Queue::new(),
+            expected,
+            events: AtomicUsize::new(0),
+            first: OnceLock::new(),
+        }
+    }
+
+    /// Queues the key of `new` if the update changed its `bench-reconcile` label, as a
+    /// controller's handler filters the updates it acts on.
+    fn on_update<K: Resource>(&self, old: &K, new: &K) {
+        fn label<K: Resource>(o: &K) -> Option<&String> {
+            o.meta().labels.as_ref()?.get(RECONCILE_LABEL)
+        }
+        if label(new).is_none() || label(old) == label(new) {
+            return;
+        }
+        let Ok(key) = ObjectKey::from_object(new) else {
+            return;
+        };
+        self.first.get_or_init(Instant::now);
+        self.queue.add(key);
+        if self.events.fetch_add(1, Ordering::Relaxed) + 1 == self.expected {
+            self.queue.shutdown();
+        }
+    }
+
+    /// Runs the worker: reconciles each key until the queue is shut down and empty, then
+    /// returns the line to print.
+    ///
+    /// # Errors
+    ///
+    /// When a key's Pod is not in the cache, has no group, or its group's list is not whole.
+    async fn work<K: Resource>(
+        &self,
+        lister: &Lister<K>,
+        pods: usize,
+    ) -> anyhow::Result<ReconcileLine> {
+        let mut read_ns = Vec::with_capacity(self.expected);
+        let mut last_end = Instant::now();
+        while let Some(key) = self.queue.get().await {
+            let started = Instant::now();
+            let read = reconcile_reads(lister, &key);
+            last_end = Instant::now();
+            read_ns.push((last_end - started).as_nanos() as f64);
+            self.queue.done(&key);
+            let (group, len) = read?;
+            benches::check_group("kube-informer", pods, &group, len)?;
+        }
+        let first = *self
+            .first
+            .get()
+            .context("the queue shut down before any event")?;
+        Ok(ReconcileLine::now(
+            "kube-informer",
+            self.events.load(Ordering::Relaxed),
+            read_ns,
+            last_end - first,
+        ))
+    }
+}
+
+/// A ReplicaSet-style reconcile's reads of the cache: the Pod under `key`, then every Pod
+/// of its group by label selector. Returns the group and how many Pods the list returned.
+fn reconcile_reads<K: Resource>(
+    lister: &Lister<K>,
+    key: &ObjectKey,
+) -> anyhow::Result<(String, usize)> {
+    let pod = lister
+        .store()
+        .get_by_key(key)
+        .with_context(|| format!("kube-informer: {key} is not in the cache"))?;
+    let group = pod
+        .meta()
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(GROUP_LABEL))
+        .with_context(|| format!("kube-informer: {key} has no {GROUP_LABEL} label"))?;
+    let selector: Selector = format!("{GROUP_LABEL}={group}").parse()?;
+    Ok((group.clone(), lister.list_selector(&selector).len()))
+}
+
 /// Which API client the informer lists and watches through.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ClientKind {
@@ -210,21 +315,26 @@ where
     let updates = Arc::new(AtomicUsize::new(0));
     let deletes = Arc::new(AtomicUsize::new(0));
     let relisted = Arc::new(tokio::sync::Notify::new());
+    let reconcile = (args.reconciles > 0).then(|| Arc::new(ReconcileQueue::new(args.reconciles)));
     informer
         .add_handler({
-            let (adds, updates, deletes, recorder, relisted) = (
+            let (adds, updates, deletes, recorder, relisted, reconcile) = (
                 adds.clone(),
                 updates.clone(),
                 deletes.clone(),
                 recorder.clone(),
                 relisted.clone(),
+                reconcile.clone(),
             );
             let marker = args.relist.clone();
             handler_fn()
                 .on_add(move |_pod: &Arc<K>, _initial| {
                     adds.fetch_add(1, Ordering::Relaxed);
                 })
-                .on_update(move |_old, new: &Arc<K>, _delivery| {
+                .on_update(move |old, new: &Arc<K>, _delivery| {
+                    if let Some(reconcile) = &reconcile {
+                        reconcile.on_update(&**old, &**new);
+                    }
                     let labels = new.meta().labels.as_ref();
                     recorder.saw(labels);
                     if marker.is_some()
@@ -272,6 +382,15 @@ where
             Some(&by_index),
         )?
         .print();
+    }
+    if let Some(reconcile) = &reconcile {
+        benches::wait_for_go_ahead().await?;
+        // The peak from here on is the reconciles'.
+        benches::reset_peak(std::process::id())?;
+        reconcile
+            .work(&Lister::new(informer.store()), args.expect)
+            .await?
+            .print();
     }
     if args.relist.is_some() {
         // The first list counts too: a second one means the change came by a relist.
