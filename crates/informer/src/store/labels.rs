@@ -8,7 +8,10 @@ use std::{collections::BTreeMap, hash::BuildHasher, sync::Arc};
 
 use hashbrown::HashTable;
 
-use super::KeyHasher;
+use super::{
+    KeyHasher,
+    selector::{Operator, Requirement, Selector},
+};
 
 /// One `key=value` pair, shared by every stored object that carries it.
 #[derive(Debug, PartialEq, Eq)]
@@ -26,6 +29,11 @@ impl Labels {
     pub(super) fn get(&self, key: &str) -> Option<&str> {
         let at = self.0.binary_search_by(|l| (*l.key).cmp(key)).ok()?;
         Some(&self.0[at].value)
+    }
+
+    /// Whether the object carries `label` (the interned pair itself).
+    fn has(&self, label: &Arc<Label>) -> bool {
+        self.0.iter().any(|l| Arc::ptr_eq(l, label))
     }
 
     #[cfg(test)]
@@ -80,6 +88,36 @@ impl LabelInterner {
         label
     }
 
+    fn find(&self, key: &str, value: &str) -> Option<&Arc<Label>> {
+        let hash = self.hasher.hash_one((key, value));
+        self.labels
+            .find(hash, |l| *l.key == *key && *l.value == *value)
+    }
+
+    /// `selector` against the labels interned now: a requirement that a label equal one of
+    /// some values becomes a comparison with the interned pairs, and one whose pairs no
+    /// object carries matches nothing. Read under the same lock as the objects, so the
+    /// pairs are the ones their labels point to.
+    pub(super) fn matcher<'a>(&'a self, selector: &'a Selector) -> LabelMatcher<'a> {
+        let needs = selector
+            .requirements()
+            .iter()
+            .map(|r| {
+                let pairs = |values: &mut dyn Iterator<Item = &'a String>| {
+                    values
+                        .filter_map(|v| self.find(&r.key, v))
+                        .collect::<Vec<_>>()
+                };
+                match &r.operator {
+                    Operator::Equals(v) => Need::OneOf(pairs(&mut std::iter::once(v))),
+                    Operator::In(set) => Need::OneOf(pairs(&mut set.iter())),
+                    _ => Need::Other(r),
+                }
+            })
+            .collect();
+        LabelMatcher { needs }
+    }
+
     /// Drops the labels that no stored object carries any more (only the table holds them).
     fn sweep(&mut self) {
         self.labels.retain(|l| Arc::strong_count(l) > 1);
@@ -89,6 +127,28 @@ impl LabelInterner {
     #[cfg(test)]
     pub(super) fn len(&self) -> usize {
         self.labels.len()
+    }
+}
+
+/// A selector resolved against a store's interned labels (see [`LabelInterner::matcher`]).
+pub(super) struct LabelMatcher<'a> {
+    needs: Vec<Need<'a>>,
+}
+
+enum Need<'a> {
+    /// One of these pairs (none: nothing matches).
+    OneOf(Vec<&'a Arc<Label>>),
+    /// Any other requirement, checked against the value under its key.
+    Other(&'a Requirement),
+}
+
+impl LabelMatcher<'_> {
+    /// Whether an object whose labels are `labels` matches.
+    pub(super) fn matches(&self, labels: &Labels) -> bool {
+        self.needs.iter().all(|need| match need {
+            Need::OneOf(pairs) => pairs.iter().any(|p| labels.has(p)),
+            Need::Other(r) => r.matches_value(labels.get(&r.key)),
+        })
     }
 }
 

@@ -150,8 +150,6 @@ struct WriterState<K> {
     /// The index functions, in the order of the store's indexes (changed only by
     /// `add_indexer`).
     index_fns: Vec<IndexFn<K>>,
-    /// The distinct labels of the encoded objects.
-    labels: LabelInterner,
     /// How many encoded slots were written: each slot's `generation`.
     generation: u64,
 }
@@ -159,6 +157,17 @@ struct WriterState<K> {
 struct State<K> {
     objects: HashMap<ObjectKey, Slot<K>, KeyHasher>,
     indexes: Vec<Index>,
+    /// The distinct labels of the encoded objects, changed with them: a reader resolves a
+    /// selector against the pairs the objects it reads point to.
+    labels: LabelInterner,
+}
+
+impl<K: Resource> State<K> {
+    /// Stores `slot`, which holds `obj`, under `key`; returns the slot it replaced.
+    fn put(&mut self, key: ObjectKey, mut slot: Slot<K>, obj: &K) -> Option<Slot<K>> {
+        slot.intern_labels(&mut self.labels, obj);
+        self.objects.insert(key, slot)
+    }
 }
 
 /// Whether a write came from a watch event, whose object is about to reach handlers and,
@@ -379,7 +388,7 @@ impl<K> Store<K> {
     where
         K: Serialize,
     {
-        self.index_slots(index, value, |_| true)?
+        self.index_slots(index, value)?
             .into_iter()
             .map(|taken| self.project(taken))
             .collect()
@@ -509,28 +518,23 @@ impl<K> Store<K> {
     ///
     /// [`Error::IndexNotFound`] when no index is named `index`.
     pub fn by_index(&self, index: &str, value: &str) -> Result<Vec<Arc<K>>, Error> {
-        let slots = self.index_slots(index, value, |_| true)?;
+        let slots = self.index_slots(index, value)?;
         Ok(self.resolve_all(slots, Recent::Keep))
     }
 
-    /// The slots of the objects whose index `index` contains `value` and that `keep`
-    /// accepts, taken under the read lock so that they are decoded after it.
-    fn index_slots(
-        &self,
-        index: &str,
-        value: &str,
-        keep: impl Fn(&Slot<K>) -> bool,
-    ) -> Result<Vec<(ObjectKey, Taken<K>)>, Error> {
+    /// The slots of the objects whose index `index` contains `value`, taken under the read
+    /// lock so that they are decoded after it.
+    fn index_slots(&self, index: &str, value: &str) -> Result<Vec<(ObjectKey, Taken<K>)>, Error> {
         let st = self.read();
         let idx = find(&st.indexes, index)?;
         let Some(keys) = idx.get(value) else {
             return Ok(Vec::new());
         };
         let mut slots = Vec::with_capacity(keys.len());
-        slots.extend(keys.iter().filter_map(|k| {
-            let slot = st.objects.get(k)?;
-            keep(slot).then(|| (k.clone(), slot.take()))
-        }));
+        slots.extend(
+            keys.iter()
+                .filter_map(|k| Some((k.clone(), st.objects.get(k)?.take()))),
+        );
         Ok(slots)
     }
 
@@ -605,24 +609,36 @@ impl<K: Resource> Store<K> {
         if selector.is_empty() {
             return self.list();
         }
-        let slots: Vec<(ObjectKey, Taken<K>)> = self
-            .read()
-            .objects
-            .iter()
-            .filter(|(_, slot)| selector.matches_by(|key| slot.label(key)))
-            .map(|(key, slot)| (key.clone(), slot.take()))
-            .collect();
+        let slots: Vec<(ObjectKey, Taken<K>)> = {
+            let st = self.read();
+            let matcher = st.labels.matcher(selector);
+            st.objects
+                .iter()
+                .filter(|(_, slot)| slot.matches(selector, &matcher))
+                .map(|(key, slot)| (key.clone(), slot.take()))
+                .collect()
+        };
         self.resolve_all(slots, Recent::Keep)
     }
 
     /// The objects in `namespace` whose labels match `selector`: the namespace's keys come
     /// from the built-in `namespace` index, and only the objects that match are decoded.
     pub fn list_namespace_selector(&self, namespace: &str, selector: &Selector) -> Vec<Arc<K>> {
-        let slots = self
-            .index_slots(NAMESPACE_INDEX, namespace, |slot| {
-                selector.matches_by(|key| slot.label(key))
-            })
-            .unwrap_or_default();
+        let slots: Vec<(ObjectKey, Taken<K>)> = {
+            let st = self.read();
+            let matcher = st.labels.matcher(selector);
+            let keys = find(&st.indexes, NAMESPACE_INDEX)
+                .ok()
+                .and_then(|idx| idx.get(namespace));
+            keys.into_iter()
+                .flat_map(|keys| keys.iter())
+                .filter_map(|key| {
+                    let slot = st.objects.get(key)?;
+                    slot.matches(selector, &matcher)
+                        .then(|| (key.clone(), slot.take()))
+                })
+                .collect()
+        };
         self.resolve_all(slots, Recent::Keep)
     }
 
@@ -721,6 +737,7 @@ impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
     /// // A fresh object, equal to the one stored.
     /// assert_eq!(writer.store().get_by_key("ns/a").unwrap(), cm);
     /// ```
+    #[cfg(any(test, feature = "testing"))]
     pub fn compact() -> Self {
         Self::compact_with(WorkingSet::default())
     }
@@ -757,10 +774,10 @@ impl<K: Resource> Writer<K> {
                 state: RwLock::new(State {
                     objects: HashMap::default(),
                     indexes: vec![Index::new(NAMESPACE_INDEX)],
+                    labels: LabelInterner::default(),
                 }),
                 writer: Mutex::new(WriterState {
                     index_fns: vec![index::namespace_index::<K>()],
-                    labels: LabelInterner::default(),
                     generation: 0,
                 }),
                 keeping,
@@ -819,7 +836,6 @@ impl<K: Resource> Writer<K> {
     fn packer<'a>(&'a self, writer: &'a mut WriterState<K>) -> Packer<'a, K> {
         Packer {
             keeping: &self.shared.keeping,
-            labels: &mut writer.labels,
             generation: &mut writer.generation,
         }
     }
@@ -848,7 +864,7 @@ impl<K: Resource> Writer<K> {
                 // Its old index values are unknown: drop the key from every index entry.
                 st.indexes.iter_mut().for_each(|i| i.remove_key(&key));
             }
-            st.objects.insert(key.clone(), slot);
+            st.put(key.clone(), slot, &obj);
             apply_change(
                 &mut st.indexes,
                 &key,
@@ -916,19 +932,23 @@ impl<K: Resource> Writer<K> {
             .collect();
         let mut writer = self.writer();
         let mut indexes: Vec<Index> = self.read().indexes.iter().map(Index::empty_like).collect();
-        let mut map = HashMap::with_capacity_and_hasher(objects.len(), KeyHasher::default());
+        let mut map = Vec::with_capacity(objects.len());
         for (key, obj) in objects {
             let values = compute_values(&writer.index_fns, &obj);
             for (index, values) in indexes.iter_mut().zip(&values) {
                 index.add(&key, values);
             }
-            let slot = self.packer(&mut writer).pack(&key, obj, None);
-            map.insert(key, slot);
+            let slot = self.packer(&mut writer).pack(&key, obj.clone(), None);
+            map.push((key, slot, obj));
         }
         let old = {
             let mut st = self.write();
             st.indexes = indexes;
-            std::mem::replace(&mut st.objects, map)
+            let old = std::mem::take(&mut st.objects);
+            for (key, slot, obj) in map {
+                st.put(key, slot, &obj);
+            }
+            old
         };
         drop(writer);
         let old: Vec<(ObjectKey, Taken<K>)> = old

@@ -269,7 +269,7 @@ impl<K: Resource> Writer<K> {
                     st.indexes.iter_mut().for_each(|i| i.remove_key(&write.key));
                 }
                 if let Some(slot) = write.slot.take() {
-                    st.objects.insert(write.key.clone(), slot);
+                    st.put(write.key.clone(), slot, &write.new);
                 }
                 apply_change(
                     &mut st.indexes,

@@ -54,7 +54,7 @@ impl Requirement {
     }
 
     /// Whether a label whose value is `value` (`None`: absent) satisfies this requirement.
-    fn matches_value(&self, value: Option<&str>) -> bool {
+    pub(super) fn matches_value(&self, value: Option<&str>) -> bool {
         match &self.operator {
             Operator::Equals(v) => value == Some(v.as_str()),
             Operator::NotEquals(v) => value != Some(v.as_str()),

@@ -9,7 +9,8 @@ use tracing::{error, warn};
 
 use super::{
     codec::{Codec, JsonCodec},
-    labels::{LabelInterner, Labels},
+    labels::{LabelInterner, LabelMatcher, Labels},
+    selector::Selector,
     working_set::WorkingSet,
 };
 use crate::{
@@ -72,7 +73,8 @@ pub(super) struct Encoded<K> {
     pub(super) body: Body<K>,
     /// Its resourceVersion, so that a relist can tell an unchanged object.
     pub(super) version: Option<Arc<str>>,
-    /// Its labels, so that a selector can be matched.
+    /// Its labels, so that a selector can be matched; interned when the slot is stored,
+    /// under the store's write lock (see `State::put`).
     pub(super) labels: Labels,
     /// Which write of its key this slot is (a count kept by the store's writer): an entry
     /// of the working set stands for this slot only if it carries the same number.
@@ -161,6 +163,25 @@ impl<K: Resource> Slot<K> {
     }
 }
 
+impl<K: Resource> Slot<K> {
+    /// Gives an encoded slot the labels of `obj`, the object it holds.
+    pub(super) fn intern_labels(&mut self, labels: &mut LabelInterner, obj: &K) {
+        if let Slot::Encoded(e) = self {
+            e.labels = labels.intern(obj.meta().labels.as_ref());
+        }
+    }
+
+    /// Whether the stored object's labels match: an encoded slot's through `matcher`
+    /// (the selector resolved against the store's interned labels), a decoded one's by
+    /// their values.
+    pub(super) fn matches(&self, selector: &Selector, matcher: &LabelMatcher<'_>) -> bool {
+        match self {
+            Slot::Encoded(e) => matcher.matches(&e.labels),
+            Slot::Decoded(_) => selector.matches_by(|key| self.label(key)),
+        }
+    }
+}
+
 impl<K> Slot<K> {
     pub(super) fn take(&self) -> Taken<K> {
         match self {
@@ -173,10 +194,9 @@ impl<K> Slot<K> {
     }
 }
 
-/// What the writer packs with: the store's keeping, its label table and its write count.
+/// What the writer packs with: the store's keeping and its write count.
 pub(super) struct Packer<'a, K> {
     pub(super) keeping: &'a Keeping<K>,
-    pub(super) labels: &'a mut LabelInterner,
     pub(super) generation: &'a mut u64,
 }
 
@@ -217,7 +237,7 @@ impl<K: Resource> Packer<'_, K> {
         Slot::Encoded(Encoded {
             body,
             version: obj.meta().resource_version.as_deref().map(Arc::from),
-            labels: self.labels.intern(obj.meta().labels.as_ref()),
+            labels: Labels::default(),
             generation: *self.generation,
         })
     }

@@ -205,6 +205,7 @@ impl<K> Hot<K> {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub(super) fn clear(&mut self) {
         self.entries.clear();
         self.recency.clear();
