@@ -226,6 +226,12 @@ pub struct ReconcileLine {
     pub rss_kb: u64,
     /// VmHWM from the go-ahead (the subject resets it then) to the last reconcile, KiB.
     pub hwm_kb: u64,
+    /// kube-informer's cache: reads of one object its working set served during the case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_set_hits: Option<u64>,
+    /// kube-informer's cache: reads of one object that decoded it during the case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_set_misses: Option<u64>,
 }
 
 impl ReconcileLine {
@@ -247,6 +253,8 @@ impl ReconcileLine {
             read_p99_us: percentile(&read_ns, 0.99) / 1e3,
             rss_kb,
             hwm_kb,
+            working_set_hits: None,
+            working_set_misses: None,
         }
     }
 

@@ -210,6 +210,12 @@ struct ReconcileResult {
     /// kube-apiserver's garbage collections from before the updates to the subject's
     /// line (the driver's own collection before them not counted).
     apiserver_gcs: u64,
+    /// kube-informer's cache: reads of one object its working set served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    working_set_hits: Option<u64>,
+    /// kube-informer's cache: reads of one object that decoded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    working_set_misses: Option<u64>,
 }
 
 /// Latencies of updates sent at a steady pace.
@@ -411,6 +417,9 @@ const TARGETS_N: usize = 10_000;
 /// client (HTTP/1.1) instead of `kube_informer::client`, `kube-informer-lazy` caches
 /// `LazyObject<Pod>`s (metadata decoded on arrival; its full reads decode the whole Pod),
 /// `kube-informer-lazy-decoded` keeps those `LazyObject`s as shared objects (`decoded()`);
+/// `kube-informer-no-working-set`, `kube-informer-working-set-1` and
+/// `kube-informer-working-set-32` run the defaults with no decoded working set, and with
+/// one of 1 MiB (the default since the reconcile case measured it) and of 32 MiB;
 /// `kube-informer-baseline` runs the defaults of the `--baseline` executable; `kube-informer-json` and `client-go-json` read
 /// JSON instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
 /// JSON). A kube-informer configuration is one more line here.
@@ -447,6 +456,21 @@ const SUBJECTS: &[(&str, Binary, &[&str])] = &[
         &["--object", "lazy", "--cache", "decoded"],
     ),
     ("kube-informer-json", Binary::KubeInformer, &["--json"]),
+    (
+        "kube-informer-no-working-set",
+        Binary::KubeInformer,
+        &["--working-set-mib", "0"],
+    ),
+    (
+        "kube-informer-working-set-1",
+        Binary::KubeInformer,
+        &["--working-set-mib", "1"],
+    ),
+    (
+        "kube-informer-working-set-32",
+        Binary::KubeInformer,
+        &["--working-set-mib", "32"],
+    ),
     ("kube-informer-baseline", Binary::Baseline, &[]),
     ("kube-runtime", Binary::KubeRuntime, &[]),
     ("client-go", Binary::ClientGo, &[]),
@@ -1244,6 +1268,8 @@ async fn run_reconciles(
         per_second = line.per_second,
         read_p99_us = line.read_p99_us,
         rss_kb,
+        working_set_hits = line.working_set_hits,
+        working_set_misses = line.working_set_misses,
         "reconcile case done"
     );
     Ok(ReconcileResult {
@@ -1257,6 +1283,8 @@ async fn run_reconciles(
         rss_during_kb: line.rss_kb,
         hwm_kb: line.hwm_kb,
         apiserver_gcs,
+        working_set_hits: line.working_set_hits,
+        working_set_misses: line.working_set_misses,
     })
 }
 

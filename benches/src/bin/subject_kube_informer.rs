@@ -33,8 +33,8 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    JsonCodec, LazyObject, Lister, ObjectKey, Selector, SharedInformer, Store, handler_fn,
-    label_index,
+    JsonCodec, LazyObject, Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
+    handler_fn, label_index,
     list_watch::{ApiListWatch, WireFormat},
     workqueue::Queue,
 };
@@ -184,6 +184,7 @@ impl ReconcileQueue {
         lister: &Lister<K>,
         pods: usize,
     ) -> anyhow::Result<ReconcileLine> {
+        let before = lister.store().working_set();
         let mut read_ns = Vec::with_capacity(self.expected);
         let mut last_end = Instant::now();
         while let Some(key) = self.queue.get().await {
@@ -199,12 +200,16 @@ impl ReconcileQueue {
             .first
             .get()
             .context("the queue shut down before any event")?;
-        Ok(ReconcileLine::now(
+        let mut line = ReconcileLine::now(
             "kube-informer",
             self.events.load(Ordering::Relaxed),
             read_ns,
             last_end - first,
-        ))
+        );
+        let after = lister.store().working_set();
+        line.working_set_hits = Some(after.hits - before.hits);
+        line.working_set_misses = Some(after.misses - before.misses);
+        Ok(line)
     }
 }
 
@@ -257,6 +262,10 @@ struct Args {
     /// What the informer caches.
     #[arg(long, value_enum, default_value_t = Object::Pod)]
     object: Object,
+    /// The compact cache's working set budget in MiB (0: none); the library's default
+    /// when absent.
+    #[arg(long)]
+    working_set_mib: Option<usize>,
 }
 
 #[tokio::main]
@@ -290,6 +299,7 @@ where
         paged_list,
         cache,
         json,
+        working_set_mib,
         ..
     } = args;
     let wire_format = if json {
@@ -309,6 +319,9 @@ where
         Cache::Decoded => builder.decoded(),
         Cache::JsonCodec => builder.codec(Arc::new(JsonCodec)),
     };
+    if let Some(mib) = working_set_mib {
+        builder = builder.working_set(WorkingSet::budget(mib << 20));
+    }
     let informer = builder.build();
     let recorder = Arc::new(Recorder::new("kube-informer", args.updates));
     let adds = Arc::new(AtomicUsize::new(0));

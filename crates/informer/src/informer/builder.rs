@@ -238,8 +238,8 @@ where
     }
 
     /// The decoded working set of a compact store: how much of it stays decoded, for the
-    /// reads a reconcile makes of the objects just delivered and just read. The default is
-    /// [`WorkingSet::default`] (8 MiB); [`WorkingSet::off`] makes every read decode. A store
+    /// reads a reconcile makes of the objects just delivered and those it reads again. The default is
+    /// [`WorkingSet::default`] (1 MiB); [`WorkingSet::off`] makes every read decode. A store
     /// of [`decoded`](Self::decoded) objects has no working set.
     #[must_use]
     pub fn working_set(mut self, working_set: WorkingSet) -> Self {

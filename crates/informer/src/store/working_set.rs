@@ -1,5 +1,5 @@
 //! The decoded working set of a compact store: the objects just delivered to handlers and
-//! those just read, kept as the shared `Arc<K>`s they were decoded into, within a budget.
+//! those read again by key, kept as the shared `Arc<K>`s they were decoded into, within a budget.
 //! The full documentation is on [`WorkingSet`].
 
 use std::{collections::VecDeque, sync::Arc};
@@ -14,8 +14,11 @@ use crate::{key::ObjectKey, list_watch::RawFormat};
 /// A compact store (an informer's default) keeps each object as bytes and decodes it on a
 /// read. Controllers read the same few objects again and again: the object whose event
 /// queued the reconcile, then its children. The working set keeps the objects a watch event
-/// just delivered (decoded on arrival already) and those just read, as the `Arc<K>` every
-/// later reader shares, so that such a read is a pointer copy. The rest stay bytes.
+/// just delivered (decoded on arrival already) and those read by key a second time while
+/// the first read is remembered, as the `Arc<K>` every later reader shares, so that such a
+/// read is a pointer copy. The rest stay bytes. Lists, index reads and reads made once use
+/// what it holds but do not add to it: kept, the many objects they decode and seldom read
+/// again soon would push out the rest and grow the heap.
 ///
 /// Its size is an estimate of the decoded objects' memory: each costs its stored bytes
 /// times a factor measured for `Pod`s (14 for protobuf, 5 for JSON). When an entry would
@@ -40,9 +43,14 @@ pub struct WorkingSet {
 }
 
 impl WorkingSet {
-    /// The default budget: 8 MiB, about 550 decoded Pods of the kind the benchmark caches
-    /// (with `managedFields`), a tenth of what client-go's cache of 10,000 such Pods takes.
-    pub const DEFAULT_BUDGET_BYTES: usize = 8 << 20;
+    /// The default budget: 1 MiB, about 70 decoded Pods of the kind the benchmark caches
+    /// (with `managedFields`): the objects of the last events, for the reconciles they
+    /// queue. In the reconcile-shaped benchmark at 10,000 Pods (BENCHMARKS.md) it served
+    /// about 1,500 reads in 1,943 reconciles without decoding, at the throughput, cold-read
+    /// cost and RSS of no working set; 8 MiB served more reads but left the heap 14 MiB
+    /// larger and cold reads slower (kept objects scatter the heap each decode then
+    /// allocates in).
+    pub const DEFAULT_BUDGET_BYTES: usize = 1 << 20;
 
     /// A working set of at most about `bytes` of decoded objects.
     pub const fn budget(bytes: usize) -> Self {
@@ -112,7 +120,15 @@ pub(super) struct Hot<K> {
     hits: u64,
     misses: u64,
     evictions: u64,
+    /// Keys read once lately, with the write each read decoded, and their order: a second
+    /// read of the same write while it is remembered admits the object (see
+    /// [`admit_read`](Self::admit_read)).
+    read_once: HashMap<ObjectKey, u64, KeyHasher>,
+    read_once_order: VecDeque<ObjectKey>,
 }
+
+/// How many keys read once the working set remembers.
+const READ_ONCE_REMEMBERED: usize = 4096;
 
 struct HotEntry<K> {
     object: Arc<K>,
@@ -133,7 +149,40 @@ impl<K> Hot<K> {
             hits: 0,
             misses: 0,
             evictions: 0,
+            read_once: HashMap::default(),
+            read_once_order: VecDeque::new(),
         }
+    }
+
+    /// Whether an object a read of one key just decoded (write `generation` of `key`)
+    /// should be kept: on the second read of that write while the first is remembered.
+    /// A read made once and never again, as a walk over random keys makes, keeps nothing:
+    /// kept objects grow the heap, and each decode after that touches fresh memory
+    /// (measured: a cold `get` of the benchmark's Pod went from 7.9 to 13.7 µs at p50 when
+    /// every read was kept).
+    pub(super) fn admit_read(&mut self, key: &ObjectKey, generation: u64) -> bool {
+        if self.is_off() {
+            return false;
+        }
+        match self.read_once.get(key) {
+            Some(seen) if *seen == generation => {
+                self.read_once.remove(key);
+                return true;
+            }
+            Some(_) => {
+                self.read_once.insert(key.clone(), generation);
+            }
+            None => {
+                if self.read_once_order.len() >= READ_ONCE_REMEMBERED
+                    && let Some(oldest) = self.read_once_order.pop_front()
+                {
+                    self.read_once.remove(&oldest);
+                }
+                self.read_once.insert(key.clone(), generation);
+                self.read_once_order.push_back(key.clone());
+            }
+        }
+        false
     }
 
     pub(super) fn is_off(&self) -> bool {
@@ -209,6 +258,8 @@ impl<K> Hot<K> {
     pub(super) fn clear(&mut self) {
         self.entries.clear();
         self.recency.clear();
+        self.read_once.clear();
+        self.read_once_order.clear();
         self.used = 0;
     }
 
@@ -303,6 +354,23 @@ mod tests {
         }
         assert!(hot.recency.len() <= 2 * 2 + 65, "{}", hot.recency.len());
         assert!(hot.get(&key(1), 1).is_some());
+    }
+
+    #[test]
+    fn a_read_is_kept_the_second_time_it_reads_the_same_write() {
+        let mut hot = Hot::<u8>::new(WorkingSet::budget(1000));
+        assert!(!hot.admit_read(&key(0), 1), "a first read keeps nothing");
+        assert!(!hot.admit_read(&key(0), 2), "another write starts again");
+        assert!(hot.admit_read(&key(0), 2));
+        assert!(!hot.admit_read(&key(0), 2), "admitted once, then forgotten");
+        // One more than it remembers (the admitted key's place counts until it is reached).
+        for i in 1..=READ_ONCE_REMEMBERED + 1 {
+            hot.admit_read(&key(i), 1);
+        }
+        assert!(hot.read_once.len() <= READ_ONCE_REMEMBERED);
+        assert!(hot.read_once_order.len() <= READ_ONCE_REMEMBERED);
+        assert!(!hot.admit_read(&key(1), 1), "the oldest was forgotten");
+        assert!(hot.admit_read(&key(READ_ONCE_REMEMBERED), 1));
     }
 
     #[test]
