@@ -20,8 +20,8 @@ use kube_client::{
 };
 use kube_informer::{
     Action, CancellationToken, Controller, Delivery, FactoryDefaults, FinalizerError,
-    FinalizerEvent, InformerFactory, ObjectKey, ReconcileRequest, Scope, finalizer, handler_fn,
-    retry_with_backoff,
+    FinalizerEvent, InformerFactory, ObjectKey, ReconcileRequest, Scope, WorkingSet, finalizer,
+    handler_fn, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -819,6 +819,7 @@ async fn factory_defaults_apply_to_every_informer_unless_one_overrides_them() {
     );
     let defaults = FactoryDefaults::default()
         .resync_period(Duration::from_secs(1))
+        .working_set(WorkingSet::budget(2 << 20))
         .strip_managed_fields();
     let factory = InformerFactory::with_defaults(client.clone(), defaults);
     let stripped = factory.informer::<ConfigMap>(Scope::namespace(&namespace));
@@ -841,6 +842,7 @@ async fn factory_defaults_apply_to_every_informer_unless_one_overrides_them() {
     within("the caches to sync", factory.wait_synced())
         .await
         .unwrap();
+    assert_eq!(stripped.store().working_set().budget_bytes, 2 << 20);
     let key = format!("{namespace}/kept");
     let cached = stripped.store().get_by_key(&key).unwrap();
     assert_eq!(cached.metadata.managed_fields, None, "stripped by default");

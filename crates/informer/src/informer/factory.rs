@@ -22,7 +22,10 @@ use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, sync::HasSynced,
 };
 use crate::{
-    error::Error, list_watch::ApiListWatch, reflector::ReflectorStats, store::WorkingSetStats,
+    error::Error,
+    list_watch::ApiListWatch,
+    reflector::ReflectorStats,
+    store::{WorkingSet, WorkingSetStats},
 };
 
 /// A transform of every object's metadata, whatever its type.
@@ -36,6 +39,7 @@ type MetadataTransform = Arc<dyn Fn(&mut ObjectMeta) + Send + Sync>;
 pub struct FactoryDefaults {
     resync_period: Option<Duration>,
     metadata_transform: Option<MetadataTransform>,
+    working_set: Option<WorkingSet>,
 }
 
 impl FactoryDefaults {
@@ -56,6 +60,14 @@ impl FactoryDefaults {
         self
     }
 
+    /// Every informer's cache keeps this working set (see
+    /// [`InformerBuilder::working_set`]).
+    #[must_use]
+    pub fn working_set(mut self, working_set: WorkingSet) -> Self {
+        self.working_set = Some(working_set);
+        self
+    }
+
     /// Every object is stored without `metadata.managedFields`, usually the largest part of
     /// an object and one a controller never reads (see
     /// [`strip_managed_fields`](crate::strip_managed_fields)).
@@ -70,6 +82,7 @@ impl Debug for FactoryDefaults {
         f.debug_struct("FactoryDefaults")
             .field("resync_period", &self.resync_period)
             .field("metadata_transform", &self.metadata_transform.is_some())
+            .field("working_set", &self.working_set)
             .finish()
     }
 }
@@ -435,6 +448,9 @@ impl InformerFactory {
         let mut builder = SharedInformer::builder(list_watch);
         if let Some(period) = defaults.resync_period {
             builder = builder.resync_period(period);
+        }
+        if let Some(working_set) = defaults.working_set {
+            builder = builder.working_set(working_set);
         }
         if let Some(transform) = defaults.metadata_transform.clone() {
             builder = builder.transform(move |mut obj: K| {
