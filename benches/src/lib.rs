@@ -874,8 +874,10 @@ pub fn machine() -> String {
     )
 }
 
-/// Builds the Rust subject binaries `bins` with this executable's profile: `cargo run --bin
-/// informer-bench` builds only the driver, and a subject must never be stale or missing.
+/// Builds the Rust subject binaries `bins` with this executable's profile, into the target
+/// directory this executable is in (the subjects are run from beside it, whatever
+/// `CARGO_TARGET_DIR` says now): `cargo run --bin informer-bench` builds only the driver,
+/// and a subject must never be stale or missing.
 ///
 /// # Errors
 ///
@@ -886,6 +888,18 @@ pub fn build_rust_subjects(bins: &[&str]) -> anyhow::Result<()> {
     command
         .args(["build", "-p", "benches"])
         .current_dir(env!("CARGO_MANIFEST_DIR"));
+    // <target>/<profile>/<this executable>, or <target>/<profile>/deps/<a test's>
+    let exe = std::env::current_exe()?;
+    let profile_dir = exe.parent().and_then(|dir| {
+        if dir.ends_with("deps") {
+            dir.parent()
+        } else {
+            Some(dir)
+        }
+    });
+    if let Some(target_dir) = profile_dir.and_then(Path::parent) {
+        command.arg("--target-dir").arg(target_dir);
+    }
     for bin in bins {
         command.args(["--bin", bin]);
     }
