@@ -163,10 +163,24 @@ struct State<K> {
 }
 
 impl<K: Resource> State<K> {
-    /// Stores `slot`, which holds `obj`, under `key`; returns the slot it replaced.
-    fn put(&mut self, key: ObjectKey, mut slot: Slot<K>, obj: &K) -> Option<Slot<K>> {
+    /// The slots among `slots` whose labels match `selector`, taken under the read lock
+    /// (which `self` is read under) so that they are decoded after it.
+    fn matching<'a>(
+        &'a self,
+        slots: impl Iterator<Item = (&'a ObjectKey, &'a Slot<K>)>,
+        selector: &Selector,
+    ) -> Vec<(ObjectKey, Taken<K>)> {
+        let matcher = self.labels.matcher(selector);
+        slots
+            .filter(|(_, slot)| slot.matches(selector, &matcher))
+            .map(|(key, slot)| (key.clone(), slot.take()))
+            .collect()
+    }
+
+    /// Stores `slot`, which holds `obj`, under `key`.
+    fn put(&mut self, key: ObjectKey, mut slot: Slot<K>, obj: &K) {
         slot.intern_labels(&mut self.labels, obj);
-        self.objects.insert(key, slot)
+        self.objects.insert(key, slot);
     }
 }
 
@@ -601,14 +615,9 @@ impl<K: Resource> Store<K> {
         if selector.is_empty() {
             return self.list();
         }
-        let slots: Vec<(ObjectKey, Taken<K>)> = {
+        let slots = {
             let st = self.read();
-            let matcher = st.labels.matcher(selector);
-            st.objects
-                .iter()
-                .filter(|(_, slot)| slot.matches(selector, &matcher))
-                .map(|(key, slot)| (key.clone(), slot.take()))
-                .collect()
+            st.matching(st.objects.iter(), selector)
         };
         self.resolve_all(slots)
     }
@@ -616,20 +625,16 @@ impl<K: Resource> Store<K> {
     /// The objects in `namespace` whose labels match `selector`: the namespace's keys come
     /// from the built-in `namespace` index, and only the objects that match are decoded.
     pub fn list_namespace_selector(&self, namespace: &str, selector: &Selector) -> Vec<Arc<K>> {
-        let slots: Vec<(ObjectKey, Taken<K>)> = {
+        let slots = {
             let st = self.read();
-            let matcher = st.labels.matcher(selector);
             let keys = find(&st.indexes, NAMESPACE_INDEX)
                 .ok()
                 .and_then(|idx| idx.get(namespace));
-            keys.into_iter()
+            let slots = keys
+                .into_iter()
                 .flat_map(|keys| keys.iter())
-                .filter_map(|key| {
-                    let slot = st.objects.get(key)?;
-                    slot.matches(selector, &matcher)
-                        .then(|| (key.clone(), slot.take()))
-                })
-                .collect()
+                .filter_map(|key| st.objects.get_key_value(key));
+            st.matching(slots, selector)
         };
         self.resolve_all(slots)
     }

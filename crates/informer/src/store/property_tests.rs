@@ -42,7 +42,6 @@ fn stores() -> Vec<(&'static str, Writer<ConfigMap>)> {
 
 struct World {
     rng: StdRng,
-    model: BTreeMap<ObjectKey, Arc<ConfigMap>>,
     version: u64,
 }
 
@@ -191,10 +190,9 @@ fn run(seed: u64) {
         store.add_indexer("app", label_index("app")).unwrap();
         let mut world = World {
             rng: StdRng::seed_from_u64(seed),
-            model: BTreeMap::new(),
             version: 0,
         };
-        let mut model = std::mem::take(&mut world.model);
+        let mut model = BTreeMap::new();
         let mut listed_once = false;
         for step in 0..300 {
             match world.rng.random_range(0..10) {
