@@ -71,7 +71,7 @@ pub async fn run(
             .shutdown_timeout(options.graceful_shutdown_timeout);
         if options.leader_elect {
             let config = options.leader_election();
-            info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "leader election enabled");
+            info!(lease = %format!("{}/{}", config.namespace(), config.name()), identity = %config.identity(), "leader election enabled");
             manager = manager.leader_election(config);
         }
         wire(&mut manager, &options, &client)?;

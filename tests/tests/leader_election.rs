@@ -12,7 +12,9 @@ use kube_client::{
     Api, Client,
     api::{Patch, PatchParams},
 };
-use kube_informer::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderElector};
+use kube_informer::leader_election::{
+    LeaderElectionConfig, LeaderElectionError, LeaderElector, OnCancel,
+};
 use kube_testenv::TestEnv;
 use tests::{eventually, lease_holder, test_namespace, within};
 use tokio::task::JoinHandle;
@@ -37,7 +39,11 @@ struct Candidate {
 
 impl Candidate {
     fn start(client: Client, namespace: &str, identity: &str) -> Self {
-        let elector = Arc::new(LeaderElector::new(client, config(namespace, identity)).unwrap());
+        Self::with_config(client, config(namespace, identity))
+    }
+
+    fn with_config(client: Client, config: LeaderElectionConfig) -> Self {
+        let elector = Arc::new(LeaderElector::new(client, config).unwrap());
         let stop = CancellationToken::new();
         let task = {
             let elector = elector.clone();
@@ -98,6 +104,27 @@ async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
 
     b.stop.cancel();
     assert!(b.task.await.unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_told_to_keep_its_lease_leaves_it_held_when_it_stops() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lease-keep").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+
+    let a = Candidate::with_config(
+        client.clone(),
+        config(&namespace, "a").on_cancel(OnCancel::Keep),
+    );
+    eventually("a to lead", || a.elector.is_leader()).await;
+    a.stop.cancel();
+    assert!(matches!(a.task.await.unwrap(), Ok(Some(()))));
+    assert!(!a.elector.is_leader());
+    assert_eq!(
+        lease_holder(&leases, "the-lease").await.as_deref(),
+        Some("a"),
+        "the stopped leader's lease is left to expire"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,8 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    JsonCodec, LazyObject, Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
+    LazyObject, Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
+    codec::JsonCodec,
     handler_fn, label_index,
     list_watch::{ApiListWatch, WireFormat},
     workqueue::Queue,

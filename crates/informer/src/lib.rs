@@ -13,6 +13,8 @@
 //!   [`ApiListWatch`](list_watch::ApiListWatch), with the types an implementation speaks;
 //!   built-in kinds are read in protobuf, as client-go reads them, into the same serde
 //!   types that read JSON;
+//! - [`codec`]: how a compact store keeps objects that came without the server's bytes,
+//!   and the [`Codec`](codec::Codec) trait for a format of your own;
 //! - [`Store`]: the indexed cache, compact by default (objects kept as the bytes the
 //!   server sent, decoded on read) or of shared `Arc<K>`s, read-only to its users, with a
 //!   [`Lister`] on top;
@@ -29,6 +31,7 @@
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`).
 
 mod client;
+pub mod codec;
 mod controller;
 mod error;
 mod informer;
@@ -69,9 +72,9 @@ pub use list_watch::LazyObject;
 #[cfg(feature = "manager")]
 pub use manager::{BoundManager, Manager, ManagerError, cancel_on_signals};
 pub use store::{
-    Codec, IndexFn, JsonCodec, Lister, NAMESPACE_INDEX, Operator, Requirement, Selector,
-    SelectorError, Store, StoreIter, TransformFn, WorkingSet, WorkingSetStats, label_index,
-    namespace_index, owner_uid_index, strip_managed_fields,
+    IndexFn, Lister, NAMESPACE_INDEX, Operator, Requirement, Selector, SelectorError, Store,
+    StoreIter, TransformFn, WorkingSet, WorkingSetStats, label_index, namespace_index,
+    owner_uid_index, strip_managed_fields,
 };
 /// The token that stops informers, controllers and queues (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;

@@ -207,11 +207,11 @@ async fn an_undecodable_object_is_reported_by_key_while_the_others_are_followed(
         env.client().await.unwrap(),
         &namespace,
     ))
-    .backoff(BackoffConfig {
-        initial: Duration::from_millis(100),
-        max: Duration::from_secs(1),
-        ..Default::default()
-    })
+    .backoff(
+        BackoffConfig::default()
+            .initial(Duration::from_millis(100))
+            .max(Duration::from_secs(1)),
+    )
     .on_watch_error(hook)
     .build();
     let (_reg, mut rx) = recorder(&informer);

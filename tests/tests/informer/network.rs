@@ -76,11 +76,11 @@ async fn survives(env: &TestEnv, prefix: &str, fault: Fault, history: History) {
     let through = kube_informer::client(env.config_via(&proxy).await.unwrap()).unwrap();
     let (errors, hook) = error_log();
     let informer = SharedInformer::builder(Api::<ConfigMap>::namespaced(through, &namespace))
-        .backoff(BackoffConfig {
-            initial: Duration::from_millis(200),
-            max: Duration::from_secs(2),
-            ..Default::default()
-        })
+        .backoff(
+            BackoffConfig::default()
+                .initial(Duration::from_millis(200))
+                .max(Duration::from_secs(2)),
+        )
         .divergence_check(DivergenceCheck::on_demand())
         .on_watch_error(hook)
         .build();

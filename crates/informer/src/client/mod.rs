@@ -29,13 +29,35 @@ pub use cluster::ClusterSource;
 /// The defaults find a dead connection within 25 s (client-go: within 45 s, a ping after
 /// 30 s of silence and 15 s for its answer). A ping is a few bytes, sent only on a
 /// connection that has been silent for [`idle`](Self::idle).
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_informer::KeepAlive;
+///
+/// let keep_alive = KeepAlive::default().idle(Duration::from_secs(5)).timeout(Duration::from_secs(5));
+/// # let _ = keep_alive;
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeepAlive {
+    idle: Duration,
+    timeout: Duration,
+}
+
+impl KeepAlive {
     /// A connection that received nothing for this long is pinged (15 s).
-    pub idle: Duration,
+    #[must_use]
+    pub fn idle(mut self, idle: Duration) -> Self {
+        self.idle = idle;
+        self
+    }
+
     /// A ping unanswered for this long closes the connection (10 s), ending every request
     /// and watch on it with an error.
-    pub timeout: Duration,
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
 }
 
 impl Default for KeepAlive {

@@ -18,13 +18,14 @@ use super::{
 /// The shortest resync period an informer accepts (client-go's `minimumResyncPeriod`).
 pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 use crate::{
+    codec::Codec,
     error::Error,
     list_watch::ListWatch,
     reflector::{
         BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
         SyncedVersion,
     },
-    store::{Codec, IndexFn, TransformFn, WorkingSet, Writer},
+    store::{IndexFn, TransformFn, WorkingSet, Writer},
 };
 
 /// Options of a [`SharedInformer`]; from [`SharedInformer::builder`].
@@ -90,7 +91,7 @@ where
     /// Keep the cache compact: the default. Each object is kept as the bytes the API
     /// server sent it in (protobuf for built-in kinds), or, when it came without them
     /// (a transformed object, a JSON watch event, a `ListWatch` of your own), as compact
-    /// JSON ([`JsonCodec`](crate::JsonCodec)).
+    /// JSON ([`JsonCodec`](crate::codec::JsonCodec)).
     ///
     /// Objects take a fraction of the memory this way (see
     /// [BENCHMARKS.md](https://github.com/kube-informer/kube-informer/blob/main/BENCHMARKS.md)),

@@ -92,20 +92,23 @@ fn non_empty(text: Option<String>) -> Option<String> {
 /// Timing and identity of a [`LeaderElector`].
 #[derive(Debug, Clone)]
 pub struct LeaderElectionConfig {
-    /// The Lease's namespace.
-    pub namespace: String,
-    /// The Lease's name (shared by every replica of one controller).
-    pub name: String,
-    /// This replica's identity (unique among the replicas, e.g. the Pod name).
-    pub identity: String,
-    /// How long a lease holds without renewal before others may take it (15 s).
-    pub lease_duration: Duration,
-    /// How long the leader keeps retrying a failed renewal before it gives up (10 s).
-    pub renew_deadline: Duration,
-    /// How often to try to acquire or renew (2 s).
-    pub retry_period: Duration,
-    /// Release the lease when [`run`](LeaderElector::run) stops gracefully (true).
-    pub release_on_cancel: bool,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) identity: String,
+    pub(crate) lease_duration: Duration,
+    pub(crate) renew_deadline: Duration,
+    pub(crate) retry_period: Duration,
+    pub(crate) on_cancel: OnCancel,
+}
+
+/// What a leader does with its Lease when [`LeaderElector::run`] stops gracefully.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnCancel {
+    /// Release it, so that another replica takes over at once (the default).
+    #[default]
+    Release,
+    /// Keep it until it expires, as client-go does unless `ReleaseOnCancel` is set.
+    Keep,
 }
 
 impl LeaderElectionConfig {
@@ -122,7 +125,7 @@ impl LeaderElectionConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
-            release_on_cancel: true,
+            on_cancel: OnCancel::Release,
         }
     }
 
@@ -131,6 +134,50 @@ impl LeaderElectionConfig {
     /// [`default_identity`]), as controller-runtime's manager picks them.
     pub fn with_defaults(name: impl Into<String>) -> Self {
         Self::new(default_namespace(), name, default_identity())
+    }
+
+    /// How long a lease holds without renewal before others may take it (15 s).
+    #[must_use]
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// How long the leader keeps retrying a failed renewal before it gives up (10 s).
+    #[must_use]
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.renew_deadline = deadline;
+        self
+    }
+
+    /// How often to try to acquire or renew (2 s).
+    #[must_use]
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.retry_period = period;
+        self
+    }
+
+    /// What the leader does with its Lease when it stops gracefully
+    /// ([`OnCancel::Release`]).
+    #[must_use]
+    pub fn on_cancel(mut self, on_cancel: OnCancel) -> Self {
+        self.on_cancel = on_cancel;
+        self
+    }
+
+    /// The Lease's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The Lease's name (shared by every replica of one controller).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This replica's identity (unique among the replicas, e.g. the Pod name).
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     /// Sets the three durations at once.
@@ -306,7 +353,7 @@ impl LeaderElector {
     /// finished (so a graceful stop keeps the lease while `lead` winds down).
     ///
     /// Returns `Ok(Some(output))` when `lead` finished (the lease is released then, if
-    /// [`release_on_cancel`](LeaderElectionConfig::release_on_cancel)), `Ok(None)` when
+    /// [`on_cancel`](LeaderElectionConfig::on_cancel)), `Ok(None)` when
     /// `cancel` fired before the lease was acquired. When leadership is lost, `lead` gets
     /// until another replica could acquire the lease to finish, and is dropped then.
     ///
@@ -341,7 +388,7 @@ impl LeaderElector {
         match outcome {
             Ok(output) => {
                 self.leading.send_replace(false);
-                if self.config.release_on_cancel {
+                if self.config.on_cancel == OnCancel::Release {
                     self.release().await;
                 }
                 Ok(Some(output))

@@ -7,19 +7,63 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-/// Parameters of a [`Backoff`].
+/// Parameters of a [`Backoff`]: client-go's reflector backoff by default, each setting
+/// changed by the method of its name.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_informer::reflector::{Backoff, BackoffConfig};
+///
+/// let config = BackoffConfig::default().initial(Duration::from_millis(100)).jitter(0.0);
+/// let mut backoff = Backoff::new(config);
+/// assert_eq!(backoff.next_delay(), Duration::from_millis(100));
+/// assert_eq!(backoff.next_delay(), Duration::from_millis(200));
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct BackoffConfig {
-    /// First delay (800 ms).
-    pub initial: Duration,
-    /// Largest delay (30 s).
-    pub max: Duration,
-    /// Growth factor between consecutive delays (2).
-    pub factor: f64,
-    /// Fraction of the delay removed at random, in `[0, 1]` (0.25).
-    pub jitter: f64,
-    /// A healthy period this long resets the sequence (2 min).
-    pub reset_after: Duration,
+    pub(crate) initial: Duration,
+    pub(crate) max: Duration,
+    pub(crate) factor: f64,
+    pub(crate) jitter: f64,
+    pub(crate) reset_after: Duration,
+}
+
+impl BackoffConfig {
+    /// The first delay (800 ms).
+    #[must_use]
+    pub fn initial(mut self, delay: Duration) -> Self {
+        self.initial = delay;
+        self
+    }
+
+    /// The largest delay (30 s).
+    #[must_use]
+    pub fn max(mut self, delay: Duration) -> Self {
+        self.max = delay;
+        self
+    }
+
+    /// The growth factor between consecutive delays (2; less than 1 counts as 1).
+    #[must_use]
+    pub fn factor(mut self, factor: f64) -> Self {
+        self.factor = factor;
+        self
+    }
+
+    /// The fraction of each delay removed at random, in `[0, 1]` (0.25; outside values
+    /// are clamped).
+    #[must_use]
+    pub fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// A healthy period this long starts the sequence again (2 min).
+    #[must_use]
+    pub fn reset_after(mut self, period: Duration) -> Self {
+        self.reset_after = period;
+        self
+    }
 }
 
 impl Default for BackoffConfig {
@@ -40,7 +84,7 @@ impl Default for BackoffConfig {
 /// use std::time::Duration;
 /// use kube_informer::reflector::{Backoff, BackoffConfig};
 ///
-/// let mut backoff = Backoff::new(BackoffConfig { jitter: 0.0, ..Default::default() });
+/// let mut backoff = Backoff::new(BackoffConfig::default().jitter(0.0));
 /// let now = tokio::time::Instant::now();
 /// assert_eq!(backoff.next_delay_at(now), Duration::from_millis(800));
 /// assert_eq!(backoff.next_delay_at(now), Duration::from_millis(1600));
@@ -124,10 +168,7 @@ mod tests {
                 "{d:?} too short for {base:?}"
             );
         }
-        let mut exact = Backoff::new(BackoffConfig {
-            jitter: 0.0,
-            ..config
-        });
+        let mut exact = Backoff::new(config.jitter(0.0));
         let seq: Vec<_> = (0..8)
             .map(|_| exact.next_delay_at(now).as_millis())
             .collect();
@@ -136,10 +177,7 @@ mod tests {
 
     #[test]
     fn resets_after_two_minutes_of_health() {
-        let mut backoff = Backoff::new(BackoffConfig {
-            jitter: 0.0,
-            ..Default::default()
-        });
+        let mut backoff = Backoff::new(BackoffConfig::default().jitter(0.0));
         let t0 = Instant::now();
         assert_eq!(backoff.next_delay_at(t0), Duration::from_millis(800));
         let t1 = t0 + Duration::from_secs(1);

@@ -103,11 +103,10 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
 /// configured one, capped at 1 s.
 fn reconnect_backoff(config: &BackoffConfig) -> BackoffConfig {
     let cap = Duration::from_secs(1);
-    BackoffConfig {
-        initial: config.initial.min(cap / 4),
-        max: config.max.min(cap),
-        ..config.clone()
-    }
+    config
+        .clone()
+        .initial(config.initial.min(cap / 4))
+        .max(config.max.min(cap))
 }
 
 /// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
@@ -127,28 +126,79 @@ pub enum ListMode {
     Paged,
 }
 
-/// Tuning of a [`Reflector`].
+/// Tuning of a [`Reflector`]: client-go's by default, each setting changed by the method
+/// of its name. An informer takes the same settings from its
+/// [`InformerBuilder`](crate::InformerBuilder).
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_informer::reflector::{BackoffConfig, ListMode, ReflectorConfig};
+///
+/// let config = ReflectorConfig::default()
+///     .list_mode(ListMode::Paged)
+///     .page_size(100)
+///     .backoff(BackoffConfig::default().max(Duration::from_secs(5)));
+/// # let _ = config;
+/// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReflectorConfig {
+    pub(crate) list_mode: ListMode,
+    pub(crate) page_size: u32,
+    pub(crate) min_watch_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) initial_events_timeout: Duration,
+    pub(crate) backoff: BackoffConfig,
+}
+
+impl ReflectorConfig {
     /// How the full state is fetched: [`ListMode::Streaming`] (the default) or
     /// [`ListMode::Paged`].
-    pub list_mode: ListMode,
-    /// Objects per list page (`limit`), 500.
-    pub page_size: u32,
-    /// Lower bound of the random server-side watch timeout; the upper bound is twice this
-    /// (5 min, so 5–10 min).
-    pub min_watch_timeout: Duration,
+    #[must_use]
+    pub fn list_mode(mut self, mode: ListMode) -> Self {
+        self.list_mode = mode;
+        self
+    }
+
+    /// Objects per list page (`limit`), 500; 0 asks for everything in one response.
+    #[must_use]
+    pub fn page_size(mut self, size: u32) -> Self {
+        self.page_size = size;
+        self
+    }
+
+    /// The lower bound of the random server-side watch timeout; the upper bound is twice
+    /// this (5 min, so 5–10 min).
+    #[must_use]
+    pub fn min_watch_timeout(mut self, timeout: Duration) -> Self {
+        self.min_watch_timeout = timeout;
+        self
+    }
+
     /// A watch that delivers nothing, not even a bookmark, for this long is reconnected
     /// (2 min). Servers send bookmarks about once a minute, so this is twice that: the
     /// backstop for a stalled connection on a client without pings (kube-client's
     /// default); [`client`](crate::client) finds one by its HTTP/2 pings in seconds.
-    pub idle_timeout: Duration,
-    /// A streaming list whose initial events pause for this long before their end bookmark
-    /// is taken for an ordinary watch from a server that ignored `sendInitialEvents`
-    /// (30 s): a real one sends them back to back, then the bookmark.
-    pub initial_events_timeout: Duration,
-    /// Backoff between failed attempts.
-    pub backoff: BackoffConfig,
+    #[must_use]
+    pub fn idle_timeout(mut self, timeout: Duration) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// A streaming list whose initial events pause for this long before their end
+    /// bookmark is taken for an ordinary watch from a server that ignored
+    /// `sendInitialEvents` (30 s): a real one sends them back to back, then the bookmark.
+    #[must_use]
+    pub fn initial_events_timeout(mut self, timeout: Duration) -> Self {
+        self.initial_events_timeout = timeout;
+        self
+    }
+
+    /// The backoff between failed attempts.
+    #[must_use]
+    pub fn backoff(mut self, backoff: BackoffConfig) -> Self {
+        self.backoff = backoff;
+        self
+    }
 }
 
 impl Default for ReflectorConfig {
@@ -580,10 +630,7 @@ mod tests {
 
     /// These tests follow paged lists; streaming lists have their own (tests/streaming_list.rs).
     fn paged() -> ReflectorConfig {
-        ReflectorConfig {
-            list_mode: ListMode::Paged,
-            ..ReflectorConfig::default()
-        }
+        ReflectorConfig::default().list_mode(ListMode::Paged)
     }
 
     fn cm(name: &str) -> ConfigMap {
@@ -808,10 +855,7 @@ mod tests {
     async fn idle_watch_is_reconnected() {
         let fake = Fake::new("configmaps");
         fake.add(cm("a"));
-        let config = ReflectorConfig {
-            idle_timeout: Duration::from_secs(60),
-            ..paged()
-        };
+        let config = paged().idle_timeout(Duration::from_secs(60));
         let h = start(&fake, config);
         fake.wait_for_calls(|c| c.watches == 1).await;
         let t0 = Instant::now();

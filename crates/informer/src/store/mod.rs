@@ -11,7 +11,6 @@ use std::{
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
 
-mod codec;
 mod index;
 mod labels;
 mod lister;
@@ -23,12 +22,12 @@ mod slot;
 mod working_set;
 
 use crate::{
+    codec::Codec,
     error::{BoxError, Error},
     key::ObjectKey,
     list_watch::RawObject,
 };
 
-pub use codec::{Codec, JsonCodec};
 use index::{Index, IndexValues, apply_change, compute_values};
 pub use index::{IndexFn, NAMESPACE_INDEX, label_index, namespace_index, owner_uid_index};
 use labels::LabelInterner;
@@ -721,7 +720,7 @@ impl<K: Resource> Default for Writer<K> {
 impl<K: Serialize + DeserializeOwned + Resource + 'static> Writer<K> {
     /// An empty compact store with the default [`WorkingSet`]: objects that come with the
     /// bytes the server sent them in ([`RawObject`]) are kept as those bytes, others as
-    /// compact JSON ([`JsonCodec`]).
+    /// compact JSON ([`JsonCodec`](crate::codec::JsonCodec)).
     ///
     /// ```
     /// use std::sync::Arc;

@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube_core::ObjectMeta;
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 
-use super::{Arrival, JsonCodec, Operator, Requirement, Selector, WorkingSet, Writer, label_index};
+use crate::codec::JsonCodec;
+
+use super::{Arrival, Operator, Requirement, Selector, WorkingSet, Writer, label_index};
 use crate::{
     key::ObjectKey,
     list_watch::{RawFormat, RawObject},

@@ -7,8 +7,9 @@ use kube_core::Resource;
 use serde::de::DeserializeOwned;
 use tracing::{error, warn};
 
+use crate::codec::{Codec, JsonCodec};
+
 use super::{
-    codec::{Codec, JsonCodec},
     labels::{LabelInterner, LabelMatcher, Labels},
     selector::Selector,
     working_set::WorkingSet,

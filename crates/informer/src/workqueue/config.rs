@@ -24,14 +24,13 @@ use super::metrics::MetricsProvider;
 /// ```
 #[derive(Clone, Default)]
 pub struct QueueConfig {
-    /// The queue's name, used as the `name` label of its metrics.
-    pub name: String,
-    /// Where the queue reports its metrics; `None` turns them off.
-    pub metrics: Option<Arc<dyn MetricsProvider>>,
+    pub(crate) name: String,
+    pub(crate) metrics: Option<Arc<dyn MetricsProvider>>,
 }
 
 impl QueueConfig {
-    /// A configuration with this name and no metrics provider yet.
+    /// A configuration with this name, the `name` label of the queue's metrics, and no
+    /// metrics provider yet (no metrics).
     pub fn named(name: impl Into<String>) -> Self {
         Self {
             name: name.into(),

@@ -1,5 +1,6 @@
 //! How a compact [`Store`](crate::Store) keeps objects: serialized, decoded on read.
-//! The full documentation is on [`Codec`].
+//! The full documentation is on [`Codec`]; an informer takes one through
+//! [`InformerBuilder::codec`](crate::InformerBuilder::codec).
 
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -28,7 +29,7 @@ use crate::error::BoxError;
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{Codec, JsonCodec, testing::FakeListWatch};
+/// use kube_informer::{codec::{Codec, JsonCodec}, testing::FakeListWatch};
 ///
 /// let cm = FakeListWatch::<ConfigMap>::object(Some("ns"), "a");
 /// let bytes = JsonCodec.encode(&cm).unwrap();
