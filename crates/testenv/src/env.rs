@@ -18,7 +18,7 @@ use crate::{
     apiserver::{self, ApiServerSpec},
     certs::Credentials,
     controller_manager,
-    etcd::Etcd,
+    etcd::{Etcd, Gateway},
     kubeconfig, ports,
     process::Supervised,
 };
@@ -79,12 +79,23 @@ impl Builder {
             .expect("the binary build does not panic")?;
         let dir = scratch_dir(None)?;
         let creds = Credentials::generate(dir.path())?;
-        let etcd = Etcd::start(&binaries.etcd(), dir.path(), self.start_timeout).await?;
+        let etcd_client_port = ports::free_port()?;
+        let etcd_peer_port = ports::free_port()?;
+        let etcd = Etcd::start_on(
+            &binaries.etcd(),
+            dir.path(),
+            etcd_client_port,
+            etcd_peer_port,
+            self.start_timeout,
+            None,
+        )
+        .await?;
+        let etcd_gateway = Gateway::new(etcd_client_port, etcd.log().to_owned());
         let spec = ApiServerSpec::new(
             binaries.kube_apiserver(),
             dir.path(),
             ports::free_port()?,
-            &etcd.url(),
+            etcd_gateway.url(),
             &creds,
             &self.apiserver_args,
         );
@@ -115,7 +126,10 @@ impl Builder {
         Ok(TestEnv {
             controller_manager: Mutex::new(controller_manager),
             apiserver: Mutex::new(Some(apiserver)),
-            etcd,
+            etcd: Mutex::new(Some(etcd)),
+            etcd_gateway,
+            etcd_client_port,
+            etcd_peer_port,
             spec,
             kubeconfig_path,
             binaries,
@@ -151,7 +165,10 @@ pub struct TestEnv {
     // directory holding their data after all of them.
     controller_manager: Mutex<Option<Supervised>>,
     apiserver: Mutex<Option<Supervised>>,
-    etcd: Etcd,
+    etcd: Mutex<Option<Etcd>>,
+    etcd_gateway: Gateway,
+    etcd_client_port: u16,
+    etcd_peer_port: u16,
     spec: ApiServerSpec,
     kubeconfig_path: PathBuf,
     binaries: Binaries,
@@ -270,9 +287,10 @@ impl TestEnv {
         kubeconfig::write_admin(path, &proxy_url(proxy), &self.creds)
     }
 
-    /// etcd's client URL, e.g. `http://127.0.0.1:42345`.
+    /// etcd's client URL, e.g. `http://127.0.0.1:42345`. It stays the same
+    /// across [`restart_etcd`](Self::restart_etcd).
     pub fn etcd_url(&self) -> String {
-        self.etcd.url()
+        self.etcd_gateway.url().to_owned()
     }
 
     /// The directory holding data, keys and logs.
@@ -334,6 +352,8 @@ impl TestEnv {
 
     /// Stops kube-apiserver (`SIGTERM`, then `SIGKILL` after 10 s). etcd and
     /// its data stay. Does nothing if it is already stopped.
+    ///
+    /// [`kill_apiserver`](Self::kill_apiserver) crashes it instead.
     pub async fn stop_apiserver(&self) {
         let process = self
             .apiserver
@@ -349,7 +369,14 @@ impl TestEnv {
     }
 
     /// Starts kube-apiserver again on the same port, with the same flags and
-    /// the same etcd, and waits until it is ready.
+    /// the same etcd, and waits until it is ready. Does nothing if it runs.
+    ///
+    /// After [`kill_apiserver`](Self::kill_apiserver) this is its recovery, as
+    /// a supervisor restarting a crashed API server would be.
+    ///
+    /// The port is free while the API server is stopped, so another process
+    /// could take it in between; nothing here picks ports then, so only a
+    /// foreign process could.
     ///
     /// # Errors
     ///
@@ -382,8 +409,29 @@ impl TestEnv {
         self.start_apiserver().await
     }
 
+    /// Kills kube-apiserver with `SIGKILL`, as a crash would: no graceful
+    /// shutdown, its connections are reset by the kernel rather than closed by
+    /// the server. Returns once the process is gone and reaped, so
+    /// [`start_apiserver`](Self::start_apiserver) can start it again on the
+    /// same port. etcd and its data stay. Does nothing if it is already
+    /// stopped.
+    pub async fn kill_apiserver(&self) {
+        let process = self
+            .apiserver
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut process) = process {
+            tokio::task::spawn_blocking(move || process.kill())
+                .await
+                .expect("killing a process does not panic");
+            tracing::info!("kube-apiserver killed");
+        }
+    }
+
     /// Whether kube-apiserver is running (not stopped by
-    /// [`stop_apiserver`](Self::stop_apiserver)).
+    /// [`stop_apiserver`](Self::stop_apiserver) or
+    /// [`kill_apiserver`](Self::kill_apiserver)).
     pub fn apiserver_running(&self) -> bool {
         self.apiserver
             .lock()
@@ -400,15 +448,108 @@ impl TestEnv {
     ///
     /// # Errors
     ///
-    /// [`Error::Etcd`] if etcd refuses or does not answer.
+    /// [`Error::EtcdStopped`] while etcd is stopped; [`Error::Etcd`] if etcd
+    /// refuses or does not answer.
     pub async fn compact_etcd(&self) -> Result<i64> {
-        self.etcd.compact().await
+        if !self.etcd_running() {
+            return Err(Error::EtcdStopped);
+        }
+        self.etcd_gateway.compact().await
+    }
+
+    /// Stops etcd (`SIGTERM`, then `SIGKILL` after 10 s); its data stays.
+    /// Does nothing if it is already stopped.
+    ///
+    /// kube-apiserver keeps running: requests that need storage fail or hang
+    /// until their timeout, and its `/readyz` fails, until
+    /// [`start_etcd`](Self::start_etcd).
+    pub async fn stop_etcd(&self) {
+        let member = self.etcd.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(member) = member {
+            tokio::task::spawn_blocking(move || drop(member))
+                .await
+                .expect("stopping a process does not panic");
+            tracing::info!(url = %self.etcd_url(), "etcd stopped");
+        }
+    }
+
+    /// Kills etcd with `SIGKILL`, as a crash would: no graceful shutdown.
+    /// Returns once the process is gone and reaped. Its data stays as the
+    /// crash left it: every write it acknowledged survives, because only a
+    /// machine crash loses what etcd has not synced to disk. Does nothing if
+    /// it is already stopped.
+    ///
+    /// kube-apiserver keeps running, as with [`stop_etcd`](Self::stop_etcd).
+    pub async fn kill_etcd(&self) {
+        let member = self.etcd.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(member) = member {
+            tokio::task::spawn_blocking(move || member.kill())
+                .await
+                .expect("killing a process does not panic");
+            tracing::info!(url = %self.etcd_url(), "etcd killed");
+        }
+    }
+
+    /// Starts etcd again on the same ports with the same data, and waits
+    /// until it is healthy. Does nothing if it runs.
+    ///
+    /// kube-apiserver, if it runs, reconnects by itself, typically within a
+    /// few seconds; it is ready again when its `/readyz` says so, which this
+    /// does not wait for.
+    ///
+    /// The ports are free while etcd is stopped, so another process could
+    /// take them in between; nothing here picks ports then, so only a foreign
+    /// process could.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Spawn`], [`Error::Exited`] or [`Error::NotReady`] naming
+    /// etcd's log.
+    pub async fn start_etcd(&self) -> Result<()> {
+        if self.etcd_running() {
+            return Ok(());
+        }
+        let member = Etcd::start_on(
+            &self.binaries.etcd(),
+            self.dir.path(),
+            self.etcd_client_port,
+            self.etcd_peer_port,
+            self.start_timeout,
+            None,
+        )
+        .await?;
+        tracing::info!(url = %self.etcd_url(), pid = member.pid(), "etcd started");
+        *self.etcd.lock().unwrap_or_else(|p| p.into_inner()) = Some(member);
+        Ok(())
+    }
+
+    /// [`stop_etcd`](Self::stop_etcd), then [`start_etcd`](Self::start_etcd).
+    ///
+    /// # Errors
+    ///
+    /// As [`start_etcd`](Self::start_etcd).
+    pub async fn restart_etcd(&self) -> Result<()> {
+        self.stop_etcd().await;
+        self.start_etcd().await
+    }
+
+    /// Whether etcd is running (not stopped by [`stop_etcd`](Self::stop_etcd)
+    /// or [`kill_etcd`](Self::kill_etcd)).
+    pub fn etcd_running(&self) -> bool {
+        self.etcd
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
     }
 
     /// The process ids of the running components, for tests that check
-    /// nothing is left behind.
+    /// nothing is left behind. A stopped component has none, so the list is
+    /// shorter while one is stopped.
     pub fn pids(&self) -> Vec<u32> {
-        let mut pids = vec![self.etcd_pid()];
+        let mut pids = Vec::new();
+        if let Some(etcd) = self.etcd.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            pids.push(etcd.pid());
+        }
         for process in [&self.apiserver, &self.controller_manager] {
             if let Some(p) = process.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
                 pids.push(p.pid());
@@ -417,9 +558,19 @@ impl TestEnv {
         pids
     }
 
-    /// The process id of etcd.
+    /// The process id of etcd. A restart gives it a new one.
+    ///
+    /// # Panics
+    ///
+    /// While etcd is stopped ([`etcd_running`](Self::etcd_running) is
+    /// false): there is no process then.
     pub fn etcd_pid(&self) -> u32 {
-        self.etcd.pid()
+        self.etcd
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Etcd::pid)
+            .expect("etcd_pid() is called while etcd runs, not after stop_etcd() or kill_etcd()")
     }
 
     /// The process id of kube-apiserver; `None` while it is stopped. A restart gives it a

@@ -78,6 +78,12 @@ pub enum Error {
     #[error("the API server is stopped; call start_apiserver() first")]
     ApiServerStopped,
 
+    /// The operation needs etcd running, but it is stopped
+    /// ([`TestEnv::stop_etcd`](crate::TestEnv::stop_etcd) or
+    /// [`TestEnv::kill_etcd`](crate::TestEnv::kill_etcd)).
+    #[error("etcd is stopped; call start_etcd() first")]
+    EtcdStopped,
+
     /// A request to etcd's HTTP gateway failed.
     #[error("etcd request {path} failed: {reason}; etcd's log is {log}")]
     Etcd {

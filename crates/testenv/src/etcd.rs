@@ -7,17 +7,24 @@ use std::{
 
 use base64::Engine;
 
-use crate::{Error, Result, ports::free_port, process::Supervised};
+use crate::{Error, Result, process::Supervised};
 
 /// One etcd member on loopback ports, with its data in a directory of the
 /// environment.
 #[derive(Debug)]
 pub(crate) struct Etcd {
     process: Supervised,
-    client_port: u16,
     /// Where `/health` answers over plain HTTP: the client URL, or with TLS (which wants a
     /// client certificate there) a metrics listener of its own.
     probe_url: String,
+}
+
+/// etcd's JSON gateway on a plain-HTTP client port, which answers only while a member
+/// runs there; kept apart from [`Etcd`] so that requests need no lock on the process.
+#[derive(Debug, Clone)]
+pub(crate) struct Gateway {
+    url: String,
+    log: PathBuf,
 }
 
 /// The files of an etcd member that serves TLS and requires client certificates.
@@ -31,10 +38,6 @@ pub(crate) struct ServerTls {
 }
 
 impl Etcd {
-    pub(crate) async fn start(binary: &Path, dir: &Path, timeout: Duration) -> Result<Self> {
-        Self::start_on(binary, dir, free_port()?, free_port()?, timeout, None).await
-    }
-
     /// Starts a member on the given ports, with its data in `dir/etcd-data` (kept across
     /// restarts on the same ports), serving clients over TLS when `tls` is given.
     pub(crate) async fn start_on(
@@ -78,18 +81,9 @@ impl Etcd {
             None => client_url.clone(),
         };
         let process = Supervised::start("etcd", binary, &args, &dir.join("etcd.log"))?;
-        let mut etcd = Self {
-            process,
-            client_port,
-            probe_url,
-        };
+        let mut etcd = Self { process, probe_url };
         etcd.wait_ready(timeout).await?;
         Ok(etcd)
-    }
-
-    /// The URL API servers use to reach this member.
-    pub(crate) fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
     }
 
     pub(crate) fn log(&self) -> &Path {
@@ -98,6 +92,12 @@ impl Etcd {
 
     pub(crate) fn pid(&self) -> u32 {
         self.process.pid()
+    }
+
+    /// Kills the member with `SIGKILL`, as a crash would, and reaps it; blocks until it is
+    /// gone. Its data stays as the crash left it.
+    pub(crate) fn kill(mut self) {
+        self.process.kill();
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
@@ -125,11 +125,35 @@ impl Etcd {
         let (status, text) =
             crate::http::request(http::Method::GET, &uri, None, Duration::from_secs(10))
                 .await
-                .map_err(|reason| self.error("/health", reason))?;
+                .map_err(|reason| self.error(reason))?;
         if !status.is_success() {
-            return Err(self.error("/health", format!("{status}: {text}")));
+            return Err(self.error(format!("{status}: {text}")));
         }
         Ok(text)
+    }
+
+    fn error(&self, reason: String) -> Error {
+        Error::Etcd {
+            path: "/health",
+            reason,
+            log: self.log().to_owned(),
+        }
+    }
+}
+
+impl Gateway {
+    /// The gateway of the member whose plain-HTTP client port is `client_port` and whose
+    /// output goes to `log`.
+    pub(crate) fn new(client_port: u16, log: PathBuf) -> Self {
+        Self {
+            url: format!("http://127.0.0.1:{client_port}"),
+            log,
+        }
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:42345`: what API servers use.
+    pub(crate) fn url(&self) -> &str {
+        &self.url
     }
 
     /// Compacts the key space up to the current revision, so that every
@@ -152,7 +176,7 @@ impl Etcd {
         Error::Etcd {
             path,
             reason,
-            log: self.log().to_owned(),
+            log: self.log.clone(),
         }
     }
 
@@ -162,7 +186,7 @@ impl Etcd {
         } else {
             http::Method::GET
         };
-        let uri = format!("{}{path}", self.url());
+        let uri = format!("{}{path}", self.url);
         let (status, text) = crate::http::request(method, &uri, body, Duration::from_secs(10))
             .await
             .map_err(|reason| self.error(path, reason))?;

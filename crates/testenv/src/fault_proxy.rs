@@ -181,16 +181,7 @@ impl FaultProxy {
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn reset_connections(&self) -> Result<()> {
-        for stream in [Stream::Upstream, Stream::Downstream] {
-            self.add_toxic(Toxic {
-                name: stream.name("reset_peer"),
-                kind: "reset_peer",
-                stream,
-                attributes: json!({ "timeout": 0 }),
-            })
-            .await?;
-        }
-        Ok(())
+        self.both_ways("reset_peer", json!({ "timeout": 0 })).await
     }
 
     /// Stalls every connection: no byte passes in either direction and none
@@ -206,16 +197,26 @@ impl FaultProxy {
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn stall(&self) -> Result<()> {
-        for stream in [Stream::Upstream, Stream::Downstream] {
-            self.add_toxic(Toxic {
-                name: stream.name("timeout"),
-                kind: "timeout",
-                stream,
-                attributes: json!({ "timeout": 0 }),
-            })
-            .await?;
-        }
-        Ok(())
+        self.timeout(Duration::ZERO).await
+    }
+
+    /// Stops every byte in either direction, like [`stall`](Self::stall), and
+    /// then closes each connection once `after` has passed without its
+    /// client or its server sending (Toxiproxy restarts a direction's clock
+    /// at each chunk it drops): a client that waits for an answer sees its
+    /// connection closed (`EOF`) `after` the fault takes hold, or `after` it
+    /// connects if it connects later. A zero `after` never closes: that is
+    /// [`stall`](Self::stall). Toxiproxy counts in whole milliseconds.
+    ///
+    /// Toxics `timeout`, upstream and downstream, named as those of
+    /// [`stall`](Self::stall), which this replaces and which replaces it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    pub async fn timeout(&self, after: Duration) -> Result<()> {
+        self.both_ways("timeout", json!({ "timeout": millis(after) }))
+            .await
     }
 
     /// Makes the upstream unreachable: closes every open connection and
@@ -250,15 +251,13 @@ impl FaultProxy {
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn latency(&self, latency: Duration, jitter: Duration) -> Result<()> {
-        self.add_toxic(Toxic {
-            name: Stream::Downstream.name("latency"),
-            kind: "latency",
-            stream: Stream::Downstream,
-            attributes: json!({
+        self.downstream(
+            "latency",
+            json!({
                 "latency": millis(latency),
                 "jitter": millis(jitter),
             }),
-        })
+        )
         .await
     }
 
@@ -272,30 +271,164 @@ impl FaultProxy {
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn bandwidth(&self, kb_per_s: u64) -> Result<()> {
-        self.add_toxic(Toxic {
-            name: Stream::Downstream.name("bandwidth"),
-            kind: "bandwidth",
-            stream: Stream::Downstream,
-            attributes: json!({ "rate": kb_per_s }),
-        })
+        self.downstream("bandwidth", json!({ "rate": kb_per_s }))
+            .await
+    }
+
+    /// Cuts what the upstream sends into slices of about `average_size`
+    /// bytes, give or take up to `size_variation`, and waits `delay` after
+    /// each, so a response arrives in many small reads, the way a slow or
+    /// fragmenting network delivers it. Toxiproxy counts the delay in whole
+    /// microseconds.
+    ///
+    /// Toxic `slicer`, downstream. Calling it again replaces the slicing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    ///
+    /// # Panics
+    ///
+    /// If `average_size` is 0 or `size_variation` is not below it: Toxiproxy
+    /// takes both, then recurses without end on the first byte it slices.
+    pub async fn slicer(
+        &self,
+        average_size: usize,
+        size_variation: usize,
+        delay: Duration,
+    ) -> Result<()> {
+        assert!(
+            size_variation < average_size,
+            "a slicer needs 0 <= size_variation < average_size, got {size_variation} and \
+             {average_size}"
+        );
+        let delay_us = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.downstream(
+            "slicer",
+            json!({
+                "average_size": average_size,
+                "size_variation": size_variation,
+                "delay": delay_us,
+            }),
+        )
         .await
     }
 
-    /// Removes every toxic (reset, stall, latency, bandwidth), so data flows
-    /// freely again; a proxy that is [`cut`](Self::cut) stays cut.
+    /// Adds a toxic of any type Toxiproxy has, for faults this type has no
+    /// method for: `kind` is its type (`latency`, `bandwidth`, `slow_close`,
+    /// `timeout`, `reset_peer`, `slicer`, `limit_data`), `stream` the way it
+    /// acts, `toxicity` the probability that it acts on a connection (1.0 on
+    /// every one; Toxiproxy draws for each connection and direction whenever
+    /// it starts the toxic there: when either is new, and again when the
+    /// chain of toxics changes), and `attributes` its type's JSON
+    /// attributes, e.g. `{"latency": 300, "jitter": 0}` (times in
+    /// milliseconds, except `slicer`'s `delay` in microseconds, as Toxiproxy
+    /// takes them).
+    ///
+    /// If a toxic named `name` is in force already, this replaces it:
+    /// Toxiproxy updates it in place when the type and stream are the same,
+    /// and otherwise it is removed and the new one added. The convenience
+    /// methods name their toxics `<type>_<stream>` (e.g.
+    /// `latency_downstream`), so a toxic added here under such a name
+    /// replaces theirs and [`clear`](Self::clear) removes all alike.
+    ///
+    /// ```no_run
+    /// # async fn demo(proxy: &kube_testenv::FaultProxy) -> kube_testenv::Result<()> {
+    /// use kube_testenv::ToxicStream;
+    ///
+    /// // Half of the connections see at most 1 kB from the server, then are closed.
+    /// let attributes = serde_json::json!({ "bytes": 1000 });
+    /// proxy.add_toxic("truncated", "limit_data", ToxicStream::Downstream, 0.5, attributes).await?;
+    /// proxy.remove_toxic("truncated").await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses, e.g. an unknown type or
+    /// attributes of the wrong JSON type.
+    pub async fn add_toxic(
+        &self,
+        name: &str,
+        kind: &str,
+        stream: ToxicStream,
+        toxicity: f32,
+        attributes: Value,
+    ) -> Result<()> {
+        let body = json!({
+            "name": name,
+            "type": kind,
+            "stream": stream.as_str(),
+            "toxicity": toxicity,
+            "attributes": attributes,
+        });
+        let toxics = format!("/proxies/{PROXY}/toxics");
+        let path = format!("{toxics}/{name}");
+        let adding = || format!("adding toxic {name}");
+        let (status, text) = self
+            .api
+            .send(Method::POST, &toxics, Some(&body), adding)
+            .await?;
+        if status == StatusCode::CONFLICT {
+            let reading = || format!("reading toxic {name}");
+            let current = self.api.call(Method::GET, &path, None, reading).await?;
+            let current: Value = serde_json::from_str(&current)
+                .map_err(|e| self.api.error(reading(), format!("{e} in {current}")))?;
+            if current["type"] == kind && current["stream"] == stream.as_str() {
+                let updating = || format!("updating toxic {name}");
+                self.api
+                    .call(Method::POST, &path, Some(body), updating)
+                    .await?;
+            } else {
+                self.remove_toxic(name).await?;
+                self.api
+                    .call(Method::POST, &toxics, Some(body), adding)
+                    .await?;
+            }
+        } else if !status.is_success() {
+            return Err(self.api.error(adding(), format!("{status}: {text}")));
+        }
+        tracing::info!(
+            proxy = %self.listen,
+            toxic = %name,
+            kind,
+            stream = stream.as_str(),
+            toxicity,
+            %attributes,
+            "toxic in force"
+        );
+        Ok(())
+    }
+
+    /// Removes the toxic named `name`, as [`toxics`](Self::toxics) lists it.
+    /// Connections it held (a `timeout` toxic's) are closed, as Toxiproxy
+    /// does.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Toxiproxy`] if no toxic has that name or Toxiproxy refuses.
+    pub async fn remove_toxic(&self, name: &str) -> Result<()> {
+        let path = format!("/proxies/{PROXY}/toxics/{name}");
+        self.api
+            .call(Method::DELETE, &path, None, || {
+                format!("removing toxic {name}")
+            })
+            .await?;
+        tracing::info!(proxy = %self.listen, toxic = %name, "toxic removed");
+        Ok(())
+    }
+
+    /// Removes every toxic (reset, stall, latency, bandwidth, and those of
+    /// [`add_toxic`](Self::add_toxic)), so data flows freely again; a proxy
+    /// that is [`cut`](Self::cut) stays cut.
     ///
     /// # Errors
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn clear(&self) -> Result<()> {
         for name in self.toxics().await? {
-            let path = format!("/proxies/{PROXY}/toxics/{name}");
-            self.api
-                .call(Method::DELETE, &path, None, || {
-                    format!("removing toxic {name}")
-                })
-                .await?;
-            tracing::info!(proxy = %self.listen, toxic = %name, "toxic removed");
+            self.remove_toxic(&name).await?;
         }
         Ok(())
     }
@@ -361,31 +494,23 @@ impl FaultProxy {
         Ok(())
     }
 
-    /// Adds `toxic`, or updates its attributes if one of its name is in
-    /// force already, so that calling a fault twice is not an error.
-    async fn add_toxic(&self, toxic: Toxic) -> Result<()> {
-        let body = toxic.to_json();
-        let path = format!("/proxies/{PROXY}/toxics");
-        let what = || format!("adding toxic {}", toxic.name);
-        let (status, text) = self
-            .api
-            .send(Method::POST, &path, Some(&body), what)
-            .await?;
-        if status == StatusCode::CONFLICT {
-            let path = format!("/proxies/{PROXY}/toxics/{}", toxic.name);
-            let what = || format!("updating toxic {}", toxic.name);
-            self.api.call(Method::POST, &path, Some(body), what).await?;
-        } else if !status.is_success() {
-            return Err(self.api.error(what(), format!("{status}: {text}")));
+    /// A toxic of type `kind` on every connection, downstream, named
+    /// `<kind>_downstream`.
+    async fn downstream(&self, kind: &str, attributes: Value) -> Result<()> {
+        let stream = ToxicStream::Downstream;
+        self.add_toxic(&stream.name(kind), kind, stream, 1.0, attributes)
+            .await
+    }
+
+    /// A toxic of type `kind` on every connection, upstream and downstream,
+    /// named `<kind>_upstream` and `<kind>_downstream`.
+    async fn both_ways(&self, kind: &str, attributes: Value) -> Result<()> {
+        for stream in [ToxicStream::Upstream, ToxicStream::Downstream] {
+            // Every connection, not a random share of them: tests must be
+            // deterministic.
+            self.add_toxic(&stream.name(kind), kind, stream, 1.0, attributes.clone())
+                .await?;
         }
-        tracing::info!(
-            proxy = %self.listen,
-            toxic = %toxic.name,
-            kind = toxic.kind,
-            stream = toxic.stream.as_str(),
-            attributes = %toxic.attributes,
-            "toxic in force"
-        );
         Ok(())
     }
 }
@@ -465,48 +590,28 @@ impl Api {
     }
 }
 
-/// Which way a toxic acts: on what the client sends (upstream) or on what
-/// the server sends back (downstream).
-#[derive(Debug, Clone, Copy)]
-enum Stream {
+/// Which way a toxic of a [`FaultProxy`] acts: on what the client sends or
+/// on what the server sends back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToxicStream {
+    /// What the client sends to the server.
     Upstream,
+    /// What the server sends back to the client.
     Downstream,
 }
 
-impl Stream {
-    fn as_str(self) -> &'static str {
+impl ToxicStream {
+    /// `upstream` or `downstream`, as Toxiproxy spells it.
+    pub fn as_str(self) -> &'static str {
         match self {
-            Stream::Upstream => "upstream",
-            Stream::Downstream => "downstream",
+            ToxicStream::Upstream => "upstream",
+            ToxicStream::Downstream => "downstream",
         }
     }
 
     /// `<kind>_<stream>`, the name Toxiproxy itself gives an unnamed toxic.
     fn name(self, kind: &str) -> String {
         format!("{kind}_{}", self.as_str())
-    }
-}
-
-/// One toxic as Toxiproxy's `POST /proxies/{proxy}/toxics` takes it.
-#[derive(Debug)]
-struct Toxic {
-    name: String,
-    kind: &'static str,
-    stream: Stream,
-    attributes: Value,
-}
-
-impl Toxic {
-    fn to_json(&self) -> Value {
-        json!({
-            "name": self.name,
-            "type": self.kind,
-            "stream": self.stream.as_str(),
-            // Every connection, not a random share of them: tests must be
-            // deterministic.
-            "toxicity": 1.0,
-            "attributes": self.attributes,
-        })
     }
 }
 

@@ -40,5 +40,5 @@ pub use binaries::{Binaries, KUBERNETES_VERSION, TOXIPROXY_VERSION, ToxiproxyBin
 pub use env::{Builder, TestEnv};
 pub use error::{Error, Result};
 pub use etcd_server::{EtcdServer, EtcdTls};
-pub use fault_proxy::FaultProxy;
+pub use fault_proxy::{FaultProxy, ToxicStream};
 pub use kubeconfig::CONTEXT;

@@ -155,6 +155,16 @@ impl Supervised {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Kills the process with `SIGKILL` at once, as a crash would, and reaps it.
+    pub(crate) fn kill(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        tracing::debug!(component = self.component, "killed");
+    }
 }
 
 impl Drop for Supervised {
