@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite on a fresh machine: installs what the tests need
-# and the machine lacks, then `cargo test --workspace --locked` (extra
-# arguments are passed on, e.g. `scripts/test.sh -p kube-informer`).
+# and the machine lacks, then `cargo test --workspace --locked` and a short
+# soak (`soak/`); extra arguments are passed on to cargo test, and then the
+# soak is left out (e.g. `scripts/test.sh -p kube-informer`).
 #
 # Needs: Rust, Go 1.26+ (builds the control plane once, cached), and root or
 # sudo for the Debian packages the traefik-operator needs.
@@ -27,4 +28,11 @@ if ! command -v traefik >/dev/null && [ -z "${TRAEFIK_BIN:-}" ]; then
 fi
 command -v go >/dev/null || { echo "error: Go 1.26+ is required (go not on PATH)" >&2; exit 1; }
 
-exec cargo test --workspace --locked "$@"
+cargo test --workspace --locked "$@"
+
+# The whole suite also soaks both informers under random combined faults (short
+# mode, a fresh seed each time, printed first so a failure can be replayed).
+if [ $# -eq 0 ]; then
+  echo "==> soak (short mode)"
+  cargo run -q --locked -p soak -- --seconds "${SOAK_SECONDS:-120}"
+fi

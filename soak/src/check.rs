@@ -1,0 +1,599 @@
+//! The checks: every stream of events (one handler of one subject, one resource) and
+//! every controller's reconciles held against the server's history.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::record::{
+    EventRecord, EventType, ObjectId, ReconcileRecord, Resource, ServerHistory, Stream,
+};
+
+/// What a violation broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// A key's events went back in resourceVersion.
+    Ordered,
+    /// An update or delete of a key the handler had no object for, or an add of one it had.
+    Lifecycle,
+    /// An event showed a state the server never had.
+    RealState,
+    /// The handler's last state of a key is not the server's final state.
+    FinalState,
+    /// A write made while no fault was active reached the handler late, or never.
+    Lag,
+    /// A controller's last reconcile of a key did not see the key's final state.
+    LevelTriggered,
+    /// A controller reconciled one key twice at once.
+    Exclusive,
+    /// Something the run itself observed: a panic, an error logged without its cause,
+    /// tasks left running, a subject that did not stop cleanly.
+    Process,
+}
+
+/// One broken promise.
+#[derive(Clone, Debug, Serialize)]
+pub struct Violation {
+    pub rule: Rule,
+    /// The stream or controller, or the process.
+    pub source: String,
+    pub key: String,
+    pub detail: String,
+}
+
+/// The bounds the checks hold the run to.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// The most a write made in calm may take to reach a fast handler.
+    pub calm_lag_ns: i64,
+}
+
+/// When the checks count a write as made in calm: no fault active, none lifted within
+/// the grace before it, none applied within the lag bound after it, and the subjects
+/// synced.
+#[derive(Clone, Debug, Default)]
+pub struct Calm {
+    /// Windows (from, to), Unix ns, in which writes are not held to the lag bound.
+    pub unsettled: Vec<(i64, i64)>,
+}
+
+impl Calm {
+    pub fn contains(&self, at_ns: i64) -> bool {
+        !self
+            .unsettled
+            .iter()
+            .any(|&(from, to)| at_ns >= from && at_ns <= to)
+    }
+}
+
+/// What the checks found and measured.
+#[derive(Debug, Default, Serialize)]
+pub struct Findings {
+    pub violations: Vec<Violation>,
+    /// Events checked, per stream.
+    pub events: BTreeMap<String, usize>,
+    /// Calm writes' delivery lag per stream, milliseconds: p50, p99, max, count.
+    pub calm_lag_ms: BTreeMap<String, LagSummary>,
+    pub reconciles: BTreeMap<String, usize>,
+}
+
+/// A lag distribution.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LagSummary {
+    pub count: usize,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl LagSummary {
+    pub fn of(mut lags_ns: Vec<i64>) -> Self {
+        lags_ns.sort_unstable();
+        let at = |p: f64| {
+            if lags_ns.is_empty() {
+                return 0.0;
+            }
+            let rank = ((p * lags_ns.len() as f64).ceil() as usize).clamp(1, lags_ns.len());
+            lags_ns[rank - 1] as f64 / 1e6
+        };
+        Self {
+            count: lags_ns.len(),
+            p50_ms: at(0.5),
+            p99_ms: at(0.99),
+            max_ms: at(1.0),
+        }
+    }
+}
+
+/// The events of each stream, in the order its handler saw them.
+pub fn streams(events: &[EventRecord]) -> BTreeMap<Stream, Vec<&EventRecord>> {
+    let mut streams: BTreeMap<Stream, Vec<&EventRecord>> = BTreeMap::new();
+    for event in events {
+        streams.entry(event.stream()).or_default().push(event);
+    }
+    streams
+}
+
+/// A handler's view of one key after its events: the marker it holds, if any.
+pub fn handler_state(events: &[&EventRecord]) -> HashMap<String, Option<u64>> {
+    let mut state = HashMap::new();
+    for event in events {
+        let held = match event.kind {
+            EventType::Add | EventType::Update => event.marker(),
+            EventType::Delete => None,
+        };
+        state.insert(event.key.clone(), held);
+    }
+    state
+}
+
+/// Whether a stream's handler holds every object's final state.
+pub fn converged(history: &ServerHistory, resource: Resource, events: &[&EventRecord]) -> bool {
+    let held = handler_state(events);
+    history
+        .states
+        .iter()
+        .filter(|(id, _)| id.resource == resource)
+        .all(|(id, states)| {
+            let last = states.last().and_then(|s| s.marker);
+            held.get(&id.key).copied().flatten() == last
+        })
+}
+
+/// Checks every stream and controller.
+pub fn check(
+    history: &ServerHistory,
+    events: &[EventRecord],
+    reconciles: &[ReconcileRecord],
+    calm: &Calm,
+    bounds: Bounds,
+) -> Findings {
+    let mut findings = Findings::default();
+    for (stream, events) in streams(events) {
+        findings.events.insert(stream.to_string(), events.len());
+        check_stream(history, &stream, &events, &mut findings.violations);
+        if stream.handler == "fast" {
+            let lags = calm_lags(
+                history,
+                &stream,
+                &events,
+                calm,
+                bounds,
+                &mut findings.violations,
+            );
+            findings
+                .calm_lag_ms
+                .insert(stream.to_string(), LagSummary::of(lags));
+        }
+    }
+    let mut by_controller: BTreeMap<&str, Vec<&ReconcileRecord>> = BTreeMap::new();
+    for record in reconciles {
+        by_controller
+            .entry(&record.controller)
+            .or_default()
+            .push(record);
+    }
+    for (controller, records) in by_controller {
+        findings
+            .reconciles
+            .insert(controller.to_owned(), records.len());
+        check_controller(history, controller, &records, &mut findings.violations);
+    }
+    findings
+}
+
+fn check_stream(
+    history: &ServerHistory,
+    stream: &Stream,
+    events: &[&EventRecord],
+    violations: &mut Vec<Violation>,
+) {
+    let mut violate = |rule, key: &str, detail: String| {
+        violations.push(Violation {
+            rule,
+            source: stream.to_string(),
+            key: key.to_owned(),
+            detail,
+        });
+    };
+    let mut held: HashMap<&str, Option<u64>> = HashMap::new();
+    let mut last_rv: HashMap<&str, u64> = HashMap::new();
+    for event in events {
+        let key = event.key.as_str();
+        let id = ObjectId {
+            resource: stream.resource,
+            key: key.to_owned(),
+        };
+        let Some(rv) = event.resource_version() else {
+            violate(
+                Rule::RealState,
+                key,
+                format!("resourceVersion {:?} is not a number", event.rv),
+            );
+            continue;
+        };
+        if let Some(&before) = last_rv.get(key)
+            && rv < before
+        {
+            violate(
+                Rule::Ordered,
+                key,
+                format!("{:?} at resourceVersion {rv} after {before}", event.kind),
+            );
+        }
+        last_rv.insert(key, rv);
+        let present = held.get(key).copied().flatten().is_some();
+        match (event.kind, present) {
+            (EventType::Add, true) => violate(
+                Rule::Lifecycle,
+                key,
+                format!("add at {rv} of an object the handler already had"),
+            ),
+            (EventType::Update, false) => violate(
+                Rule::Lifecycle,
+                key,
+                format!(
+                    "update at {rv} of an object the handler did not have (deleted, never added)"
+                ),
+            ),
+            (EventType::Delete, false) => violate(
+                Rule::Lifecycle,
+                key,
+                format!("delete at {rv} of an object the handler did not have"),
+            ),
+            _ => {}
+        }
+        let states = history
+            .states
+            .get(&id)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match event.marker() {
+            None => violate(
+                Rule::RealState,
+                key,
+                format!("{:?} at {rv} of an object no write made", event.kind),
+            ),
+            Some(marker) => {
+                let with_marker: Vec<_> =
+                    states.iter().filter(|s| s.marker == Some(marker)).collect();
+                if with_marker.is_empty() {
+                    violate(
+                        Rule::RealState,
+                        key,
+                        format!(
+                            "{:?} at {rv} shows write {marker}, which the server never held for this key",
+                            event.kind
+                        ),
+                    );
+                } else if event.kind != EventType::Delete
+                    && !(event.deleting && deleted_after(states, marker))
+                    && !with_marker
+                        .iter()
+                        .any(|s| s.resource_version.is_none_or(|known| known == rv))
+                {
+                    violate(
+                        Rule::RealState,
+                        key,
+                        format!(
+                            "{:?} shows write {marker} at resourceVersion {rv}; the server gave it {:?}",
+                            event.kind,
+                            with_marker
+                                .iter()
+                                .map(|s| s.resource_version)
+                                .collect::<Vec<_>>()
+                        ),
+                    );
+                }
+            }
+        }
+        held.insert(
+            key,
+            match event.kind {
+                EventType::Delete => None,
+                _ => event.marker().or(Some(0)),
+            },
+        );
+    }
+    for (id, states) in history
+        .states
+        .iter()
+        .filter(|(id, _)| id.resource == stream.resource)
+    {
+        let last = states.last().and_then(|s| s.marker);
+        let holds = held.get(id.key.as_str()).copied().flatten();
+        if holds != last {
+            violate(
+                Rule::FinalState,
+                &id.key,
+                format!(
+                    "the handler holds write {holds:?}; the server's final state is write {last:?}"
+                ),
+            );
+        }
+    }
+}
+
+/// Whether the server deleted the object after write `marker`: the states a deletion
+/// passes through (deletionTimestamp set, finalizers and conditions written) show that
+/// write's marker at versions the writer never saw.
+fn deleted_after(states: &[crate::record::ServerState], marker: u64) -> bool {
+    states
+        .iter()
+        .skip_while(|s| s.marker != Some(marker))
+        .any(|s| !s.exists())
+}
+
+/// The lag of every write made in calm to its first event in the stream; a missing
+/// event or a lag past the bound is a violation.
+fn calm_lags(
+    history: &ServerHistory,
+    stream: &Stream,
+    events: &[&EventRecord],
+    calm: &Calm,
+    bounds: Bounds,
+    violations: &mut Vec<Violation>,
+) -> Vec<i64> {
+    let mut first_seen: HashMap<(&str, u64), i64> = HashMap::new();
+    for event in events {
+        if let (Some(marker), false) = (event.marker(), event.kind == EventType::Delete) {
+            first_seen
+                .entry((&event.key, marker))
+                .or_insert(event.at_ns);
+        }
+    }
+    let mut lags = Vec::new();
+    for (id, states) in history
+        .states
+        .iter()
+        .filter(|(id, _)| id.resource == stream.resource)
+    {
+        for state in states {
+            let Some(marker) = state.marker else { continue };
+            if !state.answered || !calm.contains(state.known_at_ns) {
+                continue;
+            }
+            match first_seen.get(&(id.key.as_str(), marker)) {
+                Some(&seen) => {
+                    let lag = (seen - state.known_at_ns).max(0);
+                    if lag > bounds.calm_lag_ns {
+                        violations.push(Violation {
+                            rule: Rule::Lag,
+                            source: stream.to_string(),
+                            key: id.key.clone(),
+                            detail: format!("write {marker} took {} ms to arrive", lag / 1_000_000),
+                        });
+                    }
+                    lags.push(lag);
+                }
+                None => violations.push(Violation {
+                    rule: Rule::Lag,
+                    source: stream.to_string(),
+                    key: id.key.clone(),
+                    detail: format!("write {marker}, made in calm, never arrived"),
+                }),
+            }
+        }
+    }
+    lags
+}
+
+fn check_controller(
+    history: &ServerHistory,
+    controller: &str,
+    records: &[&ReconcileRecord],
+    violations: &mut Vec<Violation>,
+) {
+    let mut last: HashMap<&str, &ReconcileRecord> = HashMap::new();
+    for record in records {
+        let entry = last.entry(&record.key).or_insert(record);
+        if record.started_ns >= entry.started_ns {
+            *entry = record;
+        }
+    }
+    for (id, states) in history
+        .states
+        .iter()
+        .filter(|(id, _)| id.resource == Resource::Pods)
+    {
+        let final_marker = states.last().and_then(|s| s.marker);
+        let seen = last.get(id.key.as_str());
+        let ok = match (final_marker, seen) {
+            (Some(marker), Some(record)) => record.marker == Some(marker),
+            (Some(_), None) => false,
+            (None, Some(record)) => record.marker.is_none(),
+            (None, None) => true,
+        };
+        if !ok {
+            violations.push(Violation {
+                rule: Rule::LevelTriggered,
+                source: controller.to_owned(),
+                key: id.key.clone(),
+                detail: format!(
+                    "last reconcile saw write {:?}; the final state is write {final_marker:?}",
+                    seen.map(|r| r.marker)
+                ),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::ServerState;
+
+    fn state(marker: Option<u64>, rv: Option<u64>, at: i64) -> ServerState {
+        ServerState {
+            marker,
+            resource_version: rv,
+            known_at_ns: at,
+            answered: true,
+        }
+    }
+
+    fn event(kind: EventType, key: &str, rv: u64, marker: u64, at: i64) -> EventRecord {
+        EventRecord {
+            subject: "s".into(),
+            handler: "fast".into(),
+            resource: Resource::Pods,
+            kind,
+            key: key.into(),
+            rv: rv.to_string(),
+            marker: marker.to_string(),
+            initial: false,
+            resync: false,
+            tombstone: false,
+            deleting: false,
+            at_ns: at,
+        }
+    }
+
+    /// One object created (write 1 at rv 10), updated (write 2 at rv 11), deleted, and
+    /// created again (write 4 at rv 13).
+    fn history() -> ServerHistory {
+        let mut history = ServerHistory::default();
+        history.states.insert(
+            ObjectId {
+                resource: Resource::Pods,
+                key: "ns/a".into(),
+            },
+            vec![
+                state(Some(1), Some(10), 1_000),
+                state(Some(2), Some(11), 2_000),
+                state(None, None, 3_000),
+                state(Some(4), Some(13), 4_000),
+            ],
+        );
+        history
+    }
+
+    fn faithful() -> Vec<EventRecord> {
+        vec![
+            event(EventType::Add, "ns/a", 10, 1, 1_100),
+            event(EventType::Update, "ns/a", 11, 2, 2_100),
+            event(EventType::Delete, "ns/a", 12, 2, 3_100),
+            event(EventType::Add, "ns/a", 13, 4, 4_100),
+        ]
+    }
+
+    fn rules(events: &[EventRecord], reconciles: &[ReconcileRecord]) -> Vec<Rule> {
+        let bounds = Bounds { calm_lag_ns: 500 };
+        check(&history(), events, reconciles, &Calm::default(), bounds)
+            .violations
+            .into_iter()
+            .map(|v| v.rule)
+            .collect()
+    }
+
+    #[test]
+    fn a_faithful_history_passes() {
+        assert_eq!(rules(&faithful(), &[]), []);
+    }
+
+    #[test]
+    fn a_dropped_update_is_caught_by_the_lag_check() {
+        let mut events = faithful();
+        events.remove(1);
+        assert_eq!(rules(&events, &[]), [Rule::Lag]);
+    }
+
+    #[test]
+    fn a_lost_delete_is_caught() {
+        let mut events = faithful();
+        events.remove(2);
+        assert_eq!(rules(&events, &[]), [Rule::Lifecycle]);
+    }
+
+    #[test]
+    fn a_state_the_server_never_had_is_caught() {
+        let mut events = faithful();
+        events[1].marker = "3".into();
+        let found = rules(&events, &[]);
+        assert!(found.contains(&Rule::RealState), "{found:?}");
+        let mut events = faithful();
+        events[1].rv = "12".into();
+        assert!(rules(&events, &[]).contains(&Rule::RealState));
+    }
+
+    #[test]
+    fn a_deletion_in_progress_is_a_real_state_only_before_a_delete() {
+        // Write 2 being deleted, at a version the writer never saw: the server had it.
+        let mut events = faithful();
+        let mut deleting = event(EventType::Update, "ns/a", 12, 2, 2_900);
+        deleting.deleting = true;
+        events.insert(2, deleting.clone());
+        assert_eq!(rules(&events, &[]), []);
+        // Write 4 was never deleted: no such state.
+        let mut events = faithful();
+        deleting.marker = "4".into();
+        deleting.rv = "14".into();
+        events.push(deleting);
+        assert!(rules(&events, &[]).contains(&Rule::RealState));
+    }
+
+    #[test]
+    fn events_out_of_order_are_caught() {
+        let mut events = faithful();
+        events.swap(0, 1);
+        let found = rules(&events, &[]);
+        assert!(found.contains(&Rule::Ordered), "{found:?}");
+        assert!(found.contains(&Rule::Lifecycle), "{found:?}");
+    }
+
+    #[test]
+    fn a_missed_final_state_is_caught() {
+        let mut events = faithful();
+        events.pop();
+        let found = rules(&events, &[]);
+        assert!(found.contains(&Rule::FinalState), "{found:?}");
+    }
+
+    #[test]
+    fn a_late_write_breaks_the_lag_bound() {
+        let mut events = faithful();
+        events[1].at_ns = 2_000 + 501;
+        assert_eq!(rules(&events, &[]), [Rule::Lag]);
+        // The same write, made while a fault was settling, is not held to it.
+        let calm = Calm {
+            unsettled: vec![(1_900, 2_100)],
+        };
+        let bounds = Bounds { calm_lag_ns: 500 };
+        assert!(
+            check(&history(), &events, &[], &calm, bounds)
+                .violations
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_controller_must_see_the_final_state_last() {
+        let reconcile = |marker, at| ReconcileRecord {
+            controller: "c".into(),
+            key: "ns/a".into(),
+            marker,
+            started_ns: at,
+            finished_ns: at + 1,
+        };
+        let events = faithful();
+        assert_eq!(
+            rules(
+                &events,
+                &[reconcile(Some(2), 2_200), reconcile(Some(4), 4_200)]
+            ),
+            []
+        );
+        assert_eq!(
+            rules(
+                &events,
+                &[reconcile(Some(4), 4_200), reconcile(None, 4_300)]
+            ),
+            [Rule::LevelTriggered]
+        );
+        assert_eq!(
+            rules(&events, &[reconcile(Some(2), 2_200)]),
+            [Rule::LevelTriggered]
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! client-go's subject: `benches/go-subject/soak`, a Pod informer and a dynamic widget
+//! informer with the same three handlers, run as a process through its own proxy and
+//! writing its events to a file in the records' JSON form.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    process::{Child, ChildStdin},
+    sync::watch,
+};
+use tracing::{info, warn};
+
+use crate::{record::EventRecord, subject::Tuning, writer::WIDGET_GROUP};
+
+/// The subject's name in records and reports.
+pub const NAME: &str = "client-go";
+
+/// Builds the subject with `go build`, beside this executable.
+///
+/// # Errors
+///
+/// When Go is missing or the build fails.
+pub fn build() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("the executable has a directory")?;
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/go-subject");
+    let binary = dir.join("soak-subject-client-go");
+    info!(module = %module.display(), "building the client-go subject");
+    let status = std::process::Command::new("go")
+        .args(["build", "-trimpath", "-o"])
+        .arg(&binary)
+        .arg("./soak")
+        .current_dir(&module)
+        .status()
+        .context("running go build (is Go installed?)")?;
+    if !status.success() {
+        bail!(
+            "go build of ./soak in {} failed: {status}",
+            module.display()
+        );
+    }
+    Ok(binary)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Line {
+    Synced {},
+    LateAdded {},
+    WatchError {},
+    Done { events: u64 },
+}
+
+/// What the subject has said on stdout.
+#[derive(Clone, Debug, Default)]
+pub struct Said {
+    pub synced: bool,
+    pub late_added: bool,
+    pub watch_errors: u64,
+    pub done: Option<u64>,
+    pub ended: bool,
+}
+
+/// The running subject.
+pub struct Subject {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    said: watch::Receiver<Said>,
+    events: PathBuf,
+    pid: u32,
+}
+
+impl Subject {
+    /// Starts `binary` on `kubeconfig` (the subject's proxy), writing events to
+    /// `events` and its log to `log`.
+    ///
+    /// # Errors
+    ///
+    /// When the process cannot start.
+    pub fn spawn(
+        binary: &Path,
+        kubeconfig: &Path,
+        events: PathBuf,
+        log: &Path,
+        tuning: Tuning,
+    ) -> anyhow::Result<Self> {
+        let stderr = std::fs::File::create(log)
+            .with_context(|| format!("creating the subject log {}", log.display()))?;
+        let mut command = tokio::process::Command::new(binary);
+        command
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--events")
+            .arg(&events)
+            .args(["--widgets-group", WIDGET_GROUP])
+            .arg(format!(
+                "--slow-handler-delay={}ms",
+                tuning.slow_handler_delay.as_millis()
+            ));
+        if let Some(timeout) = tuning.watch_timeout {
+            command.arg(format!("--watch-timeout-seconds={}", timeout.as_secs()));
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        let pid = child.id().context("the subject has a pid")?;
+        let stdout = child.stdout.take().context("stdout is piped")?;
+        let stdin = child.stdin.take();
+        let (tx, said) = watch::channel(Said::default());
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                match serde_json::from_str::<Line>(&line) {
+                    Ok(Line::Synced {}) => tx.send_modify(|s| s.synced = true),
+                    Ok(Line::LateAdded {}) => tx.send_modify(|s| s.late_added = true),
+                    Ok(Line::WatchError {}) => tx.send_modify(|s| s.watch_errors += 1),
+                    Ok(Line::Done { events }) => tx.send_modify(|s| s.done = Some(events)),
+                    Err(error) => warn!(subject = NAME, %line, %error, "unreadable subject line"),
+                }
+            }
+            tx.send_modify(|s| s.ended = true);
+        });
+        Ok(Self {
+            child,
+            stdin,
+            said,
+            events,
+            pid,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    pub fn said(&self) -> Said {
+        self.said.borrow().clone()
+    }
+
+    /// Tells the subject to add its late handlers.
+    ///
+    /// # Errors
+    ///
+    /// When the subject's stdin is closed.
+    pub async fn add_late_handlers(&mut self) -> anyhow::Result<()> {
+        let stdin = self.stdin.as_mut().context("the subject was stopped")?;
+        stdin.write_all(b"late\n").await?;
+        stdin.flush().await?;
+        Ok(())
+    }
+
+    /// The events written so far (the subject flushes its file every 200 ms).
+    ///
+    /// # Errors
+    ///
+    /// When the file cannot be read; an unreadable line is an error too.
+    pub fn events(&self) -> anyhow::Result<Vec<EventRecord>> {
+        read_events(&self.events)
+    }
+
+    /// Closes stdin, the subject's signal to stop, and waits for it to exit; returns
+    /// whether it exited cleanly within `patience`.
+    pub async fn stop(mut self, patience: Duration) -> anyhow::Result<bool> {
+        drop(self.stdin.take());
+        match tokio::time::timeout(patience, self.child.wait()).await {
+            Ok(status) => Ok(status?.success()),
+            Err(_) => {
+                self.child.kill().await?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+fn read_events(path: &Path) -> anyhow::Result<Vec<EventRecord>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    // The last line may be cut short by a flush in progress.
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).with_context(|| format!("an unreadable event: {line}"))
+        })
+        .collect()
+}

@@ -1,0 +1,679 @@
+//! `soak`: kube-informer's and client-go's informers under steady load and random
+//! combined faults on a real control plane, every handler's event history and every
+//! reconcile checked against the server's history.
+//!
+//! A writer changes a few hundred (or thousand) Pods and custom resources across
+//! namespaces at a steady rate, recording each write as the server answered it. Faults
+//! drawn from the seed fire meanwhile, several at once at times: connection resets,
+//! stalls, latency and bandwidth limits through a Toxiproxy in front of each subject,
+//! kube-apiserver killed and restarted, etcd compacted (watches get 410 Gone), etcd
+//! restarted; the subjects' watch timeouts may be made short. When the load stops, the
+//! faults are lifted and every subject must reach the server's final state within a
+//! bound; then the checks of [`check`] run over everything recorded, and the last line
+//! says how many violations they found.
+//!
+//! ```text
+//! cargo run -p soak -- --seconds 120           # the short mode CI runs
+//! cargo run -p soak -- --seconds 1800 --seed 7 # a long run; the seed replays its faults
+//! ```
+
+mod check;
+mod client_go;
+mod faults;
+mod record;
+mod subject;
+mod watchdog;
+mod writer;
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use k8s_openapi::{
+    api::core::v1::Namespace,
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
+use kube_client::{
+    Api, Client,
+    api::{DynamicObject, ListParams, PostParams},
+};
+use kube_testenv::{FaultProxy, TestEnv};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
+
+use crate::{
+    check::{Bounds, Calm, Findings, LagSummary, Rule, Violation},
+    faults::{FaultKind, Injected},
+    record::{EventRecord, Resource, ServerHistory, unix_nanos},
+    subject::Tuning,
+    watchdog::{MemorySample, Uncaused},
+    writer::{Load, Writer},
+};
+
+/// Runs kube-informer's and client-go's informers under steady load and random combined
+/// faults on a real control plane, and checks every event history against the server's.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "soak")]
+struct Args {
+    /// How long the load and the faults last, seconds (about 120 is the short mode CI
+    /// runs; 1800 or more is a long run).
+    #[arg(long, default_value_t = 120)]
+    seconds: u64,
+    /// The seed of the fault schedule and the writer's choices; a random one is drawn and
+    /// printed when none is given.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Pods the writer changes.
+    #[arg(long, default_value_t = 600)]
+    pods: usize,
+    /// Widgets (the run's custom resource) the writer changes.
+    #[arg(long, default_value_t = 300)]
+    widgets: usize,
+    /// Namespaces the objects are spread over.
+    #[arg(long, default_value_t = 3)]
+    namespaces: usize,
+    /// Writes per second.
+    #[arg(long, default_value_t = 40.0)]
+    rate: f64,
+    /// During a storm, a fault starts about this often, seconds.
+    #[arg(long, default_value_t = 5)]
+    fault_every: u64,
+    /// Storms of faults last this long, seconds.
+    #[arg(long, default_value_t = 30)]
+    storm_seconds: u64,
+    /// Calm spells, without faults, last this long, seconds; the run starts with one.
+    #[arg(long, default_value_t = 20)]
+    calm_seconds: u64,
+    /// The kinds of fault to draw from (all by default).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultKind>,
+    /// Runs kube-informer's subject alone.
+    #[arg(long)]
+    no_client_go: bool,
+    /// The bound on a write's delivery to a fast handler while no fault is active, ms.
+    #[arg(long, default_value_t = 5_000)]
+    lag_bound_ms: u64,
+    /// How long after a fault is lifted writes are not yet held to the lag bound, seconds
+    /// (a watch reconnects with backoff; a relist takes time).
+    #[arg(long, default_value_t = 8)]
+    grace_seconds: u64,
+    /// The bound on reaching the final state once the load and faults stop, seconds
+    /// (slow handlers included).
+    #[arg(long, default_value_t = 120)]
+    settle_seconds: u64,
+    /// Writes the whole report as JSON here.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Writes what the checks read into this directory: the server's history as the
+    /// writer recorded it, every event and every reconcile (JSON).
+    #[arg(long)]
+    records: Option<PathBuf>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 4)]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let uncaused = Uncaused::default();
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(
+                    EnvFilter::try_from_default_env()
+                        .unwrap_or_else(|_| "info,kube_informer=warn".into()),
+                ),
+        )
+        .with(uncaused.clone())
+        .init();
+    watchdog::count_panics();
+    let seed = args.seed.unwrap_or_else(|| rand::rng().random());
+    println!(
+        "seed {seed} (replay its faults with: soak --seed {seed} --seconds {})",
+        args.seconds
+    );
+    let report = run(&args, seed, uncaused).await?;
+    if let Some(path) = &args.report {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    print_report(&report);
+    // client-go's subject runs beside ours for comparison: what it breaks is reported,
+    // not counted against this library.
+    let (theirs, ours): (Vec<_>, Vec<_>) = report
+        .findings
+        .violations
+        .iter()
+        .partition(|v| v.source.starts_with(client_go::NAME));
+    println!(
+        "client-go's subject: {} violations (for comparison)",
+        theirs.len()
+    );
+    println!("{} violations", ours.len());
+    if !ours.is_empty() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Everything a run found and measured.
+#[derive(Debug, Serialize)]
+struct Report {
+    seed: u64,
+    seconds: u64,
+    tuning: String,
+    writes: u64,
+    unanswered_writes: u64,
+    faults: Vec<Injected>,
+    late_handlers_added_during_relist: bool,
+    /// Per stream, seconds from the end of the load and faults to its final state.
+    settled_s: BTreeMap<String, Option<f64>>,
+    /// Per fault kind and subject, the worst lag of a write made during the fault or its
+    /// grace to reach the fast handler, ms.
+    worst_lag_after_fault_ms: BTreeMap<String, f64>,
+    memory: Vec<MemorySample>,
+    findings: Findings,
+}
+
+async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Report> {
+    let client_go_binary = if args.no_client_go {
+        None
+    } else {
+        Some(client_go::build()?)
+    };
+    info!("starting the control plane");
+    let env = Arc::new(TestEnv::builder().start().await?);
+    let tasks_before = tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks();
+    let admin = env.client().await?;
+    let namespaces = prepare(&admin, args.namespaces).await?;
+    let writer = Writer::new(
+        &admin,
+        Load {
+            namespaces,
+            pods: args.pods,
+            widgets: args.widgets,
+            rate: args.rate,
+            workers: 8,
+        },
+    );
+    info!(
+        pods = args.pods,
+        widgets = args.widgets,
+        "creating the objects"
+    );
+    writer.populate(16).await?;
+
+    let mut rng = StdRng::seed_from_u64(seed);
+    let tuning = Tuning {
+        watch_timeout: rng
+            .random_bool(0.5)
+            .then(|| Duration::from_secs(rng.random_range(10..30))),
+        slow_handler_delay: Duration::from_millis(10),
+    };
+    info!(?tuning, "starting the subjects");
+    let proxies = Arc::new(vec![
+        FaultProxy::for_apiserver(&env).await?,
+        FaultProxy::for_apiserver(&env).await?,
+    ]);
+    let subject_client = kube_informer::client(env.config_via(&proxies[0]).await?)?;
+    let mut subject = subject::Subject::start(subject_client, tuning)?;
+    let scratch = env.dir().join("soak");
+    std::fs::create_dir_all(&scratch)?;
+    let mut client_go = match &client_go_binary {
+        Some(binary) => {
+            let kubeconfig = scratch.join("client-go.kubeconfig");
+            env.kubeconfig_via(&proxies[1], &kubeconfig)?;
+            Some(client_go::Subject::spawn(
+                binary,
+                &kubeconfig,
+                scratch.join("client-go-events.jsonl"),
+                &scratch.join("client-go.log"),
+                tuning,
+            )?)
+        }
+        None => None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(subject.has_synced() && client_go.as_ref().is_none_or(|c| c.said().synced)) {
+        if Instant::now() > deadline {
+            bail!("the subjects did not sync within 120 s");
+        }
+        if client_go.as_ref().is_some_and(|c| c.said().ended) {
+            bail!(
+                "client-go's subject exited; see {}",
+                scratch.join("client-go.log").display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let synced_ns = unix_nanos();
+    info!("both subjects synced; the load and the faults start");
+
+    let span = Duration::from_secs(args.seconds);
+    let kinds = if args.faults.is_empty() {
+        vec![
+            FaultKind::Reset,
+            FaultKind::Stall,
+            FaultKind::Latency,
+            FaultKind::Bandwidth,
+            FaultKind::KillApiserver,
+            FaultKind::Compact,
+            FaultKind::CompactAndKill,
+            FaultKind::RestartEtcd,
+        ]
+    } else {
+        args.faults.clone()
+    };
+    let schedule = faults::plan(
+        seed,
+        span,
+        Duration::from_secs(args.fault_every),
+        Duration::from_secs(args.calm_seconds),
+        Duration::from_secs(args.storm_seconds),
+        &kinds,
+    );
+    info!(faults = schedule.len(), "fault schedule drawn");
+    let started = tokio::time::Instant::now();
+    let stop_load = CancellationToken::new();
+    let fault_log = faults::Log::default();
+    let load = tokio::spawn(writer.clone().run(seed, stop_load.clone()));
+    let injector = tokio::spawn(faults::inject(
+        env.clone(),
+        proxies.clone(),
+        schedule,
+        started,
+        fault_log.clone(),
+        stop_load.clone(),
+    ));
+    let mut memory = Vec::new();
+    let mut late_added = None;
+    let lists_at_start = subject.lists();
+    let mut progress = tokio::time::interval(Duration::from_secs(1));
+    let recorded = writer.recorded();
+    while started.elapsed() < span {
+        progress.tick().await;
+        let elapsed = started.elapsed();
+        memory.push(sample(elapsed, client_go.as_ref()));
+        // The late handlers join during a relist: the first one after half the run, or
+        // at three quarters of it if none comes.
+        if late_added.is_none()
+            && elapsed >= span / 2
+            && (subject.lists() > lists_at_start || elapsed >= span * 3 / 4)
+        {
+            let during_relist = subject.lists() > lists_at_start;
+            subject.add_late_handlers()?;
+            if let Some(client_go) = &mut client_go {
+                client_go.add_late_handlers().await?;
+            }
+            info!(during_relist, "late handlers added");
+            late_added = Some(during_relist);
+        }
+        if elapsed.as_secs().is_multiple_of(10) {
+            info!(
+                elapsed_s = elapsed.as_secs(),
+                writes = recorded.writes(),
+                faults = fault_log.snapshot().len(),
+                "soaking"
+            );
+        }
+    }
+    stop_load.cancel();
+    load.await?;
+    injector.await?;
+    if !env.apiserver_running() {
+        env.start_apiserver().await?;
+    }
+    let quiet_ns = unix_nanos();
+    info!(
+        writes = recorded.writes(),
+        "load and faults stopped; waiting for every subject to settle"
+    );
+
+    let history = recorded.history();
+    let settle = Duration::from_secs(args.settle_seconds);
+    let settled_s = settle_all(&history, &subject, client_go.as_ref(), settle, quiet_ns).await?;
+
+    let mut events = subject.events.snapshot();
+    let reconciles_recorded = subject.reconciles.clone();
+    let mut process = Vec::new();
+    if let Err(error) = subject.stop().await {
+        process.push(format!(
+            "kube-informer's subject did not stop cleanly: {error:#}"
+        ));
+    }
+    if let Some(client_go) = client_go.take() {
+        let said_before = client_go.said();
+        events.extend(client_go.events()?);
+        let clean = client_go.stop(Duration::from_secs(10)).await?;
+        if !clean {
+            process.push("client-go's subject did not exit cleanly".to_owned());
+        }
+        if late_added.is_some() && !said_before.late_added {
+            process.push("client-go's subject did not confirm its late handlers".to_owned());
+        }
+    }
+    drop(writer);
+    drop(admin);
+    let left = tasks_left(tasks_before).await;
+    if left > 0 {
+        process.push(format!(
+            "{left} tasks still running after the subjects stopped"
+        ));
+    }
+
+    let faults = fault_log.snapshot();
+    let grace = Duration::from_secs(args.grace_seconds).as_nanos() as i64;
+    let lag_bound = Duration::from_millis(args.lag_bound_ms).as_nanos() as i64;
+    let mut calm = Calm {
+        unsettled: vec![(0, synced_ns + grace)],
+    };
+    for fault in &faults {
+        calm.unsettled
+            .push((fault.applied_ns - lag_bound, fault.lifted_ns + grace));
+    }
+    let reconciles = reconciles_recorded.snapshot();
+    if let Some(dir) = &args.records {
+        save_records(dir, &history, &events, &reconciles)?;
+    }
+    let mut findings = check::check(
+        &history,
+        &events,
+        &reconciles,
+        &calm,
+        Bounds {
+            calm_lag_ns: lag_bound,
+        },
+    );
+    for key in reconciles_recorded.overlaps() {
+        findings.violations.push(Violation {
+            rule: Rule::Exclusive,
+            source: "controller".into(),
+            key,
+            detail: "two reconciles of one key at once".into(),
+        });
+    }
+    for panic in watchdog::panics() {
+        process.push(format!("panic: {panic}"));
+    }
+    for line in uncaused.snapshot() {
+        process.push(format!("an error logged without its cause: {line}"));
+    }
+    for fault in faults.iter().filter(|f| f.error.is_some()) {
+        process.push(format!(
+            "the fault {:?} was not injected: {}",
+            fault.kind,
+            fault.error.as_deref().unwrap_or_default()
+        ));
+    }
+    for detail in process {
+        findings.violations.push(Violation {
+            rule: Rule::Process,
+            source: "process".into(),
+            key: String::new(),
+            detail,
+        });
+    }
+    Ok(Report {
+        seed,
+        seconds: args.seconds,
+        tuning: format!("{tuning:?}"),
+        writes: recorded.writes(),
+        unanswered_writes: recorded.unanswered(),
+        worst_lag_after_fault_ms: worst_lag_after_faults(&history, &events, &faults, grace),
+        faults,
+        late_handlers_added_during_relist: late_added.unwrap_or(false),
+        settled_s,
+        memory,
+        findings,
+    })
+}
+
+fn save_records(
+    dir: &std::path::Path,
+    history: &ServerHistory,
+    events: &[EventRecord],
+    reconciles: &[record::ReconcileRecord],
+) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let states: Vec<_> = history.states.iter().collect();
+    std::fs::write(dir.join("history.json"), serde_json::to_vec(&states)?)?;
+    std::fs::write(dir.join("events.json"), serde_json::to_vec(events)?)?;
+    std::fs::write(dir.join("reconciles.json"), serde_json::to_vec(reconciles)?)?;
+    Ok(())
+}
+
+/// Namespaces and the custom resource, ready to serve.
+async fn prepare(client: &Client, count: usize) -> anyhow::Result<Vec<String>> {
+    let mut namespaces = Vec::new();
+    for i in 0..count {
+        let name = format!("soak-{i}");
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name }
+        }))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        namespaces.push(name);
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(writer::widget_crd())?;
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await?;
+    let widgets = Api::<DynamicObject>::all_with(client.clone(), &writer::widget_resource());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while widgets.list(&ListParams::default().limit(1)).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("the widgets' CustomResourceDefinition was not served within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(namespaces)
+}
+
+fn sample(elapsed: Duration, client_go: Option<&client_go::Subject>) -> MemorySample {
+    MemorySample {
+        at_s: elapsed.as_secs_f64(),
+        driver_kib: watchdog::rss_kib("self"),
+        client_go_kib: client_go.map_or(0, |c| watchdog::rss_kib(&c.pid().to_string())),
+    }
+}
+
+/// Waits until every stream and controller holds the final state, or `bound` passes;
+/// returns the seconds each stream took (`None`: not within the bound).
+async fn settle_all(
+    history: &ServerHistory,
+    subject: &subject::Subject,
+    client_go: Option<&client_go::Subject>,
+    bound: Duration,
+    quiet_ns: i64,
+) -> anyhow::Result<BTreeMap<String, Option<f64>>> {
+    let deadline = Instant::now() + bound;
+    let mut settled: BTreeMap<String, Option<f64>> = BTreeMap::new();
+    loop {
+        let mut events = subject.events.snapshot();
+        if let Some(client_go) = client_go {
+            events.extend(client_go.events()?);
+        }
+        let streams = check::streams(&events);
+        let now_s = (unix_nanos() - quiet_ns) as f64 / 1e9;
+        for (stream, events) in &streams {
+            let entry = settled.entry(stream.to_string()).or_insert(None);
+            if entry.is_none() && check::converged(history, stream.resource, events) {
+                *entry = Some(now_s);
+            }
+        }
+        let reconciled = controllers_settled(history, subject);
+        let all = streams.len() == settled.len() && settled.values().all(Option::is_some);
+        if (all && reconciled) || Instant::now() > deadline {
+            settled.insert("controllers".into(), reconciled.then_some(now_s));
+            return Ok(settled);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn controllers_settled(history: &ServerHistory, subject: &subject::Subject) -> bool {
+    let reconciles = subject.reconciles.snapshot();
+    let mut last: BTreeMap<(&str, &str), (i64, Option<u64>)> = BTreeMap::new();
+    for r in &reconciles {
+        let entry = last
+            .entry((r.controller.as_str(), r.key.as_str()))
+            .or_insert((r.started_ns, r.marker));
+        if r.started_ns >= entry.0 {
+            *entry = (r.started_ns, r.marker);
+        }
+    }
+    subject::CONTROLLERS.iter().all(|controller| {
+        history
+            .states
+            .iter()
+            .filter(|(id, _)| id.resource == Resource::Pods)
+            .all(|(id, states)| {
+                let final_marker = states.last().and_then(|s| s.marker);
+                match last.get(&(*controller, id.key.as_str())) {
+                    Some(&(_, marker)) => marker == final_marker,
+                    None => final_marker.is_none(),
+                }
+            })
+    })
+}
+
+/// Tasks of this runtime still alive beyond those running before the subjects started,
+/// after giving them a few seconds to end.
+async fn tasks_left(before: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive = tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks();
+        if alive <= before || Instant::now() > deadline {
+            return alive.saturating_sub(before);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The worst delivery lag to each subject's fast handlers of a write made while a fault
+/// was active or within its grace, per fault kind.
+fn worst_lag_after_faults(
+    history: &ServerHistory,
+    events: &[EventRecord],
+    faults: &[Injected],
+    grace_ns: i64,
+) -> BTreeMap<String, f64> {
+    let mut first_seen: BTreeMap<(&str, Resource, &str, u64), i64> = BTreeMap::new();
+    for event in events.iter().filter(|e| e.handler == "fast") {
+        if let Some(marker) = event.marker() {
+            first_seen
+                .entry((&event.subject, event.resource, &event.key, marker))
+                .or_insert(event.at_ns);
+        }
+    }
+    let subjects: Vec<&str> = {
+        let mut s: Vec<&str> = events.iter().map(|e| e.subject.as_str()).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    };
+    let mut worst: BTreeMap<String, f64> = BTreeMap::new();
+    for fault in faults {
+        for (id, states) in &history.states {
+            for state in states.iter().filter(|s| s.answered) {
+                let Some(marker) = state.marker else { continue };
+                if state.known_at_ns < fault.applied_ns
+                    || state.known_at_ns > fault.lifted_ns + grace_ns
+                {
+                    continue;
+                }
+                for subject in &subjects {
+                    if let Some(&seen) =
+                        first_seen.get(&(*subject, id.resource, id.key.as_str(), marker))
+                    {
+                        let lag = (seen - state.known_at_ns).max(0) as f64 / 1e6;
+                        let entry = worst
+                            .entry(format!("{:?} {subject}", fault.kind))
+                            .or_insert(0.0);
+                        *entry = entry.max(lag);
+                    }
+                }
+            }
+        }
+    }
+    worst
+}
+
+fn print_report(report: &Report) {
+    println!(
+        "{} s of load: {} writes ({} settled by reading back), {:?}",
+        report.seconds, report.writes, report.unanswered_writes, report.tuning
+    );
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for fault in &report.faults {
+        *by_kind.entry(format!("{:?}", fault.kind)).or_default() += 1;
+    }
+    println!("faults injected: {by_kind:?}");
+    println!(
+        "late handlers added during a relist: {}",
+        report.late_handlers_added_during_relist
+    );
+    println!(
+        "stream                                   events   calm lag p50/p99/max ms   settled s"
+    );
+    for (stream, events) in &report.findings.events {
+        let lag = report
+            .findings
+            .calm_lag_ms
+            .get(stream)
+            .copied()
+            .unwrap_or_else(|| LagSummary::of(Vec::new()));
+        let settled = report
+            .settled_s
+            .get(stream)
+            .copied()
+            .flatten()
+            .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}"));
+        println!(
+            "{stream:<40} {events:>7}   {:>6.0}/{:>6.0}/{:>6.0} ({:>5})   {settled}",
+            lag.p50_ms, lag.p99_ms, lag.max_ms, lag.count
+        );
+    }
+    for (controller, count) in &report.findings.reconciles {
+        println!("controller {controller}: {count} reconciles");
+    }
+    println!(
+        "worst lag of a write made during a fault (ms): {:?}",
+        report.worst_lag_after_fault_ms
+    );
+    if let (Some(first), Some(peak)) = (
+        report.memory.first(),
+        report.memory.iter().max_by_key(|s| s.driver_kib),
+    ) {
+        let go_peak = report
+            .memory
+            .iter()
+            .map(|s| s.client_go_kib)
+            .max()
+            .unwrap_or(0);
+        println!(
+            "memory: driver (kube-informer's subject, writer, records) {} → peak {} MiB; client-go's subject peak {} MiB",
+            first.driver_kib / 1024,
+            peak.driver_kib / 1024,
+            go_peak / 1024
+        );
+    }
+    for violation in report.findings.violations.iter().take(30) {
+        println!(
+            "VIOLATION {:?} {} {}: {}",
+            violation.rule, violation.source, violation.key, violation.detail
+        );
+    }
+}
