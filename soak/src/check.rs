@@ -23,6 +23,10 @@ pub enum Rule {
     FinalState,
     /// A write made while no fault was active reached the handler late, or never.
     Lag,
+    /// A handler went from one state of a key to a later one, skipping states between,
+    /// without a relist in between: a watch resumed from a version delivers every
+    /// change after it, so only a relist may pass over one.
+    Complete,
     /// A controller's last reconcile of a key did not see the key's final state.
     LevelTriggered,
     /// A controller reconciled one key twice at once.
@@ -146,6 +150,7 @@ pub fn check(
     history: &ServerHistory,
     events: &[EventRecord],
     reconciles: &[ReconcileRecord],
+    relists: &Relists,
     calm: &Calm,
     bounds: Bounds,
 ) -> Findings {
@@ -153,6 +158,14 @@ pub fn check(
     for (stream, events) in streams(events) {
         findings.events.insert(stream.to_string(), events.len());
         check_stream(history, &stream, &events, &mut findings.violations);
+        let relisted = relists.get(&stream.subject).map_or(&[][..], Vec::as_slice);
+        check_complete(
+            history,
+            &stream,
+            &events,
+            relisted,
+            &mut findings.violations,
+        );
         if stream.handler == "fast" {
             let lags = calm_lags(
                 history,
@@ -312,6 +325,79 @@ fn check_stream(
                 ),
             );
         }
+    }
+}
+
+/// When each subject started a relist, Unix ns, sorted.
+pub type Relists = BTreeMap<String, Vec<i64>>;
+
+/// How far after the event a relist may be recorded and still count as the one that
+/// delivered it (a subject's relists are observed by polling, a few ms late).
+const RELIST_SLACK_NS: i64 = 1_000_000_000;
+
+/// The position in a key's server history of the state an event shows.
+fn position(states: &[crate::record::ServerState], event: &EventRecord) -> Option<usize> {
+    let marker = event.marker()?;
+    let last_with_marker = states.iter().rposition(|s| s.marker == Some(marker))?;
+    match event.kind {
+        EventType::Delete => states[last_with_marker..]
+            .iter()
+            .position(|s| !s.exists())
+            .map(|offset| last_with_marker + offset),
+        // A deletion in progress follows the write's last recorded state.
+        _ if event.deleting => Some(last_with_marker),
+        _ => {
+            let rv = event.resource_version();
+            states
+                .iter()
+                .position(|s| {
+                    s.marker == Some(marker)
+                        && s.resource_version.is_none_or(|known| Some(known) == rv)
+                })
+                .or(Some(last_with_marker))
+        }
+    }
+}
+
+fn check_complete(
+    history: &ServerHistory,
+    stream: &Stream,
+    events: &[&EventRecord],
+    relists: &[i64],
+    violations: &mut Vec<Violation>,
+) {
+    let mut previous: HashMap<&str, (usize, i64)> = HashMap::new();
+    for event in events {
+        let id = ObjectId {
+            resource: stream.resource,
+            key: event.key.clone(),
+        };
+        let Some(states) = history.states.get(&id) else {
+            continue;
+        };
+        let Some(at) = position(states, event) else {
+            continue;
+        };
+        if let Some(&(before, before_ns)) = previous.get(event.key.as_str())
+            && at > before + 1
+        {
+            let relisted = relists
+                .iter()
+                .any(|&t| t > before_ns && t <= event.at_ns + RELIST_SLACK_NS);
+            if !relisted {
+                let skipped: Vec<_> = states[before + 1..at].iter().map(|s| s.marker).collect();
+                violations.push(Violation {
+                    rule: Rule::Complete,
+                    source: stream.to_string(),
+                    key: event.key.clone(),
+                    detail: format!(
+                        "{:?} of write {} passed over {skipped:?} without a relist",
+                        event.kind, event.marker
+                    ),
+                });
+            }
+        }
+        previous.insert(&event.key, (at, event.at_ns));
     }
 }
 
@@ -480,11 +566,18 @@ mod tests {
 
     fn rules(events: &[EventRecord], reconciles: &[ReconcileRecord]) -> Vec<Rule> {
         let bounds = Bounds { calm_lag_ns: 500 };
-        check(&history(), events, reconciles, &Calm::default(), bounds)
-            .violations
-            .into_iter()
-            .map(|v| v.rule)
-            .collect()
+        check(
+            &history(),
+            events,
+            reconciles,
+            &Relists::default(),
+            &Calm::default(),
+            bounds,
+        )
+        .violations
+        .into_iter()
+        .map(|v| v.rule)
+        .collect()
     }
 
     #[test]
@@ -493,17 +586,27 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_update_is_caught_by_the_lag_check() {
+    fn a_dropped_update_is_caught_unless_a_relist_passed_over_it() {
         let mut events = faithful();
         events.remove(1);
-        assert_eq!(rules(&events, &[]), [Rule::Lag]);
+        assert_eq!(rules(&events, &[]), [Rule::Complete, Rule::Lag]);
+        let relists = Relists::from([("s".to_owned(), vec![2_500])]);
+        let calm = Calm {
+            unsettled: vec![(0, 5_000)],
+        };
+        let bounds = Bounds { calm_lag_ns: 500 };
+        assert!(
+            check(&history(), &events, &[], &relists, &calm, bounds)
+                .violations
+                .is_empty()
+        );
     }
 
     #[test]
     fn a_lost_delete_is_caught() {
         let mut events = faithful();
         events.remove(2);
-        assert_eq!(rules(&events, &[]), [Rule::Lifecycle]);
+        assert_eq!(rules(&events, &[]), [Rule::Lifecycle, Rule::Complete]);
     }
 
     #[test]
@@ -561,7 +664,7 @@ mod tests {
         };
         let bounds = Bounds { calm_lag_ns: 500 };
         assert!(
-            check(&history(), &events, &[], &calm, bounds)
+            check(&history(), &events, &[], &Relists::default(), &calm, bounds)
                 .violations
                 .is_empty()
         );

@@ -54,7 +54,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
 enum Line {
     Synced {},
     LateAdded {},
-    WatchError {},
+    WatchError { at_ns: i64 },
     Done { events: u64 },
 }
 
@@ -63,7 +63,8 @@ enum Line {
 pub struct Said {
     pub synced: bool,
     pub late_added: bool,
-    pub watch_errors: u64,
+    /// When each watch error was reported, Unix ns.
+    pub watch_errors: Vec<i64>,
     pub done: Option<u64>,
     pub ended: bool,
 }
@@ -124,7 +125,9 @@ impl Subject {
                 match serde_json::from_str::<Line>(&line) {
                     Ok(Line::Synced {}) => tx.send_modify(|s| s.synced = true),
                     Ok(Line::LateAdded {}) => tx.send_modify(|s| s.late_added = true),
-                    Ok(Line::WatchError {}) => tx.send_modify(|s| s.watch_errors += 1),
+                    Ok(Line::WatchError { at_ns }) => {
+                        tx.send_modify(|s| s.watch_errors.push(at_ns))
+                    }
                     Ok(Line::Done { events }) => tx.send_modify(|s| s.done = Some(events)),
                     Err(error) => warn!(subject = NAME, %line, %error, "unreadable subject line"),
                 }

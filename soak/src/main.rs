@@ -294,6 +294,8 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         fault_log.clone(),
         stop_load.clone(),
     ));
+    let stop_relists = CancellationToken::new();
+    let relists_recorded = subject.record_relists(stop_relists.clone());
     let mut memory = Vec::new();
     let mut late_added = None;
     let lists_at_start = subject.lists();
@@ -342,6 +344,9 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     let settle = Duration::from_secs(args.settle_seconds);
     let settled_s = settle_all(&history, &subject, client_go.as_ref(), settle, quiet_ns).await?;
 
+    stop_relists.cancel();
+    let mut relists = check::Relists::new();
+    relists.insert(subject::NAME.to_owned(), relists_recorded.await?);
     let mut events = subject.events.snapshot();
     let reconciles_recorded = subject.reconciles.clone();
     let mut process = Vec::new();
@@ -352,7 +357,18 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     }
     if let Some(client_go) = client_go.take() {
         let said_before = client_go.said();
-        events.extend(client_go.events()?);
+        let go_events = client_go.events()?;
+        // client-go reports few of its relists, but every relist re-delivers each
+        // unchanged object as an update to the same version: those mark them.
+        let mut go_relists: Vec<i64> = go_events
+            .iter()
+            .filter(|e| e.resync)
+            .map(|e| e.at_ns)
+            .chain(said_before.watch_errors.iter().copied())
+            .collect();
+        go_relists.sort_unstable();
+        relists.insert(client_go::NAME.to_owned(), go_relists);
+        events.extend(go_events);
         let clean = client_go.stop(Duration::from_secs(10)).await?;
         if !clean {
             process.push("client-go's subject did not exit cleanly".to_owned());
@@ -388,6 +404,7 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         &history,
         &events,
         &reconciles,
+        &relists,
         &calm,
         Bounds {
             calm_lag_ns: lag_bound,

@@ -173,6 +173,30 @@ impl Subject {
         Ok(())
     }
 
+    /// Records when each relist starts, polling the informers' counters, until `stop`.
+    pub fn record_relists(&self, stop: CancellationToken) -> tokio::task::JoinHandle<Vec<i64>> {
+        let pods = self.pods.clone();
+        let widgets = self.widgets.as_ref().map(|w| w.handle());
+        tokio::spawn(async move {
+            let lists = || {
+                pods.reflector_stats().lists()
+                    + widgets.as_ref().map_or(0, |w| w.reflector_stats().lists())
+            };
+            let mut seen = lists();
+            let mut started = Vec::new();
+            let mut tick = tokio::time::interval(Duration::from_millis(20));
+            while !stop.is_cancelled() {
+                tick.tick().await;
+                let now = lists();
+                if now > seen {
+                    started.push(unix_nanos());
+                    seen = now;
+                }
+            }
+            started
+        })
+    }
+
     /// Lists and watches started so far (a relist shows as one more list).
     pub fn lists(&self) -> u64 {
         self.pods.reflector_stats().lists()
