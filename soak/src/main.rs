@@ -178,6 +178,12 @@ struct Report {
     /// Per fault kind and subject, the worst lag of a write made during the fault or its
     /// grace to reach the fast handler, ms.
     worst_lag_after_fault_ms: BTreeMap<String, f64>,
+    /// Per subject and resource, the most the slow handler (10 ms an event) fell behind
+    /// the fast one on the same event, ms: its buffer's longest backlog, in time.
+    slow_behind_fast_ms: BTreeMap<String, f64>,
+    /// Per stream, updates that re-delivered an object at the version already delivered
+    /// (what a relist hands every handler for each unchanged object).
+    redelivered: BTreeMap<String, usize>,
     memory: Vec<MemorySample>,
     findings: Findings,
 }
@@ -446,6 +452,8 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         writes: recorded.writes(),
         unanswered_writes: recorded.unanswered(),
         worst_lag_after_fault_ms: worst_lag_after_faults(&history, &events, &faults, grace),
+        slow_behind_fast_ms: slow_behind_fast(&events),
+        redelivered: redelivered(&events),
         faults,
         late_handlers_added_during_relist: late_added.unwrap_or(false),
         settled_s,
@@ -628,6 +636,40 @@ fn worst_lag_after_faults(
     worst
 }
 
+fn slow_behind_fast(events: &[EventRecord]) -> BTreeMap<String, f64> {
+    type Seen<'a> = (
+        &'a str,
+        Resource,
+        &'a str,
+        &'a str,
+        &'a str,
+        record::EventType,
+    );
+    let mut fast: BTreeMap<Seen<'_>, i64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.handler == "fast") {
+        fast.entry((&e.subject, e.resource, &e.key, &e.rv, &e.marker, e.kind))
+            .or_insert(e.at_ns);
+    }
+    let mut behind: BTreeMap<String, f64> = BTreeMap::new();
+    for e in events.iter().filter(|e| e.handler == "slow") {
+        if let Some(&at) = fast.get(&(&e.subject, e.resource, &e.key, &e.rv, &e.marker, e.kind)) {
+            let entry = behind
+                .entry(format!("{} {}", e.subject, e.resource.name()))
+                .or_insert(0.0);
+            *entry = entry.max((e.at_ns - at) as f64 / 1e6);
+        }
+    }
+    behind
+}
+
+fn redelivered(events: &[EventRecord]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for e in events.iter().filter(|e| e.resync) {
+        *counts.entry(e.stream().to_string()).or_default() += 1;
+    }
+    counts
+}
+
 fn print_report(report: &Report) {
     println!(
         "{} s of load: {} writes ({} settled by reading back), {:?}",
@@ -669,6 +711,14 @@ fn print_report(report: &Report) {
     println!(
         "worst lag of a write made during a fault (ms): {:?}",
         report.worst_lag_after_fault_ms
+    );
+    println!(
+        "slow handlers' worst delay behind the fast ones (ms): {:?}",
+        report.slow_behind_fast_ms
+    );
+    println!(
+        "updates re-delivering a version already delivered: {:?}",
+        report.redelivered
     );
     if let (Some(first), Some(peak)) = (
         report.memory.first(),
