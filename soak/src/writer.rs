@@ -289,7 +289,7 @@ impl Writer {
                 self.pods[namespace]
                     .create(&PostParams::default(), &pod)
                     .await
-                    .map(|p| Some(rv_of(p.metadata.resource_version.as_deref())))
+                    .map(|p| Some(meta_of(&p.metadata)))
             }
             (Resource::Widgets, Op::Create) => {
                 let mut widget = DynamicObject::new(name, &widget_resource()).data(json!({
@@ -306,7 +306,7 @@ impl Writer {
                 self.widgets[namespace]
                     .create(&PostParams::default(), &widget)
                     .await
-                    .map(|w| Some(rv_of(w.metadata.resource_version.as_deref())))
+                    .map(|w| Some(meta_of(&w.metadata)))
             }
             (resource, Op::Annotate | Op::Relabel) => {
                 let mut patch =
@@ -321,13 +321,15 @@ impl Writer {
         };
         self.recorded.writes.fetch_add(1, Ordering::Relaxed);
         match answer {
-            Ok(resource_version) => {
-                let deleted = matches!(op, Op::Delete);
+            // What the server answered it holds now, which is not always what was asked:
+            // a Pod being deleted, say, keeps its last state.
+            Ok(answered) => {
+                let (marker, resource_version) = answered.unwrap_or((None, None));
                 self.recorded.push(
                     id,
                     ServerState {
-                        marker: (!deleted).then_some(marker),
-                        resource_version: resource_version.flatten(),
+                        marker,
+                        resource_version,
                         known_at_ns: unix_nanos(),
                         answered: true,
                     },
@@ -398,12 +400,6 @@ impl Writer {
         name: &str,
     ) -> kube_client::Result<Option<(Option<u64>, Option<u64>)>> {
         let params = DeleteParams::default();
-        let meta_of = |meta: &kube_client::core::ObjectMeta| {
-            (
-                marker_of(meta.annotations.as_ref()),
-                rv_of(meta.resource_version.as_deref()),
-            )
-        };
         Ok(match resource {
             Resource::Pods => self.pods[namespace]
                 .delete(name, &params)
@@ -424,19 +420,27 @@ impl Writer {
         namespace: &str,
         name: &str,
         patch: &Value,
-    ) -> kube_client::Result<Option<u64>> {
+    ) -> kube_client::Result<(Option<u64>, Option<u64>)> {
         let params = PatchParams::default();
         match resource {
             Resource::Pods => self.pods[namespace]
                 .patch(name, &params, &Patch::Merge(patch))
                 .await
-                .map(|p| rv_of(p.metadata.resource_version.as_deref())),
+                .map(|p| meta_of(&p.metadata)),
             Resource::Widgets => self.widgets[namespace]
                 .patch(name, &params, &Patch::Merge(patch))
                 .await
-                .map(|w| rv_of(w.metadata.resource_version.as_deref())),
+                .map(|w| meta_of(&w.metadata)),
         }
     }
+}
+
+/// The marker and resourceVersion of an object as the server answered it.
+fn meta_of(meta: &kube_client::core::ObjectMeta) -> (Option<u64>, Option<u64>) {
+    (
+        marker_of(meta.annotations.as_ref()),
+        rv_of(meta.resource_version.as_deref()),
+    )
 }
 
 fn rv_of(resource_version: Option<&str>) -> Option<u64> {

@@ -323,6 +323,12 @@ impl Error {
         matches!(self, Error::Gone { .. })
     }
 
+    /// True for a 503 Service Unavailable: a server starting, or one that cannot reach its
+    /// storage, which will serve the same request once it can.
+    pub fn is_service_unavailable(&self) -> bool {
+        matches!(self, Error::Api { status, .. } if status.code == 503)
+    }
+
     /// True when the server has not caught up with the requested resourceVersion: the
     /// caller must relist from `""`.
     pub fn is_resource_version_too_large(&self) -> bool {

@@ -336,12 +336,15 @@ impl ReflectorStats {
 ///    [`idle_timeout`](ReflectorConfig::idle_timeout) is presumed dead and reconnected.
 ///    A watch call the server **refuses** (403, 5xx, ...) relists after a backoff, as
 ///    client-go's `ListAndWatch` loop does, so a cache whose watch never works still
-///    follows the server at the pace of its lists; only an unreachable server and 429 Too
-///    Many Requests retry the watch alone. Other errors back off (800 ms doubling to 30 s,
-///    jittered, reset after 2 min of health; see [`Backoff`]) and retry. A server that
-///    cannot be reached (connection refused or reset, a dead connection) is tried again
-///    sooner: 250 ms doubling to at most 1 s, since an attempt that never reaches it costs
-///    it nothing and the first one after it is back should not wait out a long backoff.
+///    follows the server at the pace of its lists; only an unreachable server, 429 Too
+///    Many Requests and 503 Service Unavailable retry the watch alone. Other errors back
+///    off (800 ms doubling to 30 s, jittered, reset after 2 min of health; see
+///    [`Backoff`]) and retry. A server that cannot be reached (connection refused or
+///    reset, a dead connection) is tried again sooner: 250 ms doubling to at most 1 s,
+///    since an attempt that never reaches it costs it nothing and the first one after it
+///    is back should not wait out a long backoff. So is a server answering 503 (starting,
+///    or cut off from etcd), for its first 12 answers in a row; then the ordinary backoff
+///    applies.
 /// 4. A **panic** in code the reflector runs for the user or the wire (a transform, an
 ///    index function, a codec, a decoder) is caught, reported as [`Error::Panicked`], and
 ///    repaired by a relist after a backoff: the cache never stops following the server in
@@ -848,6 +851,43 @@ mod tests {
         assert_eq!(last.resource_version.as_deref(), Some(rv.as_str()));
         assert_eq!(last.version_match, Some(VersionMatch::NotOlderThan));
         assert!(h.errors()[3].contains("decode"), "{:?}", h.errors());
+        h.stop().await;
+    }
+
+    /// Found by the soak (seed 20261203): after a storm of faults had grown the backoff,
+    /// a custom resource's watch answered 503 by a restarting API server waited out
+    /// 25 s of backoff, its cache that long behind a server that was back.
+    #[tokio::test(start_paused = true)]
+    async fn a_503_after_a_storm_of_failures_is_retried_within_a_second() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let answer = |code, reason: &str, message: &str| {
+            Error::from_status(
+                status(code, reason, message),
+                Verb::Watch,
+                "configmaps",
+                None,
+            )
+        };
+        for _ in 0..5 {
+            fake.fail_next_watch(answer(
+                500,
+                "InternalError",
+                "etcdserver: request timed out",
+            ));
+        }
+        fake.fail_next_watch(answer(
+            503,
+            "ServiceUnavailable",
+            "the request has been made before all known HTTP paths have been installed",
+        ));
+        let h = start(&fake, paged());
+        fake.wait_for_calls(|c| c.watches == 6).await;
+        let refused = Instant::now();
+        fake.wait_for_calls(|c| c.watches == 7).await;
+        let waited = refused.elapsed();
+        assert!(waited <= Duration::from_secs(1), "{waited:?}");
+        assert!(h.errors()[5].contains("503"), "{:?}", h.errors());
         h.stop().await;
     }
 

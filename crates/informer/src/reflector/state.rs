@@ -95,6 +95,10 @@ pub(super) enum Next {
     Stop,
 }
 
+/// 503 answers in a row retried as soon as an unreachable server is (at most 1 s apart)
+/// before the ordinary backoff takes over: about 10 s of them.
+const UNAVAILABLE_QUICK_RETRIES: u32 = 12;
+
 /// A watch that ends this quickly without an event is not a healthy watch that timed out.
 const QUICK_CLOSE: Duration = Duration::from_secs(1);
 
@@ -109,6 +113,8 @@ pub(super) struct State {
     last_rv: String,
     /// 410s in a row with no event in between: a second one backs off.
     gone_in_a_row: u32,
+    /// 503 Service Unavailable answers in a row with no progress in between.
+    unavailable_in_a_row: u32,
 }
 
 impl State {
@@ -120,6 +126,7 @@ impl State {
             page_next_sync: false,
             last_rv: String::new(),
             gone_in_a_row: 0,
+            unavailable_in_a_row: 0,
         }
     }
 
@@ -158,6 +165,7 @@ impl State {
 
     /// A paged list completed at `resource_version`.
     pub(super) fn listed(&mut self, resource_version: String) -> Next {
+        self.unavailable_in_a_row = 0;
         self.last_rv = resource_version;
         self.phase = Phase::Watch;
         self.page_next_sync = false;
@@ -177,7 +185,23 @@ impl State {
                 Next::Go
             }
             _ if matches!(error, Error::Transport { .. }) => Next::Reconnect,
+            _ if error.is_service_unavailable() => self.unavailable(),
             _ => Next::Backoff,
+        }
+    }
+
+    /// The server answered 503 Service Unavailable: it is starting, or cannot reach its
+    /// storage, and will serve the same request once it can. Retried as soon as an
+    /// unreachable server is, for a while: a server restart answers 503 for seconds, and
+    /// the first request after it should not wait out a backoff grown by the failures
+    /// before it (which left a cache 30 s behind a healthy server). A server that stays
+    /// unavailable (an aggregated API whose backend is down) gets the ordinary backoff.
+    fn unavailable(&mut self) -> Next {
+        self.unavailable_in_a_row += 1;
+        if self.unavailable_in_a_row <= UNAVAILABLE_QUICK_RETRIES {
+            Next::Reconnect
+        } else {
+            Next::Backoff
         }
     }
 
@@ -217,6 +241,7 @@ impl State {
             WatchEnd::Closed { events, elapsed } => {
                 if *events > 0 {
                     self.gone_in_a_row = 0;
+                    self.unavailable_in_a_row = 0;
                 }
                 if *events == 0 && *elapsed < QUICK_CLOSE {
                     Next::Backoff
@@ -238,6 +263,7 @@ impl State {
             WatchEnd::Refused {
                 error: Error::Api { status, .. },
             } if status.code == 429 => Next::Backoff,
+            WatchEnd::Refused { error } if error.is_service_unavailable() => self.unavailable(),
             // Any other refusal (403, 5xx, too large a version) may last: relist after the
             // backoff, as client-go's `ListAndWatch` loop does, so a cache whose watch never
             // works still follows the server at the pace of its lists.
@@ -248,6 +274,7 @@ impl State {
             WatchEnd::Failed { error, events } => {
                 if *events > 0 {
                     self.gone_in_a_row = 0;
+                    self.unavailable_in_a_row = 0;
                 }
                 if error.is_gone() {
                     self.gone()
@@ -402,6 +429,51 @@ mod tests {
             assert_eq!(state.watched(&refused(error)), expected, "{what}");
             assert_eq!(state.phase(), phase, "{what}");
         }
+    }
+
+    #[test]
+    fn a_server_answering_503_is_retried_quickly_for_a_while_then_backed_off() {
+        let unavailable = || {
+            Error::from_status(
+                status(
+                    503,
+                    "ServiceUnavailable",
+                    "the request has been made before all known HTTP paths have been installed",
+                ),
+                Verb::Watch,
+                "widgets",
+                None,
+            )
+        };
+        let refused = || WatchReport {
+            end: WatchEnd::Refused {
+                error: unavailable(),
+            },
+            last_rv: "5".to_owned(),
+            initial_events: InitialEvents::NotRequested,
+        };
+        let mut state = State::new(ListMode::Paged);
+        state.listed("5".to_owned());
+        for _ in 0..UNAVAILABLE_QUICK_RETRIES {
+            assert_eq!(state.watched(&refused()), Next::Reconnect);
+            // The watch is retried from where it was, not replaced by a relist.
+            assert_eq!(state.phase(), Phase::Watch);
+        }
+        assert_eq!(state.watched(&refused()), Next::Backoff);
+        // Progress starts the count again.
+        let healthy = WatchReport {
+            end: WatchEnd::Closed {
+                events: 3,
+                elapsed: Duration::from_secs(60),
+            },
+            last_rv: "9".to_owned(),
+            initial_events: InitialEvents::NotRequested,
+        };
+        assert_eq!(state.watched(&healthy), Next::Go);
+        assert_eq!(state.watched(&refused()), Next::Reconnect);
+        // A list answered 503 too.
+        let mut state = State::new(ListMode::Paged);
+        assert_eq!(state.list_failed(&unavailable()), Next::Reconnect);
     }
 
     #[test]
