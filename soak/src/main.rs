@@ -637,6 +637,8 @@ fn worst_lag_after_faults(
 }
 
 fn slow_behind_fast(events: &[EventRecord]) -> BTreeMap<String, f64> {
+    // The n-th delivery of an event to the slow handler against the n-th to the fast
+    // one: a relist may deliver one version several times.
     type Seen<'a> = (
         &'a str,
         Resource,
@@ -645,19 +647,31 @@ fn slow_behind_fast(events: &[EventRecord]) -> BTreeMap<String, f64> {
         &'a str,
         record::EventType,
     );
-    let mut fast: BTreeMap<Seen<'_>, i64> = BTreeMap::new();
+    let mut fast: BTreeMap<Seen<'_>, Vec<i64>> = BTreeMap::new();
     for e in events.iter().filter(|e| e.handler == "fast") {
         fast.entry((&e.subject, e.resource, &e.key, &e.rv, &e.marker, e.kind))
-            .or_insert(e.at_ns);
+            .or_default()
+            .push(e.at_ns);
     }
+    let mut taken: BTreeMap<Seen<'_>, usize> = BTreeMap::new();
     let mut behind: BTreeMap<String, f64> = BTreeMap::new();
     for e in events.iter().filter(|e| e.handler == "slow") {
-        if let Some(&at) = fast.get(&(&e.subject, e.resource, &e.key, &e.rv, &e.marker, e.kind)) {
+        let seen = (
+            e.subject.as_str(),
+            e.resource,
+            e.key.as_str(),
+            e.rv.as_str(),
+            e.marker.as_str(),
+            e.kind,
+        );
+        let nth = taken.entry(seen).or_default();
+        if let Some(&at) = fast.get(&seen).and_then(|times| times.get(*nth)) {
             let entry = behind
                 .entry(format!("{} {}", e.subject, e.resource.name()))
                 .or_insert(0.0);
             *entry = entry.max((e.at_ns - at) as f64 / 1e6);
         }
+        *nth += 1;
     }
     behind
 }

@@ -325,6 +325,20 @@ impl Writer {
             // a Pod being deleted, say, keeps its last state.
             Ok(answered) => {
                 let (marker, resource_version) = answered.unwrap_or((None, None));
+                // An answer at a version no newer than the last one known made no new
+                // state (a Pod whose deletion was cut short answers a patch with the
+                // patched object at its old version, then finishes deleting): read back.
+                let stale = resource_version.is_some_and(|rv| {
+                    self.recorded
+                        .last(id)
+                        .and_then(|last| last.resource_version)
+                        .is_some_and(|last| rv <= last)
+                });
+                if stale {
+                    self.recorded.unanswered.fetch_add(1, Ordering::Relaxed);
+                    self.settle(id, namespace, name).await;
+                    return Ok(());
+                }
                 self.recorded.push(
                     id,
                     ServerState {
