@@ -125,6 +125,24 @@ impl Recorded {
             .cloned()
     }
 
+    /// Records a state the server holds, as it answered a write or a read.
+    fn record(
+        &self,
+        id: &ObjectId,
+        (marker, resource_version): (Option<u64>, Option<u64>),
+        how: Answer,
+    ) {
+        self.push(
+            id,
+            ServerState {
+                marker,
+                resource_version,
+                known_at_ns: unix_nanos(),
+                answered: how == Answer::Answered,
+            },
+        );
+    }
+
     fn push(&self, id: &ObjectId, state: ServerState) {
         let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
         let states = history.states.entry(id.clone()).or_default();
@@ -138,6 +156,15 @@ impl Recorded {
         }
         states.push(state);
     }
+}
+
+/// How the writer learned of a state.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    /// The write's own answer.
+    Answered,
+    /// A read after a write whose answer was lost.
+    ReadBack,
 }
 
 /// The writer: `workers` tasks changing random objects until `stop` fires.
@@ -263,15 +290,7 @@ impl Writer {
                 // The state the deletion passed through (a Pod's deletionTimestamp is
                 // written before it is removed): a real state the subjects may see.
                 Ok(Some(last)) => {
-                    self.recorded.push(
-                        id,
-                        ServerState {
-                            marker: last.0,
-                            resource_version: last.1,
-                            known_at_ns: unix_nanos(),
-                            answered: true,
-                        },
-                    );
+                    self.recorded.record(id, last, Answer::Answered);
                     Ok(None)
                 }
                 Ok(None) => Ok(None),
@@ -339,15 +358,8 @@ impl Writer {
                     self.settle(id, namespace, name).await;
                     return Ok(());
                 }
-                self.recorded.push(
-                    id,
-                    ServerState {
-                        marker,
-                        resource_version,
-                        known_at_ns: unix_nanos(),
-                        answered: true,
-                    },
-                );
+                self.recorded
+                    .record(id, (marker, resource_version), Answer::Answered);
                 Ok(())
             }
             Err(error) => {
@@ -364,38 +376,19 @@ impl Writer {
         let mut delay = Duration::from_millis(100);
         loop {
             let read = match id.resource {
-                Resource::Pods => self.pods[namespace].get_opt(name).await.map(|p| {
-                    p.map(|p| {
-                        (
-                            marker_of(p.metadata.annotations.as_ref()),
-                            rv_of(p.metadata.resource_version.as_deref()),
-                        )
-                    })
-                }),
-                Resource::Widgets => self.widgets[namespace].get_opt(name).await.map(|w| {
-                    w.map(|w| {
-                        (
-                            marker_of(w.metadata.annotations.as_ref()),
-                            rv_of(w.metadata.resource_version.as_deref()),
-                        )
-                    })
-                }),
+                Resource::Pods => self.pods[namespace]
+                    .get_opt(name)
+                    .await
+                    .map(|p| p.map(|p| meta_of(&p.metadata))),
+                Resource::Widgets => self.widgets[namespace]
+                    .get_opt(name)
+                    .await
+                    .map(|w| w.map(|w| meta_of(&w.metadata))),
             };
             match read {
                 Ok(found) => {
-                    let (marker, resource_version) = match found {
-                        Some((marker, rv)) => (marker, rv),
-                        None => (None, None),
-                    };
-                    self.recorded.push(
-                        id,
-                        ServerState {
-                            marker,
-                            resource_version,
-                            known_at_ns: unix_nanos(),
-                            answered: false,
-                        },
-                    );
+                    let state = found.unwrap_or((None, None));
+                    self.recorded.record(id, state, Answer::ReadBack);
                     return;
                 }
                 Err(error) => {
