@@ -477,12 +477,12 @@ fn calm_lags(
     lags
 }
 
-fn check_controller(
-    history: &ServerHistory,
-    controller: &str,
+/// The Pods whose last reconcile by one controller (`records`) did not see their final
+/// state: the key, the write that reconcile saw, and the final write (`None`: deleted).
+pub fn unreconciled<'a>(
+    history: &'a ServerHistory,
     records: &[&ReconcileRecord],
-    violations: &mut Vec<Violation>,
-) {
+) -> Vec<(&'a str, Option<u64>, Option<u64>)> {
     let mut last: HashMap<&str, &ReconcileRecord> = HashMap::new();
     for record in records {
         let entry = last.entry(&record.key).or_insert(record);
@@ -490,30 +490,35 @@ fn check_controller(
             *entry = record;
         }
     }
-    for (id, states) in history
+    history
         .states
         .iter()
         .filter(|(id, _)| id.resource == Resource::Pods)
-    {
-        let final_marker = states.last().and_then(|s| s.marker);
-        let seen = last.get(id.key.as_str());
-        let ok = match (final_marker, seen) {
-            (Some(marker), Some(record)) => record.marker == Some(marker),
-            (Some(_), None) => false,
-            (None, Some(record)) => record.marker.is_none(),
-            (None, None) => true,
-        };
-        if !ok {
-            violations.push(Violation {
-                rule: Rule::LevelTriggered,
-                source: controller.to_owned(),
-                key: id.key.clone(),
-                detail: format!(
-                    "last reconcile saw write {:?}; the final state is write {final_marker:?}",
-                    seen.map(|r| r.marker)
-                ),
-            });
-        }
+        .filter_map(|(id, states)| {
+            let final_marker = states.last().and_then(|s| s.marker);
+            // Never reconciled counts as having seen nothing: right for a key whose
+            // final state is deleted.
+            let seen = last.get(id.key.as_str()).and_then(|r| r.marker);
+            (seen != final_marker).then_some((id.key.as_str(), seen, final_marker))
+        })
+        .collect()
+}
+
+fn check_controller(
+    history: &ServerHistory,
+    controller: &str,
+    records: &[&ReconcileRecord],
+    violations: &mut Vec<Violation>,
+) {
+    for (key, seen, final_marker) in unreconciled(history, records) {
+        violations.push(Violation {
+            rule: Rule::LevelTriggered,
+            source: controller.to_owned(),
+            key: key.to_owned(),
+            detail: format!(
+                "last reconcile saw write {seen:?}; the final state is write {final_marker:?}"
+            ),
+        });
     }
 }
 

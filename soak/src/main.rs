@@ -548,27 +548,12 @@ async fn settle_all(
 
 fn controllers_settled(history: &ServerHistory, subject: &subject::Subject) -> bool {
     let reconciles = subject.reconciles.snapshot();
-    let mut last: BTreeMap<(&str, &str), (i64, Option<u64>)> = BTreeMap::new();
-    for r in &reconciles {
-        let entry = last
-            .entry((r.controller.as_str(), r.key.as_str()))
-            .or_insert((r.started_ns, r.marker));
-        if r.started_ns >= entry.0 {
-            *entry = (r.started_ns, r.marker);
-        }
-    }
     subject::CONTROLLERS.iter().all(|controller| {
-        history
-            .states
+        let records: Vec<_> = reconciles
             .iter()
-            .filter(|(id, _)| id.resource == Resource::Pods)
-            .all(|(id, states)| {
-                let final_marker = states.last().and_then(|s| s.marker);
-                match last.get(&(*controller, id.key.as_str())) {
-                    Some(&(_, marker)) => marker == final_marker,
-                    None => final_marker.is_none(),
-                }
-            })
+            .filter(|r| r.controller == *controller)
+            .collect();
+        check::unreconciled(history, &records).is_empty()
     })
 }
 
