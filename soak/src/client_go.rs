@@ -3,8 +3,10 @@
 //! writing its events to a file in the records' JSON form.
 
 use std::{
+    io::{Read, Seek, SeekFrom},
     path::{Path, PathBuf},
     process::Stdio,
+    sync::{Mutex, PoisonError},
     time::Duration,
 };
 
@@ -74,7 +76,7 @@ pub struct Subject {
     child: Child,
     stdin: Option<ChildStdin>,
     said: watch::Receiver<Said>,
-    events: PathBuf,
+    events: EventsFile,
     pid: u32,
 }
 
@@ -138,7 +140,7 @@ impl Subject {
             child,
             stdin,
             said,
-            events,
+            events: EventsFile::new(events),
             pid,
         })
     }
@@ -169,7 +171,7 @@ impl Subject {
     ///
     /// When the file cannot be read; an unreadable line is an error too.
     pub fn events(&self) -> anyhow::Result<Vec<EventRecord>> {
-        read_events(&self.events)
+        self.events.read()
     }
 
     /// Closes stdin, the subject's signal to stop, and waits for it to exit; returns
@@ -186,18 +188,47 @@ impl Subject {
     }
 }
 
-fn read_events(path: &Path) -> anyhow::Result<Vec<EventRecord>> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-    };
-    // The last line may be cut short by a flush in progress.
-    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-    complete
-        .lines()
-        .map(|line| {
-            serde_json::from_str(line).with_context(|| format!("an unreadable event: {line}"))
-        })
-        .collect()
+/// The subject's events file, read from where the last read stopped: the driver reads
+/// it every 250 ms while waiting for the subjects to settle, and a long run writes
+/// hundreds of thousands of lines.
+struct EventsFile {
+    path: PathBuf,
+    /// Bytes parsed so far, and what they held.
+    read: Mutex<(u64, Vec<EventRecord>)>,
+}
+
+impl EventsFile {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            read: Mutex::default(),
+        }
+    }
+
+    fn read(&self) -> anyhow::Result<Vec<EventRecord>> {
+        let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+        let (offset, events) = &mut *read;
+        let mut file = match std::fs::File::open(&self.path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("reading {}", self.path.display()));
+            }
+        };
+        file.seek(SeekFrom::Start(*offset))?;
+        let mut text = String::new();
+        file.read_to_string(&mut text)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        // The last line may be cut short by a flush in progress: it is read next time.
+        let complete = text.rfind('\n').map_or("", |end| &text[..=end]);
+        let parsed = complete
+            .lines()
+            .map(|line| {
+                serde_json::from_str(line).with_context(|| format!("an unreadable event: {line}"))
+            })
+            .collect::<anyhow::Result<Vec<EventRecord>>>()?;
+        events.extend(parsed);
+        *offset += complete.len() as u64;
+        Ok(events.clone())
+    }
 }
