@@ -30,6 +30,9 @@ use crate::{error::Error, key::ObjectKey};
 pub use api::ApiListWatch;
 pub use kube_client::api::VersionMatch;
 pub use lazy::LazyObject;
+pub(crate) use protobuf::field_sets::FieldSetMemo;
+#[cfg(test)]
+pub(crate) use protobuf::test_encoder;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
 pub(crate) use raw::RawFormat;
 pub use raw::RawObject;

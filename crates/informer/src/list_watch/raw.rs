@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 
 use super::protobuf::{
     deserializer::{TypeMeta, from_message},
+    field_sets::{FieldSetMemo, from_message_sharing_field_sets},
     schema::Resource,
 };
 use crate::error::BoxError;
@@ -67,6 +68,33 @@ impl RawObject {
 }
 
 impl RawFormat {
+    /// The object `bytes` (in this format) hold, with the field sets of its
+    /// `managedFields` parsed through `memo` (see [`FieldSetMemo`]).
+    pub(crate) fn decode_sharing<K: kube_core::Resource + DeserializeOwned>(
+        self,
+        bytes: &[u8],
+        memo: &FieldSetMemo,
+    ) -> Result<K, BoxError> {
+        Ok(match self {
+            RawFormat::Json => serde_json::from_slice(bytes)?,
+            RawFormat::Protobuf {
+                resource,
+                typed: false,
+            } => from_message_sharing_field_sets(bytes, resource.item, None, memo)?,
+            RawFormat::Protobuf {
+                resource,
+                typed: true,
+            } => {
+                let api_version = resource.api_version();
+                let meta = TypeMeta {
+                    api_version: &api_version,
+                    kind: resource.kind,
+                };
+                from_message_sharing_field_sets(bytes, resource.item, Some(meta), memo)?
+            }
+        })
+    }
+
     /// The object `bytes` (in this format) hold.
     pub(crate) fn decode<K: DeserializeOwned>(self, bytes: &[u8]) -> Result<K, BoxError> {
         Ok(match self {

@@ -25,7 +25,7 @@ use crate::{
     codec::Codec,
     error::{BoxError, Error},
     key::ObjectKey,
-    list_watch::RawObject,
+    list_watch::{FieldSetMemo, RawObject},
 };
 
 use index::{Index, IndexValues, apply_change, compute_values};
@@ -142,6 +142,8 @@ struct Shared<K> {
     keeping: Keeping<K>,
     /// The decoded working set of a compact store (see [`WorkingSet`]).
     hot: parking_lot::Mutex<Hot<K>>,
+    /// The field sets of `managedFields` its decodes met more than once, parsed.
+    field_sets: FieldSetMemo,
 }
 
 /// What only writers use, under the writers' mutex.
@@ -260,7 +262,7 @@ impl<K> Store<K> {
         if let Some(obj) = self.shared.hot.lock().get(key, generation) {
             return Some(obj);
         }
-        let obj = body.unpack(key)?;
+        let obj = body.unpack(key, &self.shared.field_sets)?;
         if recent == Recent::Keep {
             let mut hot = self.shared.hot.lock();
             if hot.admit_read(key, generation) {
@@ -286,7 +288,7 @@ impl<K> Store<K> {
         }
         for ((key, slot), found) in taken.iter().zip(&mut found) {
             if let (None, Taken::Encoded { body, .. }) = (&found, slot) {
-                *found = body.unpack(key);
+                *found = body.unpack(key, &self.shared.field_sets);
             }
         }
         found.into_iter().flatten().collect()
@@ -778,6 +780,7 @@ impl<K: Resource> Writer<K> {
                 }),
                 keeping,
                 hot: parking_lot::Mutex::new(Hot::new(working_set)),
+                field_sets: FieldSetMemo::default(),
             }),
         };
         Self {
@@ -1302,7 +1305,7 @@ mod tests {
         let wire = Writer::build(Keeping::Compact(Compact {
             codec: Arc::new(NoEncoding),
             // The projection reads the bytes itself and never decodes a whole object.
-            wire: Some(|_, _| Err("a projection must not decode the whole object".into())),
+            wire: Some(|_, _, _| Err("a projection must not decode the whole object".into())),
             working_set: WorkingSet::off(),
         }));
         let packed = Writer::<ConfigMap>::compact();
@@ -1364,7 +1367,7 @@ mod tests {
     fn key_versions_read_the_slots_without_decoding() {
         let store = Writer::build(Keeping::Compact(Compact {
             codec: Arc::new(NoEncoding),
-            wire: Some(|_, _| Err("decoding is what this must not do".into())),
+            wire: Some(|_, _, _| Err("decoding is what this must not do".into())),
             working_set: WorkingSet::off(),
         }));
         let mut obj = (*cm("a", "x", "web")).clone();

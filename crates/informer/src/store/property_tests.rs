@@ -5,7 +5,10 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::{
+    api::core::v1::ConfigMap,
+    apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry},
+};
 use kube_core::ObjectMeta;
 use rand::{Rng, SeedableRng, rngs::StdRng, seq::IndexedRandom};
 
@@ -14,7 +17,10 @@ use crate::codec::JsonCodec;
 use super::{Arrival, Operator, Requirement, Selector, WorkingSet, Writer, label_index};
 use crate::{
     key::ObjectKey,
-    list_watch::{RawFormat, RawObject},
+    list_watch::{
+        RawFormat, RawObject,
+        test_encoder::{Msg, config_maps},
+    },
 };
 
 const NAMESPACES: [&str; 3] = ["a", "b", "c"];
@@ -58,6 +64,23 @@ impl World {
                 labels.insert(key.to_owned(), self.value());
             }
         }
+        // Field sets from a small pool, so that stores meet each more than once.
+        let managed_fields = self.rng.random_bool(0.7).then(|| {
+            (0..self.rng.random_range(1..3))
+                .map(|i| ManagedFieldsEntry {
+                    manager: Some(format!("m{i}")),
+                    operation: Some("Apply".to_owned()),
+                    fields_type: Some("FieldsV1".to_owned()),
+                    fields_v1: self.rng.random_bool(0.9).then(|| {
+                        let key = *LABEL_KEYS.choose(&mut self.rng).unwrap();
+                        FieldsV1(serde_json::json!({
+                            "f:metadata": { "f:labels": { ".": {}, format!("f:{key}"): {} } }
+                        }))
+                    }),
+                    ..Default::default()
+                })
+                .collect()
+        });
         let data = (0..self.rng.random_range(0..4))
             .map(|i| (format!("k{i}"), "v".repeat(self.rng.random_range(0..40))))
             .collect();
@@ -67,6 +90,7 @@ impl World {
                 name: Some(name),
                 resource_version: Some(self.version.to_string()),
                 labels: (!labels.is_empty() || self.rng.random_bool(0.5)).then_some(labels),
+                managed_fields,
                 ..Default::default()
             },
             data: Some(data),
@@ -74,11 +98,30 @@ impl World {
         })
     }
 
-    /// The object's bytes as the server would have sent them, half of the time.
+    /// The object's bytes as the server would have sent them, two times in three: in
+    /// protobuf where it has one (empty maps do not survive protobuf), else in JSON.
     fn raw(&mut self, obj: &ConfigMap) -> Option<RawObject> {
-        self.rng
-            .random_bool(0.5)
-            .then(|| RawObject::new(serde_json::to_vec(obj).unwrap().into(), RawFormat::Json))
+        if self.rng.random_bool(1.0 / 3.0) {
+            return None;
+        }
+        let empty_map = |map: Option<&BTreeMap<String, String>>| map.is_some_and(|m| m.is_empty());
+        if self.rng.random_bool(0.5)
+            || empty_map(obj.metadata.labels.as_ref())
+            || empty_map(obj.data.as_ref())
+        {
+            return Some(RawObject::new(
+                serde_json::to_vec(obj).unwrap().into(),
+                RawFormat::Json,
+            ));
+        }
+        let format = RawFormat::Protobuf {
+            resource: config_maps(),
+            typed: false,
+        };
+        let bytes = protobuf(obj);
+        let decoded: ConfigMap = format.decode(&bytes).unwrap();
+        assert_eq!(&decoded, obj, "the test's protobuf writer");
+        Some(RawObject::new(bytes.into(), format))
     }
 
     fn value(&mut self) -> String {
@@ -106,6 +149,36 @@ impl World {
         }
         requirements.join(",").parse().unwrap()
     }
+}
+
+/// `obj` in protobuf, as a list item: the fields [`World::object`] sets.
+fn protobuf(obj: &ConfigMap) -> Vec<u8> {
+    let meta = &obj.metadata;
+    let mut metadata = Msg::new()
+        .str(1, meta.name.as_deref().unwrap())
+        .str(3, meta.namespace.as_deref().unwrap())
+        .str(6, meta.resource_version.as_deref().unwrap());
+    for (key, value) in meta.labels.iter().flatten() {
+        metadata = metadata.entry(11, key, Some(value.as_bytes()));
+    }
+    for entry in meta.managed_fields.iter().flatten() {
+        let mut encoded = Msg::new()
+            .str(1, entry.manager.as_deref().unwrap())
+            .str(2, entry.operation.as_deref().unwrap())
+            .str(6, entry.fields_type.as_deref().unwrap());
+        if let Some(set) = &entry.fields_v1 {
+            encoded = encoded.msg(
+                7,
+                &Msg::new().bytes(1, &serde_json::to_vec(&set.0).unwrap()),
+            );
+        }
+        metadata = metadata.msg(17, &encoded);
+    }
+    let mut config_map = Msg::new().msg(1, &metadata);
+    for (key, value) in obj.data.iter().flatten() {
+        config_map = config_map.entry(2, key, Some(value.as_bytes()));
+    }
+    config_map.0
 }
 
 fn sorted(mut objects: Vec<Arc<ConfigMap>>) -> Vec<Arc<ConfigMap>> {

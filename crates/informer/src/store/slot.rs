@@ -17,7 +17,7 @@ use super::{
 use crate::{
     error::BoxError,
     key::ObjectKey,
-    list_watch::{RawFormat, RawObject},
+    list_watch::{FieldSetMemo, RawFormat, RawObject},
 };
 
 /// How a store keeps the objects written to it; fixed when the store is built.
@@ -39,14 +39,16 @@ pub(super) struct Compact<K> {
     pub(super) working_set: WorkingSet,
 }
 
-/// Decodes bytes kept as they came from the wire.
-pub(super) type WireDecoder<K> = fn(RawFormat, &[u8]) -> Result<K, BoxError>;
+/// Decodes bytes kept as they came from the wire, parsing the field sets of their
+/// `managedFields` through the store's memo.
+pub(super) type WireDecoder<K> = fn(RawFormat, &[u8], &FieldSetMemo) -> Result<K, BoxError>;
 
-pub(super) fn decode_wire<K: DeserializeOwned>(
+pub(super) fn decode_wire<K: Resource + DeserializeOwned>(
     format: RawFormat,
     bytes: &[u8],
+    field_sets: &FieldSetMemo,
 ) -> Result<K, BoxError> {
-    format.decode(bytes)
+    format.decode_sharing(bytes, field_sets)
 }
 
 impl<K: Resource + serde::Serialize + DeserializeOwned + 'static> Compact<K> {
@@ -108,9 +110,9 @@ impl<K> Clone for Body<K> {
 }
 
 impl<K> Body<K> {
-    pub(super) fn decode(&self) -> Result<K, BoxError> {
+    pub(super) fn decode(&self, field_sets: &FieldSetMemo) -> Result<K, BoxError> {
         match &self.decoder {
-            Decoder::Wire(format, decode) => decode(*format, &self.bytes),
+            Decoder::Wire(format, decode) => decode(*format, &self.bytes, field_sets),
             Decoder::Codec(codec) => codec.decode(&self.bytes),
         }
     }
@@ -129,8 +131,12 @@ impl<K> Body<K> {
     }
 
     /// The object, decoded; `None` (with an error log) when its bytes do not decode.
-    pub(super) fn unpack(&self, key: &(impl fmt::Display + ?Sized)) -> Option<Arc<K>> {
-        match self.decode() {
+    pub(super) fn unpack(
+        &self,
+        key: &(impl fmt::Display + ?Sized),
+        field_sets: &FieldSetMemo,
+    ) -> Option<Arc<K>> {
+        match self.decode(field_sets) {
             Ok(obj) => Some(Arc::new(obj)),
             Err(err) => {
                 error!(%key, %err, "stored object does not decode; the codec does not round-trip");

@@ -29,16 +29,40 @@ pub(crate) struct TypeMeta<'de> {
     pub(crate) kind: &'de str,
 }
 
+/// The protobuf name of `managedFields`' field sets.
+pub(crate) const FIELDS_V1: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.FieldsV1";
+
+/// Whether the field sets of `managedFields` (`FieldsV1`, JSON in the protobuf) are parsed
+/// where they are met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FieldSets {
+    Parse,
+    /// Each non-empty one reads as JSON `null`, for the caller to fill in from a memo
+    /// (see `field_sets`): parsing them is a third of decoding a Pod.
+    Defer,
+}
+
 /// Deserializes one message's bytes into `T`.
 pub(crate) fn from_message<'de, T: de::Deserialize<'de>>(
     bytes: &'de [u8],
     message: &'static Message,
     type_meta: Option<TypeMeta<'de>>,
 ) -> Result<T, ProtobufError> {
+    from_message_with(bytes, message, type_meta, FieldSets::Parse)
+}
+
+/// [`from_message`], with field sets read as `field_sets` says.
+pub(crate) fn from_message_with<'de, T: de::Deserialize<'de>>(
+    bytes: &'de [u8],
+    message: &'static Message,
+    type_meta: Option<TypeMeta<'de>>,
+    field_sets: FieldSets,
+) -> Result<T, ProtobufError> {
     T::deserialize(MessageDeserializer {
         bytes,
         message,
         type_meta,
+        field_sets,
     })
 }
 
@@ -47,14 +71,16 @@ struct MessageDeserializer<'de> {
     bytes: &'de [u8],
     message: &'static Message,
     type_meta: Option<TypeMeta<'de>>,
+    field_sets: FieldSets,
 }
 
 impl<'de> MessageDeserializer<'de> {
-    fn nested(bytes: &'de [u8], message: &'static Message) -> Self {
+    fn nested(bytes: &'de [u8], message: &'static Message, field_sets: FieldSets) -> Self {
         Self {
             bytes,
             message,
             type_meta: None,
+            field_sets,
         }
     }
 
@@ -128,9 +154,12 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
             return visitor.visit_unit();
         }
         match self.message.shape {
-            Shape::Object => {
-                visitor.visit_map(ObjectAccess::new(self.bytes, self.message, self.type_meta))
-            }
+            Shape::Object => visitor.visit_map(ObjectAccess::new(
+                self.bytes,
+                self.message,
+                self.type_meta,
+                self.field_sets,
+            )),
             Shape::Time => visitor.visit_str(self.time(0)?.as_str()),
             Shape::MicroTime => visitor.visit_str(self.time(6)?.as_str()),
             Shape::Duration => {
@@ -158,6 +187,12 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
                 let [raw] = self.scalars::<1>()?;
                 match raw {
                     None | Some(Raw::Len(&[])) => visitor.visit_unit(),
+                    Some(Raw::Len(_))
+                        if self.field_sets == FieldSets::Defer
+                            && self.message.name == FIELDS_V1 =>
+                    {
+                        visitor.visit_unit()
+                    }
                     Some(Raw::Len(json)) => serde_json::Deserializer::from_slice(json)
                         .deserialize_any(visitor)
                         .map_err(|e| {
@@ -175,7 +210,12 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
                     .fields
                     .first()
                     .ok_or(ProtobufError::Malformed("array without items"))?;
-                visitor.visit_seq(RunAccess::new(self.bytes, self.message, field))
+                visitor.visit_seq(RunAccess::new(
+                    self.bytes,
+                    self.message,
+                    field,
+                    self.field_sets,
+                ))
             }
         }
     }
@@ -221,6 +261,7 @@ struct ValueDeserializer<'de> {
     field: &'static str,
     value: Value,
     raw: Raw<'de>,
+    field_sets: FieldSets,
 }
 
 impl<'de> ValueDeserializer<'de> {
@@ -263,17 +304,15 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'de> {
                 Raw::Fixed64(bits) => visitor.visit_f64(f64::from_bits(bits)),
                 _ => Err(self.mismatch("a 64-bit double")),
             },
-            Value::Message(m) => {
-                MessageDeserializer::nested(self.len()?, m).deserialize_any(visitor)
-            }
+            Value::Message(m) => MessageDeserializer::nested(self.len()?, m, self.field_sets)
+                .deserialize_any(visitor),
         }
     }
 
     fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, ProtobufError> {
         match self.value {
-            Value::Message(m) => {
-                MessageDeserializer::nested(self.len()?, m).deserialize_option(visitor)
-            }
+            Value::Message(m) => MessageDeserializer::nested(self.len()?, m, self.field_sets)
+                .deserialize_option(visitor),
             _ => visitor.visit_some(self),
         }
     }
@@ -289,9 +328,14 @@ impl<'de> Deserializer<'de> for ValueDeserializer<'de> {
         match self.value {
             Value::String => BorrowedStrDeserializer::new(utf8(self.len()?, self.field)?)
                 .deserialize_enum(name, variants, visitor),
-            Value::Message(m) if m.shape == Shape::Object => visitor.visit_enum(
-                MapAccessDeserializer::new(ObjectAccess::new(self.len()?, m, None)),
-            ),
+            Value::Message(m) if m.shape == Shape::Object => {
+                visitor.visit_enum(MapAccessDeserializer::new(ObjectAccess::new(
+                    self.len()?,
+                    m,
+                    None,
+                    self.field_sets,
+                )))
+            }
             _ => self.deserialize_any(visitor),
         }
     }
@@ -351,15 +395,14 @@ impl<'de> Frame<'de> {
 
     /// The next nullable field the message never held, to be emitted as `null`.
     fn next_null(&mut self) -> Option<&'static Field> {
-        let fields: &'static [Field] = self.message.fields;
-        while let Some(field) = fields.get(self.nulls_from) {
-            let index = self.nulls_from;
-            self.nulls_from += 1;
-            if field.nullable && index < 128 && self.seen & (1u128 << index) == 0 {
-                return Some(field);
-            }
+        let pending = self.message.nullable & !self.seen;
+        let rest = pending.checked_shr(self.nulls_from as u32).unwrap_or(0);
+        if rest == 0 {
+            return None;
         }
-        None
+        let index = self.nulls_from + rest.trailing_zeros() as usize;
+        self.nulls_from = index + 1;
+        self.message.fields.get(index)
     }
 }
 
@@ -380,16 +423,23 @@ struct ObjectAccess<'de> {
     /// The envelope's kind, emitted right after its `apiVersion`.
     kind: Option<&'de str>,
     pending: Option<Pending<'de>>,
+    field_sets: FieldSets,
 }
 
 impl<'de> ObjectAccess<'de> {
-    fn new(bytes: &'de [u8], message: &'static Message, type_meta: Option<TypeMeta<'de>>) -> Self {
+    fn new(
+        bytes: &'de [u8],
+        message: &'static Message,
+        type_meta: Option<TypeMeta<'de>>,
+        field_sets: FieldSets,
+    ) -> Self {
         Self {
             frame: Frame::new(bytes, message),
             outer: Vec::new(),
             type_meta,
             kind: None,
             pending: None,
+            field_sets,
         }
     }
 
@@ -490,12 +540,21 @@ impl<'de> MapAccess<'de> for ObjectAccess<'de> {
                 field: field.json,
                 value: field.value,
                 raw,
+                field_sets: self.field_sets,
             }),
             Some(Pending::Run(message, field, run)) => match field.cardinality {
-                Cardinality::Map => {
-                    seed.deserialize(RunDeserializer::Map(MapRunAccess::new(run, message, field)))
-                }
-                _ => seed.deserialize(RunDeserializer::Seq(RunAccess::new(run, message, field))),
+                Cardinality::Map => seed.deserialize(RunDeserializer::Map(MapRunAccess::new(
+                    run,
+                    message,
+                    field,
+                    self.field_sets,
+                ))),
+                _ => seed.deserialize(RunDeserializer::Seq(RunAccess::new(
+                    run,
+                    message,
+                    field,
+                    self.field_sets,
+                ))),
             },
             None => Err(ProtobufError::Malformed("value requested before its key")),
         }
@@ -541,15 +600,22 @@ struct RunAccess<'de> {
     message: &'static Message,
     field: &'static Field,
     packed: Option<Reader<'de>>,
+    field_sets: FieldSets,
 }
 
 impl<'de> RunAccess<'de> {
-    fn new(run: &'de [u8], message: &'static Message, field: &'static Field) -> Self {
+    fn new(
+        run: &'de [u8],
+        message: &'static Message,
+        field: &'static Field,
+        field_sets: FieldSets,
+    ) -> Self {
         Self {
             reader: Reader::new(run),
             message,
             field,
             packed: None,
+            field_sets,
         }
     }
 
@@ -563,6 +629,7 @@ impl<'de> RunAccess<'de> {
             field: self.field.json,
             value: self.field.value,
             raw,
+            field_sets: self.field_sets,
         })
     }
 }
@@ -609,15 +676,22 @@ struct MapRunAccess<'de> {
     message: &'static Message,
     field: &'static Field,
     value: Option<Raw<'de>>,
+    field_sets: FieldSets,
 }
 
 impl<'de> MapRunAccess<'de> {
-    fn new(run: &'de [u8], message: &'static Message, field: &'static Field) -> Self {
+    fn new(
+        run: &'de [u8],
+        message: &'static Message,
+        field: &'static Field,
+        field_sets: FieldSets,
+    ) -> Self {
         Self {
             reader: Reader::new(run),
             message,
             field,
             value: None,
+            field_sets,
         }
     }
 
@@ -681,6 +755,7 @@ impl<'de> MapAccess<'de> for MapRunAccess<'de> {
             field: self.field.json,
             value: self.field.value,
             raw,
+            field_sets: self.field_sets,
         })
     }
 }
@@ -813,6 +888,34 @@ mod tests {
         );
         let m = Msg::new().msg(11, &Msg::new().varint(1, 0).varint(2, 8080));
         assert_eq!(decode(&m).unwrap()["port"], json!(8080));
+    }
+
+    #[test]
+    fn every_nullable_field_never_held_reads_null_and_no_other() {
+        static NULLS: Message = Message::new(
+            "test.Nulls",
+            Shape::Object,
+            &[
+                Field::repeated(1, "first", Value::String).nullable(),
+                Field::single(2, "plain", Value::String).omit_empty(),
+                Field::map(3, "held", Value::String).nullable(),
+                Field::repeated(4, "absent", Value::String),
+                Field::single(5, "pointer", Value::Message(&INNER)).nullable(),
+                Field::repeated(6, "last", Value::String).nullable(),
+            ],
+        );
+        let m = Msg::new().str(2, "x").entry(3, "k", Some(b"v"));
+        let value: Json = from_message(&m.0, &NULLS, None).unwrap();
+        assert_eq!(
+            value,
+            json!({ "plain": "x", "held": { "k": "v" }, "first": null, "pointer": null, "last": null })
+        );
+        let m = Msg::new().str(1, "a").str(6, "z");
+        let value: Json = from_message(&m.0, &NULLS, None).unwrap();
+        assert_eq!(
+            value,
+            json!({ "first": ["a"], "last": ["z"], "held": null, "pointer": null })
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@
 pub(super) mod deserializer;
 pub(super) mod envelope;
 pub(super) mod error;
+pub(super) mod field_sets;
 pub(super) mod list_decoder;
 mod lookup;
 pub(super) mod schema;

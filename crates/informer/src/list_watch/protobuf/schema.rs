@@ -9,14 +9,26 @@ pub(crate) struct Message {
     pub(crate) shape: Shape,
     /// Sorted by number.
     pub(crate) fields: &'static [Field],
+    /// Bit `i` is set when field `i` is nullable (of the first 128), so a message's end
+    /// finds the nulls to emit without walking all its fields.
+    pub(crate) nullable: u128,
 }
 
 impl Message {
     pub(crate) const fn new(name: &'static str, shape: Shape, fields: &'static [Field]) -> Self {
+        let mut nullable = 0u128;
+        let mut i = 0;
+        while i < fields.len() && i < 128 {
+            if fields[i].nullable {
+                nullable |= 1 << i;
+            }
+            i += 1;
+        }
         Self {
             name,
             shape,
             fields,
+            nullable,
         }
     }
 

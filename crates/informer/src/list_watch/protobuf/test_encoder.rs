@@ -12,6 +12,11 @@ pub(crate) fn pods() -> &'static Resource {
     Resource::for_url("/api/v1/namespaces/x/pods").expect("pods are in the table")
 }
 
+/// The table's entry for ConfigMaps.
+pub(crate) fn config_maps() -> &'static Resource {
+    Resource::for_url("/api/v1/namespaces/x/configmaps").expect("configmaps are in the table")
+}
+
 /// `body` as a response body arriving in pieces of `size` bytes.
 pub(crate) fn chunked(
     body: Vec<u8>,
