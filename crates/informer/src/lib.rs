@@ -32,8 +32,10 @@
 
 mod client;
 pub mod codec;
+pub mod conditions;
 mod controller;
 mod error;
+pub mod events;
 mod informer;
 mod key;
 #[cfg(feature = "leader-election")]
@@ -44,6 +46,7 @@ pub mod list_watch;
 #[cfg_attr(docsrs, doc(cfg(feature = "manager")))]
 mod manager;
 pub mod reflector;
+mod replica;
 mod store;
 mod task;
 #[cfg(any(test, feature = "testing"))]

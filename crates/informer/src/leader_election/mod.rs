@@ -62,6 +62,8 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::replica::{non_empty, pod_name};
+
 /// The namespace a replica's Lease goes in by default: `$POD_NAMESPACE` (set it from the
 /// downward API), else the namespace of the Pod's service account, else `default` (a
 /// replica run outside a cluster).
@@ -77,16 +79,8 @@ pub fn default_namespace() -> String {
 /// is the Pod's name in a Pod), then `_` and a random suffix, so two processes on one host
 /// (or a restarted one whose old Lease is still held) never share an identity.
 pub fn default_identity() -> String {
-    let host = non_empty(std::env::var("POD_NAME").ok())
-        .or_else(|| non_empty(std::env::var("HOSTNAME").ok()))
-        .or_else(|| non_empty(std::fs::read_to_string("/etc/hostname").ok()))
-        .unwrap_or_else(|| "replica".to_owned());
     let suffix: u64 = rand::rng().random();
-    format!("{host}_{suffix:016x}")
-}
-
-fn non_empty(text: Option<String>) -> Option<String> {
-    text.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty())
+    format!("{}_{suffix:016x}", pod_name())
 }
 
 /// Timing and identity of a [`LeaderElector`].

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 
 use super::protobuf::{
+    ProtobufError,
     deserializer::{TypeMeta, from_message},
     field_sets::{FieldSetMemo, from_message_sharing_field_sets},
     schema::Resource,
@@ -75,34 +76,31 @@ impl RawFormat {
         bytes: &[u8],
         memo: &FieldSetMemo,
     ) -> Result<K, BoxError> {
-        Ok(match self {
-            RawFormat::Json => serde_json::from_slice(bytes)?,
-            RawFormat::Protobuf {
-                resource,
-                typed: false,
-            } => from_message_sharing_field_sets(bytes, resource.item, None, memo)?,
-            RawFormat::Protobuf {
-                resource,
-                typed: true,
-            } => {
-                let api_version = resource.api_version();
-                let meta = TypeMeta {
-                    api_version: &api_version,
-                    kind: resource.kind,
-                };
-                from_message_sharing_field_sets(bytes, resource.item, Some(meta), memo)?
-            }
+        self.decode_with(bytes, |resource, meta| {
+            from_message_sharing_field_sets(bytes, resource.item, meta, memo)
         })
     }
 
     /// The object `bytes` (in this format) hold.
     pub(crate) fn decode<K: DeserializeOwned>(self, bytes: &[u8]) -> Result<K, BoxError> {
+        self.decode_with(bytes, |resource, meta| {
+            from_message(bytes, resource.item, meta)
+        })
+    }
+
+    /// JSON by serde_json; protobuf by `protobuf`, given the envelope's type when the
+    /// object came in one.
+    fn decode_with<K: DeserializeOwned>(
+        self,
+        bytes: &[u8],
+        protobuf: impl FnOnce(&'static Resource, Option<TypeMeta<'_>>) -> Result<K, ProtobufError>,
+    ) -> Result<K, BoxError> {
         Ok(match self {
             RawFormat::Json => serde_json::from_slice(bytes)?,
             RawFormat::Protobuf {
                 resource,
                 typed: false,
-            } => from_message(bytes, resource.item, None)?,
+            } => protobuf(resource, None)?,
             RawFormat::Protobuf {
                 resource,
                 typed: true,
@@ -112,7 +110,7 @@ impl RawFormat {
                     api_version: &api_version,
                     kind: resource.kind,
                 };
-                from_message(bytes, resource.item, Some(meta))?
+                protobuf(resource, Some(meta))?
             }
         })
     }

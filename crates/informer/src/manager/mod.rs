@@ -21,6 +21,7 @@ use kube_core::Resource;
 use crate::{
     controller::{Action, Controller, ControllerMetrics, ErrorAction, Failure, ReconcileRequest},
     error::error_chain,
+    events::{Recorder, Reporter},
     informer::{FactoryScope, InformerFactory, Scope, TypedResource},
     task::join_within,
     workqueue::PrometheusMetrics,
@@ -121,6 +122,8 @@ pub struct Manager {
     metrics_address: Option<SocketAddr>,
     shutdown_timeout: Duration,
     leader_election: Option<LeaderElectionConfig>,
+    /// The event recorders handed out, flushed at shutdown and read at each scrape.
+    recorders: http::Recorders,
 }
 
 impl std::fmt::Debug for Manager {
@@ -151,6 +154,8 @@ impl Manager {
         let workqueue_metrics = PrometheusMetrics::new(&mut registry);
         let controller_metrics = ControllerMetrics::new(&mut registry);
         http::register_informer_metrics(&mut registry, factory.clone());
+        let recorders = http::Recorders::default();
+        http::register_event_metrics(&mut registry, recorders.clone());
         Self {
             factory,
             registry,
@@ -161,7 +166,30 @@ impl Manager {
             metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
             shutdown_timeout: Duration::from_secs(30),
             leader_election: None,
+            recorders,
         }
+    }
+
+    /// An event recorder for the controller named `controller` (its
+    /// `reportingController`, e.g. `example.com/traefik-operator`), reporting as this
+    /// replica: its leader election identity when leader election is on, else its Pod
+    /// name. The manager writes what it buffered when it shuts down, within the shutdown
+    /// timeout, and serves its counts on `/metrics` (`events_published_total`,
+    /// `events_written_total`, `events_dropped_total` by reason).
+    ///
+    /// # Panics
+    ///
+    /// Outside a tokio runtime: the recorder's writer is a task.
+    pub fn recorder(&mut self, controller: impl Into<String>) -> Recorder {
+        #[allow(unused_mut)]
+        let mut reporter = Reporter::new(controller);
+        #[cfg(feature = "leader-election")]
+        if let Some(config) = &self.leader_election {
+            reporter = reporter.instance(config.identity());
+        }
+        let recorder = Recorder::new(self.factory.client(), reporter);
+        self.recorders.add(recorder.clone());
+        recorder
     }
 
     /// Runs the tasks only while this replica holds the Lease `config` names (the
@@ -351,6 +379,7 @@ impl BoundManager {
             registry,
             tasks,
             shutdown_timeout,
+            recorders,
             ..
         } = manager;
         let elector: Option<Arc<LeaderElector>> = elector;
@@ -379,6 +408,12 @@ impl BoundManager {
             }
             _ => run_tasks(tasks, cancel.child_token(), shutdown_timeout).await,
         };
+        if tokio::time::timeout(shutdown_timeout, recorders.shutdown())
+            .await
+            .is_err()
+        {
+            warn!(timeout = ?shutdown_timeout, "events still unwritten at the shutdown deadline; dropped");
+        }
         factory.shutdown().await;
         servers.cancel();
         while server_tasks.join_next().await.is_some() {}

@@ -265,6 +265,21 @@ struct ValueDeserializer<'de> {
 }
 
 impl<'de> ValueDeserializer<'de> {
+    fn new(
+        message: &'static Message,
+        field: &'static Field,
+        raw: Raw<'de>,
+        field_sets: FieldSets,
+    ) -> Self {
+        Self {
+            message,
+            field: field.json,
+            value: field.value,
+            raw,
+            field_sets,
+        }
+    }
+
     fn mismatch(&self, expected: &'static str) -> ProtobufError {
         ProtobufError::Mismatch {
             message: self.message.name,
@@ -535,13 +550,9 @@ impl<'de> MapAccess<'de> for ObjectAccess<'de> {
         match self.pending.take() {
             Some(Pending::Null) => seed.deserialize(UnitDeserializer::new()),
             Some(Pending::Str(s)) => seed.deserialize(BorrowedStrDeserializer::new(s)),
-            Some(Pending::Value(message, field, raw)) => seed.deserialize(ValueDeserializer {
-                message,
-                field: field.json,
-                value: field.value,
-                raw,
-                field_sets: self.field_sets,
-            }),
+            Some(Pending::Value(message, field, raw)) => {
+                seed.deserialize(ValueDeserializer::new(message, field, raw, self.field_sets))
+            }
             Some(Pending::Run(message, field, run)) => match field.cardinality {
                 Cardinality::Map => seed.deserialize(RunDeserializer::Map(MapRunAccess::new(
                     run,
@@ -624,13 +635,12 @@ impl<'de> RunAccess<'de> {
         seed: T,
         raw: Raw<'de>,
     ) -> Result<T::Value, ProtobufError> {
-        seed.deserialize(ValueDeserializer {
-            message: self.message,
-            field: self.field.json,
-            value: self.field.value,
+        seed.deserialize(ValueDeserializer::new(
+            self.message,
+            self.field,
             raw,
-            field_sets: self.field_sets,
-        })
+            self.field_sets,
+        ))
     }
 }
 
@@ -750,13 +760,12 @@ impl<'de> MapAccess<'de> for MapRunAccess<'de> {
         let raw = self.value.take().ok_or(ProtobufError::Malformed(
             "map value requested before its key",
         ))?;
-        seed.deserialize(ValueDeserializer {
-            message: self.message,
-            field: self.field.json,
-            value: self.field.value,
+        seed.deserialize(ValueDeserializer::new(
+            self.message,
+            self.field,
             raw,
-            field_sets: self.field_sets,
-        })
+            self.field_sets,
+        ))
     }
 }
 
