@@ -1,16 +1,24 @@
 //! The controller author's toolkit on a real API server: Kubernetes Events folded into
 //! series, filtered when an object floods them, and dropped (counted) when RBAC forbids
-//! them, never in the publisher's way.
+//! them, never in the publisher's way; status conditions and server-side apply.
 
 use std::{sync::Arc, time::Duration};
 
-use k8s_openapi::api::{core::v1::ConfigMap, events::v1::Event as EventsV1};
+use k8s_openapi::{
+    api::{
+        core::v1::{ConfigMap, Service, ServicePort, ServiceSpec, ServiceStatus},
+        events::v1::Event as EventsV1,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use kube_client::{
     Api, Client,
     api::{ListParams, PostParams},
 };
 use kube_informer::{
     Action, CancellationToken, ReconcileRequest, Scope,
+    apply::{Applier, ApplyError, Conflicts, FieldConflict},
+    conditions::{ConditionStatus, NewCondition, find_condition, set_condition},
     events::{Event, Recorder, RecorderConfig, Reporter},
     retry_with_backoff,
 };
@@ -210,4 +218,166 @@ async fn toolkit_a_managers_recorder_publishes_from_reconciles_and_flushes_at_sh
         assert_eq!(events[0].reason.as_deref(), Some("Reconciled"));
     }
     assert_eq!(recorder.stats().dropped(), 0);
+}
+
+/// A ClusterIP Service named `name` in `namespace`, created: its status has conditions
+/// (`metav1.Condition`) and no controller in the test control plane writes them.
+async fn service(client: &Client, namespace: &str, name: &str) -> Service {
+    let service = Service {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                port: 80,
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    Api::<Service>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("the Service is created")
+}
+
+/// The status a reconcile of `current` would apply: its conditions with `Ready` set.
+fn ready_status(current: &Service, status: ConditionStatus, message: &str) -> (Service, bool) {
+    let mut conditions = current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let changed = set_condition(
+        &mut conditions,
+        NewCondition::new("Ready", status, "Checked", message).observed_from(current),
+    );
+    let desired = Service {
+        metadata: ObjectMeta {
+            name: current.metadata.name.clone(),
+            namespace: current.metadata.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        status: Some(ServiceStatus {
+            conditions: Some(conditions),
+            ..ServiceStatus::default()
+        }),
+        ..Service::default()
+    };
+    (desired, changed)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolkit_a_status_applied_again_unchanged_keeps_its_version_and_transition_time() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "apply-status").await;
+    let created = service(&client, &namespace, "web").await;
+    let applier = Applier::new(client.clone(), CONTROLLER);
+
+    let (desired, changed) = ready_status(&created, ConditionStatus::True, "serving");
+    assert!(changed, "a new condition");
+    let first = applier
+        .apply_status(&desired, Conflicts::Refuse)
+        .await
+        .unwrap();
+    let ready = |s: &Service| {
+        find_condition(
+            s.status.as_ref().unwrap().conditions.as_deref().unwrap(),
+            "Ready",
+        )
+        .cloned()
+        .unwrap()
+    };
+    assert_eq!(ready(&first).status, "True");
+    assert_eq!(
+        ready(&first).observed_generation,
+        created.metadata.generation
+    );
+
+    // The next reconcile reads the applied object and finds nothing to change.
+    let (desired, changed) = ready_status(&first, ConditionStatus::True, "serving");
+    assert!(!changed, "the same status again is no change");
+    let second = applier
+        .apply_status(&desired, Conflicts::Refuse)
+        .await
+        .unwrap();
+    assert_eq!(
+        second.metadata.resource_version, first.metadata.resource_version,
+        "an apply that changes nothing writes nothing"
+    );
+    assert_eq!(
+        ready(&second).last_transition_time,
+        ready(&first).last_transition_time
+    );
+
+    // A new status moves the transition time (the API keeps whole seconds).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (desired, changed) = ready_status(&second, ConditionStatus::False, "backend gone");
+    assert!(changed);
+    let third = applier
+        .apply_status(&desired, Conflicts::Refuse)
+        .await
+        .unwrap();
+    assert_ne!(
+        third.metadata.resource_version,
+        second.metadata.resource_version
+    );
+    assert!(ready(&third).last_transition_time.0 > ready(&second).last_transition_time.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolkit_an_apply_over_another_managers_field_is_a_conflict_naming_it() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "apply-conflict").await;
+    let settings = |mode: &str| ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("settings".to_owned()),
+            namespace: Some(namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("mode".to_owned(), mode.to_owned())].into()),
+        ..ConfigMap::default()
+    };
+    let other = Applier::new(client.clone(), "someone-else");
+    other
+        .apply(&settings("slow"), Conflicts::Refuse)
+        .await
+        .unwrap();
+
+    let ours = Applier::new(client.clone(), CONTROLLER);
+    let err = ours
+        .apply(&settings("fast"), Conflicts::Refuse)
+        .await
+        .unwrap_err();
+    match &err {
+        ApplyError::Conflict { manager, conflicts } => {
+            assert_eq!(manager, CONTROLLER);
+            assert_eq!(
+                conflicts,
+                &[FieldConflict {
+                    manager: "someone-else".to_owned(),
+                    field: ".data.mode".to_owned(),
+                }]
+            );
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert!(err.to_string().contains("someone-else"), "{err}");
+    let unchanged = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+        .get("settings")
+        .await
+        .unwrap();
+    assert_eq!(
+        unchanged.data.unwrap()["mode"],
+        "slow",
+        "nothing was written"
+    );
+
+    let taken = ours
+        .apply(&settings("fast"), Conflicts::TakeOwnership)
+        .await
+        .unwrap();
+    assert_eq!(taken.data.unwrap()["mode"], "fast");
 }

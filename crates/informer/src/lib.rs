@@ -30,6 +30,7 @@
 //!   a bounded shutdown (feature `manager`);
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`).
 
+pub mod apply;
 mod client;
 pub mod codec;
 pub mod conditions;
