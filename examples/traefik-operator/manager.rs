@@ -117,6 +117,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
                     routes: routes.clone(),
                     store: controller.store(),
                     policy: policy.clone(),
+                    events: manager.recorder(tsvc::REPORTING_CONTROLLER),
                 });
                 let sync = |key, r: Arc<tsvc::Reconciler>| async move { r.sync(key).await };
                 manager.add_controller(

@@ -24,7 +24,11 @@ use kube_client::{
     Api, Client,
     api::{Patch, PatchParams},
 };
-use kube_informer::{Action, FinalizerError, FinalizerEvent, ObjectKey, Store, finalizer};
+use kube_informer::{
+    Action, FinalizerError, FinalizerEvent, ObjectKey, Store,
+    events::{Event, Recorder},
+    finalizer,
+};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -180,7 +184,12 @@ pub struct Reconciler {
     pub store: Store<TraefikService>,
     /// What may be routed.
     pub policy: Arc<Policy>,
+    /// Where the Events users see on their TraefikServices go.
+    pub events: Recorder,
 }
+
+/// The `reportingController` of the operator's Events.
+pub const REPORTING_CONTROLLER: &str = "traefik.kube-informer.dev/traefik-operator";
 
 impl std::fmt::Debug for Reconciler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -215,9 +224,14 @@ impl Reconciler {
         let outcome = finalizer(&api, FINALIZER, obj, |event| async {
             match event {
                 FinalizerEvent::Apply(obj) => self.apply(&api, &key, &namespace, &obj).await,
-                FinalizerEvent::Cleanup(_) => {
+                FinalizerEvent::Cleanup(obj) => {
                     self.routes.remove(&route).await?;
                     info!(%key, route, "TraefikService deleted; route removed");
+                    self.events.publish_for(
+                        Event::normal("Unregistered", "Unregister")
+                            .note(format!("route {route} removed from etcd")),
+                        &*obj,
+                    );
                     Ok(Action::done())
                 }
             }
@@ -251,9 +265,26 @@ impl Reconciler {
             }) => {
                 info!(%key, url = %redact_url(&desired.url), entrypoint = %desired.entrypoint, rule = %desired.rule, "syncing TraefikService");
                 match self.routes.write(&desired, namespace, &hosts).await {
-                    Ok(changes) => (Ok(changes), status(true, "")),
+                    Ok(changes) => {
+                        if !changes.is_empty() {
+                            self.events.publish_for(
+                                Event::normal("Registered", "Register").note(format!(
+                                    "route {route} written to etcd for {}",
+                                    redact_url(&desired.url)
+                                )),
+                                obj,
+                            );
+                        }
+                        (Ok(changes), status(true, ""))
+                    }
                     Err(ClaimError::Etcd(err)) => {
                         warn!(%key, error = %err, detail = %err.detail(), "etcd update failed");
+                        // One note per kind of failure, so retries add to one series.
+                        self.events.publish_for(
+                            Event::warning("EtcdUnavailable", "Register")
+                                .note("cannot write the route to etcd; retrying"),
+                            obj,
+                        );
                         let message = err.to_string();
                         (Err(SyncError::Etcd(err)), status(false, &message))
                     }
@@ -265,16 +296,28 @@ impl Reconciler {
                     // Retried with backoff: the route waits for the host to be free.
                     Err(taken @ ClaimError::HostTaken { .. }) => {
                         let message = taken.to_string();
+                        self.events.publish_for(
+                            Event::warning("HostTaken", "Register").note(message.clone()),
+                            obj,
+                        );
                         (Err(SyncError::Refused(taken)), status(false, &message))
                     }
                     Err(refused) => {
                         warn!(%key, reason = %refused, "TraefikService refused");
+                        self.events.publish_for(
+                            Event::warning("Refused", "Register").note(refused.to_string()),
+                            obj,
+                        );
                         (Ok(Changes::default()), status(false, &refused.to_string()))
                     }
                 }
             }
             Err(spec_error) => {
                 warn!(%key, error = %spec_error, "TraefikService cannot be routed");
+                self.events.publish_for(
+                    Event::warning("InvalidSpec", "Register").note(spec_error.to_string()),
+                    obj,
+                );
                 let removed = self.routes.remove(&route).await;
                 match removed {
                     Ok(changes) => (Ok(changes), status(false, &spec_error.to_string())),

@@ -11,10 +11,10 @@ use std::{
 };
 
 use clap::Parser as _;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::{core::v1::Service, events::v1::Event as EventsV1};
 use kube_client::{
     Api, Client,
-    api::{DeleteParams, Patch, PatchParams, PostParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
 };
 use kube_testenv::{EtcdServer, TestEnv};
 use tests::{eventually_some_within, lease_holder, test_namespace};
@@ -1035,6 +1035,24 @@ async fn two_tenants_keep_their_routes_and_cannot_take_each_others_hosts() {
         let message = message(&refused);
         assert!(message.contains(&refusal), "{name}: {message}");
         assert!(!message.contains("token=secret"), "{name}: {message}");
+        // And users see it where they look: a Warning Event on the object.
+        let events: Api<EventsV1> = Api::namespaced(world.client.clone(), &world.namespace);
+        let note = eventually_some_within(TRAEFIK_PATIENCE, "a Warning Event on it", || {
+            let events = events.clone();
+            async move {
+                let list = events
+                    .list(&ListParams::default().fields(&format!("regarding.name={name}")))
+                    .await
+                    .unwrap();
+                list.items
+                    .into_iter()
+                    .find(|e| e.type_.as_deref() == Some("Warning"))
+                    .and_then(|e| e.note)
+            }
+        })
+        .await;
+        assert!(note.contains(&refusal), "{name}: {note}");
+        assert!(!note.contains("token=secret"), "{name}: {note}");
         let route = format!("tsvc_{}_{name}", world.namespace);
         assert!(
             keys_of(&world.kv, &route).await.is_empty(),
