@@ -5,7 +5,7 @@
 //! (`traefik-operator crd > config/crd/traefik.kube-informer.dev_traefikservices.yaml`);
 //! a test fails when the checked-in file and the types disagree.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -105,6 +105,32 @@ pub struct TraefikServiceStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+
+    /// `Ready`: whether the route is in etcd as the spec says, since when, and why not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// `metav1.Condition`s, one per type (a map-list, so each type is merged on its own).
+fn conditions_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+            "properties": {
+                "type": { "type": "string", "maxLength": 316 },
+                "status": { "type": "string", "enum": ["True", "False", "Unknown"] },
+                "observedGeneration": { "type": "integer", "format": "int64", "minimum": 0 },
+                "lastTransitionTime": { "type": "string", "format": "date-time" },
+                "reason": { "type": "string", "maxLength": 1024 },
+                "message": { "type": "string", "maxLength": 32768 }
+            }
+        }
+    })
 }
 
 fn date_time_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -19,13 +19,15 @@
 
 use std::{collections::BTreeSet, sync::Arc};
 
-use k8s_openapi::{apimachinery::pkg::apis::meta::v1::Time, jiff::Timestamp};
-use kube_client::{
-    Api, Client,
-    api::{Patch, PatchParams},
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    jiff::Timestamp,
 };
+use kube_client::{Api, Client};
 use kube_informer::{
     Action, FinalizerError, FinalizerEvent, ObjectKey, Store,
+    apply::{Applier, ApplyError, Conflicts},
+    conditions::{ConditionStatus, NewCondition, set_condition},
     events::{Event, Recorder},
     finalizer,
 };
@@ -171,6 +173,14 @@ pub enum SyncError {
         /// The client's error.
         source: kube_client::Error,
     },
+    /// The status could not be applied.
+    #[error("applying the status of TraefikService {name}: {source}")]
+    Status {
+        /// The object's name.
+        name: String,
+        /// Why.
+        source: ApplyError,
+    },
 }
 
 /// What the `TraefikService` sync function needs.
@@ -186,7 +196,12 @@ pub struct Reconciler {
     pub policy: Arc<Policy>,
     /// Where the Events users see on their TraefikServices go.
     pub events: Recorder,
+    /// Writes the status, as the operator's field manager.
+    pub status: Applier,
 }
+
+/// The field manager of the status the operator applies.
+pub const FIELD_MANAGER: &str = "traefik-operator";
 
 /// The `reportingController` of the operator's Events.
 pub const REPORTING_CONTROLLER: &str = "traefik.kube-informer.dev/traefik-operator";
@@ -223,7 +238,7 @@ impl Reconciler {
         let api: Api<TraefikService> = Api::namespaced(self.client.clone(), &namespace);
         let outcome = finalizer(&api, FINALIZER, obj, |event| async {
             match event {
-                FinalizerEvent::Apply(obj) => self.apply(&api, &key, &namespace, &obj).await,
+                FinalizerEvent::Apply(obj) => self.apply(&key, &namespace, &obj).await,
                 FinalizerEvent::Cleanup(obj) => {
                     self.routes.remove(&route).await?;
                     info!(%key, route, "TraefikService deleted; route removed");
@@ -252,7 +267,6 @@ impl Reconciler {
     /// Routes a live object (holding the finalizer) and reports the outcome in its status.
     async fn apply(
         &self,
-        api: &Api<TraefikService>,
         key: &ObjectKey,
         namespace: &str,
         obj: &TraefikService,
@@ -329,13 +343,12 @@ impl Reconciler {
             }
         };
         let changed_etcd = result.as_ref().is_ok_and(|c| !c.is_empty());
-        self.update_status(api, obj, status, changed_etcd).await?;
+        self.update_status(obj, status, changed_etcd).await?;
         result.map(|_| Action::done())
     }
 
     async fn update_status(
         &self,
-        api: &Api<TraefikService>,
         obj: &TraefikService,
         mut new: TraefikServiceStatus,
         changed_etcd: bool,
@@ -343,34 +356,46 @@ impl Reconciler {
         let name = obj.metadata.name.as_deref().unwrap_or_default();
         new.observed_generation = obj.metadata.generation;
         let old = obj.status.clone().unwrap_or_default();
+        new.conditions = old.conditions.clone();
+        let ready = if new.active {
+            NewCondition::new("Ready", ConditionStatus::True, "Routed", "route in etcd")
+        } else {
+            NewCondition::new("Ready", ConditionStatus::False, "NotRouted", &new.message)
+        };
+        let conditions_changed = set_condition(&mut new.conditions, ready.observed_from(obj));
         let same = old.active == new.active
             && old.message == new.message
             && old.observed_generation == new.observed_generation
-            && old.last_update_time.is_some();
+            && old.last_update_time.is_some()
+            && !conditions_changed;
         if same && !changed_etcd {
             return Ok(());
         }
         new.last_update_time = Some(Time(Timestamp::now()));
-        // Every field is spelled out, so a merge patch also clears an old message.
-        let patch = serde_json::json!({
-            "status": {
-                "active": new.active,
-                "message": new.message,
-                "lastUpdateTime": new.last_update_time,
-                "observedGeneration": new.observed_generation,
-            }
-        });
-        match api
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        let desired = TraefikService {
+            metadata: ObjectMeta {
+                name: obj.metadata.name.clone(),
+                namespace: obj.metadata.namespace.clone(),
+                ..ObjectMeta::default()
+            },
+            spec: obj.spec.clone(),
+            status: Some(new),
+        };
+        // The operator alone writes the status: fields an older operator wrote by merge
+        // patch become its applied ones.
+        match self
+            .status
+            .apply_status(&desired, Conflicts::TakeOwnership)
             .await
         {
-            Ok(_) => {
-                debug!(name, active = new.active, message = %new.message, "status updated");
+            Ok(written) => {
+                let status = written.status.unwrap_or_default();
+                debug!(name, active = status.active, message = %status.message, "status applied");
                 Ok(())
             }
-            Err(err) if is_not_found(&err) => Ok(()),
-            Err(source) => Err(SyncError::Kube {
-                action: format!("updating the status of TraefikService {name}"),
+            Err(ApplyError::Api { source, .. }) if is_not_found(&source) => Ok(()),
+            Err(source) => Err(SyncError::Status {
+                name: name.to_owned(),
                 source,
             }),
         }

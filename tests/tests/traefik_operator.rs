@@ -254,6 +254,20 @@ async fn an_applied_traefik_service_is_routed_and_deleting_it_unroutes_it() {
 
     let obj = wait_status(&world.api(), "web", "status active with a time", is_active).await;
     assert_eq!(obj.status.as_ref().unwrap().message, "");
+    let ready = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .expect("a Ready condition");
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Routed")
+    );
+    assert_eq!(ready.observed_generation, obj.metadata.generation);
+    let applied_by_operator = obj.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some("traefik-operator") && m.operation.as_deref() == Some("Apply")
+    });
+    assert!(applied_by_operator, "the status is applied by the operator");
     let keys = keys_of(&world.kv, &route).await;
     assert_eq!(
         keys.get(&format!(
