@@ -9,8 +9,8 @@ use k8s_openapi::{
 };
 use kube_client::Client;
 use kube_informer::{
-    Controller, FactoryDefaults, InformerFactory, Manager, TypedResource, apply::Applier,
-    retry_with_backoff, sync_by_key,
+    Controller, FactoryDefaults, InformerFactory, Manager, TypedResource, retry_with_backoff,
+    sync_by_key,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -118,7 +118,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
                     store: controller.store(),
                     policy: policy.clone(),
                     events: manager.recorder(tsvc::REPORTING_CONTROLLER),
-                    status: Applier::new(client.clone(), tsvc::FIELD_MANAGER),
+                    status: manager.applier(tsvc::FIELD_MANAGER),
                 });
                 let sync = |key, r: Arc<tsvc::Reconciler>| async move { r.sync(key).await };
                 manager.add_controller(

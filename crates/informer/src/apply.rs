@@ -83,6 +83,26 @@ fn describe(conflicts: &[FieldConflict]) -> String {
         .join(", ")
 }
 
+/// What an [`Applier`] writes: a namespaced kind with a static type, that serializes
+/// (for the patch) and deserializes (the stored object it answers with).
+pub trait Appliable:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Debug
+{
+}
+
+impl<K> Appliable for K where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug
+{
+}
+
 /// Applies objects and their status as one field manager. Cheap to clone.
 #[derive(Clone)]
 pub struct Applier {
@@ -120,14 +140,11 @@ impl Applier {
     ///
     /// [`ApplyError::Conflict`] naming the other managers and their fields (with
     /// [`Conflicts::Refuse`]); [`ApplyError::NoName`]; [`ApplyError::Api`].
-    pub async fn apply<K>(&self, desired: &K, conflicts: Conflicts) -> Result<K, ApplyError>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Serialize
-            + DeserializeOwned
-            + Clone
-            + Debug,
-    {
+    pub async fn apply<K: Appliable>(
+        &self,
+        desired: &K,
+        conflicts: Conflicts,
+    ) -> Result<K, ApplyError> {
         let (api, name) = self.api_for(desired)?;
         api.patch(&name, &self.params(conflicts), &Patch::Apply(desired))
             .await
@@ -140,14 +157,11 @@ impl Applier {
     /// # Errors
     ///
     /// As [`apply`](Self::apply).
-    pub async fn apply_status<K>(&self, desired: &K, conflicts: Conflicts) -> Result<K, ApplyError>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Serialize
-            + DeserializeOwned
-            + Clone
-            + Debug,
-    {
+    pub async fn apply_status<K: Appliable>(
+        &self,
+        desired: &K,
+        conflicts: Conflicts,
+    ) -> Result<K, ApplyError> {
         let (api, name) = self.api_for(desired)?;
         api.patch_status(&name, &self.params(conflicts), &Patch::Apply(desired))
             .await

@@ -19,6 +19,7 @@ use crate::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderEl
 use kube_core::Resource;
 
 use crate::{
+    apply::Applier,
     controller::{Action, Controller, ControllerMetrics, ErrorAction, Failure, ReconcileRequest},
     error::error_chain,
     events::{Recorder, Reporter},
@@ -168,6 +169,12 @@ impl Manager {
             leader_election: None,
             recorders,
         }
+    }
+
+    /// A server-side applier writing as the field manager `controller` (a controller's
+    /// name), with the manager's client: the way a reconcile writes objects and status.
+    pub fn applier(&self, controller: impl Into<String>) -> Applier {
+        Applier::new(self.factory.client(), controller)
     }
 
     /// An event recorder for the controller named `controller` (its
