@@ -98,6 +98,9 @@ pub(super) enum Occurrence {
 pub(super) struct SeriesCache {
     window: Duration,
     series: HashMap<SeriesKey, Series>,
+    /// The keys whose Event the server fell behind on since they were last taken, so a
+    /// batch visits those, not the whole cache.
+    behind: Vec<SeriesKey>,
 }
 
 impl SeriesCache {
@@ -105,6 +108,7 @@ impl SeriesCache {
         Self {
             window,
             series: HashMap::new(),
+            behind: Vec::new(),
         }
     }
 
@@ -121,6 +125,9 @@ impl SeriesCache {
     /// Counts a repeat (see [`classify`](Self::classify)).
     pub(super) fn repeat(&mut self, key: &SeriesKey, now: Instant, wall: Timestamp) {
         if let Some(series) = self.series.get_mut(key) {
+            if !series.is_behind() {
+                self.behind.push(key.clone());
+            }
             series.count += 1;
             series.last = wall;
             series.last_seen = now;
@@ -145,6 +152,7 @@ impl SeriesCache {
             .clone()
             .filter(|ns| !ns.is_empty())
             .unwrap_or_else(|| "default".to_owned());
+        self.behind.push(key.clone());
         self.series.insert(
             key,
             Series {
@@ -162,13 +170,15 @@ impl SeriesCache {
         );
     }
 
-    /// The series whose Event the server has not caught up with.
-    pub(super) fn behind(&self) -> Vec<SeriesKey> {
-        self.series
-            .iter()
-            .filter(|(_, s)| s.is_behind())
-            .map(|(k, _)| k.clone())
-            .collect()
+    /// The series whose Event the server has not caught up with, taken: a key the
+    /// writer does not bring up to date it gives back ([`still_behind`](Self::still_behind)).
+    pub(super) fn take_behind(&mut self) -> Vec<SeriesKey> {
+        std::mem::take(&mut self.behind)
+    }
+
+    /// Gives back a taken key whose Event is still to be written.
+    pub(super) fn still_behind(&mut self, key: SeriesKey) {
+        self.behind.push(key);
     }
 
     pub(super) fn get(&self, key: &SeriesKey) -> Option<&Series> {

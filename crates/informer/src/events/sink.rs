@@ -1,7 +1,7 @@
 //! The recorder's writer: a task that takes published Events from the buffer, folds
 //! repeats into series, filters spam, and writes to the API server one batch at a time.
 
-use std::{num::NonZeroU32, sync::Arc, sync::atomic::Ordering};
+use std::{num::NonZeroU32, sync::Arc, sync::atomic::Ordering, time::Duration};
 
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use k8s_openapi::{
@@ -27,6 +27,9 @@ use super::{
     Counters, Event, RecorderConfig, Reporter,
     series::{ObjectId, Occurrence, Series, SeriesCache, SeriesKey},
 };
+
+/// How often the writer forgets expired series and idle objects' spam-filter state.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
 
 /// One write that brings the server's Event up to date, in either API's form.
 enum Write {
@@ -90,6 +93,7 @@ impl Writer {
         mut events: mpsc::Receiver<(Event, ObjectReference)>,
         stop: CancellationToken,
     ) {
+        let mut next_sweep = Instant::now() + SWEEP_EVERY;
         loop {
             let first = tokio::select! {
                 biased;
@@ -110,8 +114,12 @@ impl Writer {
                 self.take(event, regarding);
             }
             self.write_behind().await;
-            self.series.expire(Instant::now());
-            self.spam.retain_recent();
+            let now = Instant::now();
+            if now >= next_sweep {
+                self.series.expire(now);
+                self.spam.retain_recent();
+                next_sweep = now + SWEEP_EVERY;
+            }
         }
     }
 
@@ -135,8 +143,8 @@ impl Writer {
 
     /// Brings every Event the server is behind on up to date: one write each.
     async fn write_behind(&mut self) {
-        for key in self.series.behind() {
-            let Some(series) = self.series.get(&key) else {
+        for key in self.series.take_behind() {
+            let Some(series) = self.series.get(&key).filter(|s| s.is_behind()) else {
                 continue;
             };
             let created = series.created;
@@ -177,6 +185,7 @@ impl Writer {
                     if let Some(series) = self.series.get_mut(&key) {
                         series.created = false;
                         series.name = event_name(&series.regarding);
+                        self.series.still_behind(key);
                     }
                 }
                 Err(error) => {

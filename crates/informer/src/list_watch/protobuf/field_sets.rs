@@ -207,10 +207,9 @@ fn field_set_bytes<'a>(
         let Raw::Len(entry) = raw else {
             return Err(ProtobufError::Malformed("managedFields entry"));
         };
+        // `FieldsV1` is a raw-JSON shape: its one field, `raw`, is numbered 1.
         let set = match last_message(entry, entry_message, "fieldsV1")? {
-            Some((fields_v1, fields_message)) => {
-                last_message(fields_v1, fields_message, "raw")?.map_or(&[][..], |(raw, _)| raw)
-            }
+            Some((fields_v1, _)) => last_len(fields_v1, 1)?.unwrap_or_default(),
             None => &[][..],
         };
         sets.push(set);
@@ -227,20 +226,21 @@ fn message_field(message: &'static Message, json: &str) -> Option<(u32, &'static
     }
 }
 
-/// The bytes of the last occurrence of `message`'s length-delimited field named `json`
-/// in `bytes`, with the message it holds (`FieldsV1`'s `raw` holds none: its own message
-/// is returned in its place).
+/// The bytes of the last occurrence of `message`'s field named `json` in `bytes`, with
+/// the message it holds.
 fn last_message<'a>(
     bytes: &'a [u8],
     message: &'static Message,
     json: &str,
 ) -> Result<Option<(&'a [u8], &'static Message)>, ProtobufError> {
-    let (number, inner) = match message_field(message, json) {
-        Some(found) => found,
-        // `FieldsV1` is a raw-JSON shape: its one field, `raw`, is bytes, numbered 1.
-        None if json == "raw" => (1, message),
-        None => return Ok(None),
+    let Some((number, inner)) = message_field(message, json) else {
+        return Ok(None);
     };
+    Ok(last_len(bytes, number)?.map(|value| (value, inner)))
+}
+
+/// The bytes of the last occurrence of the length-delimited field `number` in `bytes`.
+fn last_len(bytes: &[u8], number: u32) -> Result<Option<&[u8]>, ProtobufError> {
     let mut found = None;
     let mut reader = Reader::new(bytes);
     while !reader.is_empty() {
@@ -253,7 +253,7 @@ fn last_message<'a>(
             }
         }
     }
-    Ok(found.map(|value| (value, inner)))
+    Ok(found)
 }
 
 #[cfg(test)]
