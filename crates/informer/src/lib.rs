@@ -59,9 +59,10 @@ pub use client::{ClusterSource, KeepAlive, client, client_with};
 #[cfg(feature = "prometheus")]
 pub use controller::ControllerMetrics;
 pub use controller::{
-    Action, Controller, ControllerStats, ErrorAction, Failure, FinalizerError, FinalizerEvent,
-    Predicate, ReconcileError, ReconcileRequest, SyncFuture, finalizer, retry_up_to,
-    retry_with_backoff, sync_by_key,
+    Action, ClientError, Controller, ControllerClient, ControllerStats, ErrorAction, Failure,
+    FinalizerError, FinalizerEvent, OwnWriteStats, OwnWrites, Predicate, ReconcileError,
+    ReconcileRequest, SyncFuture, Writable, finalizer, retry_up_to, retry_with_backoff,
+    sync_by_key,
 };
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{

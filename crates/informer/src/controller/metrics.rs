@@ -26,6 +26,9 @@ use prometheus_client::{
 /// | `controller_runtime_reconcile_time_seconds` | histogram | time per reconcile |
 /// | `controller_runtime_active_workers` | gauge | workers reconciling now |
 /// | `controller_runtime_max_concurrent_reconciles` | gauge | workers configured |
+/// | `controller_own_write_waits_total` | counter | reads of the [controller's client](crate::ControllerClient) that waited for the cache to observe the controller's own writes |
+/// | `controller_own_write_timeouts_total` | counter | those that gave up waiting |
+/// | `controller_own_write_wait_seconds` | histogram | how long they waited |
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
@@ -51,6 +54,9 @@ pub struct ControllerMetrics {
     time: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     active_workers: Family<ControllerLabels, Gauge>,
     max_concurrent: Family<ControllerLabels, Gauge>,
+    own_write_waits: Family<ControllerLabels, Counter>,
+    own_write_timeouts: Family<ControllerLabels, Counter>,
+    own_write_wait: Family<ControllerLabels, Histogram, fn() -> Histogram>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -87,6 +93,11 @@ fn reconcile_time_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 14))
 }
 
+/// Waits for a watch event: 1 ms to about 16 s.
+fn own_write_wait_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 15))
+}
+
 impl ControllerMetrics {
     /// Registers the reconcile metrics in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
@@ -98,6 +109,9 @@ impl ControllerMetrics {
             time: Family::new_with_constructor(reconcile_time_histogram),
             active_workers: Family::default(),
             max_concurrent: Family::default(),
+            own_write_waits: Family::default(),
+            own_write_timeouts: Family::default(),
+            own_write_wait: Family::new_with_constructor(own_write_wait_histogram),
         };
         registry.register(
             "controller_runtime_reconcile",
@@ -135,6 +149,22 @@ impl ControllerMetrics {
             "Maximum number of concurrent reconciles per controller",
             metrics.max_concurrent.clone(),
         );
+        registry.register(
+            "controller_own_write_waits",
+            "Reads that waited for the cache to observe the controller's own writes",
+            metrics.own_write_waits.clone(),
+        );
+        registry.register(
+            "controller_own_write_timeouts",
+            "Reads that gave up waiting for the cache to observe the controller's own writes",
+            metrics.own_write_timeouts.clone(),
+        );
+        registry.register_with_unit(
+            "controller_own_write_wait",
+            "Time reads waited for the cache to observe the controller's own writes",
+            Unit::Seconds,
+            metrics.own_write_wait.clone(),
+        );
         metrics
     }
 
@@ -163,6 +193,36 @@ impl ControllerMetrics {
             .get_or_create(&labels)
             .set(i64::try_from(workers).unwrap_or(i64::MAX));
         recorder
+    }
+
+    /// The own-write handles of one controller.
+    pub(super) fn own_writes_of(&self, name: &str) -> OwnWriteRecorder {
+        let labels = ControllerLabels {
+            controller: name.to_owned(),
+        };
+        OwnWriteRecorder {
+            waits: self.own_write_waits.get_or_create_owned(&labels),
+            timeouts: self.own_write_timeouts.get_or_create_owned(&labels),
+            wait: self.own_write_wait.get_or_create_owned(&labels),
+        }
+    }
+}
+
+/// One controller's own-write metric handles.
+#[derive(Clone, Debug)]
+pub(super) struct OwnWriteRecorder {
+    waits: Counter,
+    timeouts: Counter,
+    wait: Histogram,
+}
+
+impl OwnWriteRecorder {
+    pub(super) fn waited(&self, took: Duration, timed_out: bool) {
+        self.waits.inc();
+        self.wait.observe(took.as_secs_f64());
+        if timed_out {
+            self.timeouts.inc();
+        }
     }
 }
 

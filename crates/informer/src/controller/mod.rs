@@ -2,9 +2,11 @@
 //! children, other watched objects, streams of keys), a rate-limited queue of keys, and
 //! workers that reconcile each primary. The full documentation is on [`Controller`].
 
+mod client;
 mod finalizer;
 #[cfg(feature = "prometheus")]
 mod metrics;
+mod own_writes;
 mod predicate;
 mod request;
 mod source;
@@ -18,10 +20,13 @@ use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
+pub use client::{ClientError, ControllerClient, Writable};
 pub use finalizer::{FinalizerError, FinalizerEvent, finalizer};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use metrics::ControllerMetrics;
+use own_writes::Caches;
+pub use own_writes::{OwnWriteStats, OwnWrites};
 pub use predicate::Predicate;
 pub use request::{
     Action, ErrorAction, Failure, ReconcileError, ReconcileRequest, SyncFuture, retry_up_to,
@@ -127,6 +132,7 @@ pub struct Controller<K> {
     #[cfg(feature = "prometheus")]
     reconcile_metrics: Option<ControllerMetrics>,
     stats: Arc<ControllerStats>,
+    caches: Arc<Caches>,
 }
 
 impl<K> fmt::Debug for Controller<K> {
@@ -139,6 +145,7 @@ impl<K> fmt::Debug for Controller<K> {
             .field("reconcile_timeout", &self.reconcile_timeout)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("startup_grace", &self.startup_grace)
+            .field("own_writes", &self.caches.mode())
             .finish_non_exhaustive()
     }
 }
@@ -151,6 +158,8 @@ where
     /// A controller named `name` (logs, metrics, the queue) reconciling the objects of
     /// `primary`, an informer someone else runs (a factory, a manager).
     pub fn new(name: impl Into<String>, primary: InformerHandle<K>) -> Self {
+        let caches = Arc::new(Caches::default());
+        caches.register(primary.clone());
         Self {
             name: name.into(),
             primary,
@@ -166,6 +175,7 @@ where
             #[cfg(feature = "prometheus")]
             reconcile_metrics: None,
             stats: Arc::default(),
+            caches,
         }
     }
 
@@ -322,6 +332,7 @@ where
     where
         O: Resource + Send + Sync + 'static,
     {
+        self.caches.register(informer.clone());
         self.sources.push(source::mapped(informer, map, predicate));
         self
     }
@@ -381,6 +392,27 @@ where
             }
         });
         self.reconcile_on(futures::StreamExt::flatten(keys))
+    }
+
+    /// Whether reads through the [controller's client](Self::client) wait for the cache
+    /// to observe the client's own writes (default: they do, for at most 10 s).
+    #[must_use]
+    pub fn own_writes(self, own_writes: OwnWrites) -> Self {
+        self.caches.set_mode(own_writes);
+        self
+    }
+
+    /// A client that writes as this controller (its name is the field manager) and
+    /// reads its informers' caches, waiting until they have observed its own writes; see
+    /// [`ControllerClient`]. Clones share what was written; give one to the reconcile
+    /// through its context.
+    pub fn client(&self, client: kube_client::Client) -> ControllerClient {
+        ControllerClient::new(client, self.caches.clone(), &self.name)
+    }
+
+    /// What the reads of the controller's client did about its own writes.
+    pub fn own_write_stats(&self) -> Arc<OwnWriteStats> {
+        self.caches.stats()
     }
 
     /// Reconciles this many keys at once (at least one; default one).
@@ -499,7 +531,14 @@ where
             #[cfg(feature = "prometheus")]
             reconcile_metrics,
             stats,
+            caches,
         } = self;
+        #[cfg(feature = "prometheus")]
+        if let Some(metrics) = &reconcile_metrics {
+            caches.set_recorder(metrics.own_writes_of(&name));
+        }
+        #[cfg(not(feature = "prometheus"))]
+        drop(caches);
         let queue_config = QueueConfig {
             name: name.clone(),
             metrics,

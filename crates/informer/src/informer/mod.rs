@@ -31,7 +31,7 @@ use tracing::{debug, warn};
 use crate::{
     error::Error,
     list_watch::ListWatch,
-    reflector::{ReflectorStats, SyncedVersion},
+    reflector::{ReflectorStats, Synced, SyncedVersion},
     store::{Lister, Store},
 };
 use processor::{Processor, lock};
@@ -228,6 +228,8 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
         async move {
             let token = cancel.child_token();
             let _stop_on_drop = token.clone().drop_guard();
+            // However the run ends (returned or dropped), waits on the version end with it.
+            let _version_final = StopVersionOnDrop(inner.version.clone());
             let tracker = TaskTracker::new();
             {
                 let mut lifecycle = lock(&inner.lifecycle);
@@ -284,6 +286,15 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
             tracker.wait().await;
             debug!("informer stopped");
         }
+    }
+}
+
+/// Marks the synced version final when the run that moves it ends.
+struct StopVersionOnDrop(SyncedVersion);
+
+impl Drop for StopVersionOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
     }
 }
 
@@ -441,6 +452,12 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// The resourceVersion the cache last synced to (list, event or bookmark).
     pub fn last_sync_resource_version(&self) -> Option<String> {
         self.inner.version.get()
+    }
+
+    /// The synced version's changes, for waits on it; it reads `stopped` once the informer
+    /// has stopped.
+    pub(crate) fn watch_synced_version(&self) -> tokio::sync::watch::Receiver<Synced> {
+        self.inner.version.subscribe()
     }
 
     /// The counters of the informer's reflector: lists, watches, restarts, errors.

@@ -16,7 +16,7 @@ use std::{
     future::Future,
     panic::AssertUnwindSafe,
     sync::{
-        Arc, PoisonError, RwLock,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -215,20 +215,49 @@ impl Default for ReflectorConfig {
 }
 
 /// The resourceVersion a reflector last synced to (from a list, an event or a bookmark).
+///
+/// It is set after the store has taken what came with it, so a store whose synced version
+/// has reached a write's resourceVersion holds that write or something later.
+#[derive(Clone, Debug)]
+pub struct SyncedVersion(Arc<tokio::sync::watch::Sender<Synced>>);
+
+/// A [`SyncedVersion`]'s value, as its watchers see it.
 #[derive(Clone, Debug, Default)]
-pub struct SyncedVersion(Arc<RwLock<Option<String>>>);
+pub(crate) struct Synced {
+    /// The last synced resourceVersion; `None` before the first list completed.
+    pub(crate) resource_version: Option<String>,
+    /// The informer has stopped: the version will not move again.
+    pub(crate) stopped: bool,
+}
+
+impl Default for SyncedVersion {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(Synced::default())))
+    }
+}
 
 impl SyncedVersion {
     /// The last synced resourceVersion; `None` before the first list completed.
     pub fn get(&self) -> Option<String> {
-        self.0
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        self.0.borrow().resource_version.clone()
     }
 
     fn set(&self, rv: &str) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Some(rv.to_owned());
+        self.0
+            .send_modify(|synced| match &mut synced.resource_version {
+                Some(version) => rv.clone_into(version),
+                None => synced.resource_version = Some(rv.to_owned()),
+            });
+    }
+
+    /// Marks the version final: whoever waits for it to move is told it never will.
+    pub(crate) fn stop(&self) {
+        self.0.send_modify(|synced| synced.stopped = true);
+    }
+
+    /// A receiver that sees every later change.
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<Synced> {
+        self.0.subscribe()
     }
 }
 

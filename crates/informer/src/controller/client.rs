@@ -1,0 +1,594 @@
+//! The controller's client: writes to the API server that the controller's reads of its
+//! caches then wait to see. The full documentation is on [`ControllerClient`].
+
+use std::{fmt::Debug, sync::Arc, time::Duration};
+
+use either::Either;
+use kube_client::{
+    Api, Client,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use kube_core::Resource;
+use serde::{Serialize, de::DeserializeOwned};
+use tokio_util::sync::CancellationToken;
+
+use super::own_writes::{Cache, Caches, NotObserved, OwnWrites, ResourceVersion, Written};
+use crate::{
+    apply::{Appliable, Applier, ApplyError, Conflicts},
+    error::Error,
+    informer::FactoryScope,
+    key::ObjectKey,
+    store::{Selector, Store},
+};
+
+/// Why a [`ControllerClient`] read or write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The API server refused the write or did not answer.
+    #[error("{verb} {kind} {key}: {source}")]
+    Api {
+        /// `create`, `replace`, `patch`, `delete`, or the status variants.
+        verb: &'static str,
+        /// The object's kind.
+        kind: String,
+        /// The object's key.
+        key: String,
+        /// The client's error (its status code says why: 409 for AlreadyExists and
+        /// Conflict, 404 for NotFound).
+        #[source]
+        source: Box<kube_client::Error>,
+    },
+    /// A server-side apply failed.
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// The cache did not observe the controller's write to `key` within the
+    /// [timeout](OwnWrites::Awaited): the watch lags, or it broke and is relisting. The
+    /// reconcile fails, and its error policy retries it.
+    #[error("{kind} {key}: the cache has not observed this controller's {write} after {waited:?}")]
+    NotObserved {
+        /// The object's kind.
+        kind: String,
+        /// The key written and not yet observed.
+        key: ObjectKey,
+        /// Which write: its resourceVersion, or the deletion's UID.
+        write: String,
+        /// How long the read waited.
+        waited: Duration,
+    },
+    /// The reconcile's token was cancelled while the read waited.
+    #[error(
+        "read of {kind} cancelled while waiting for the cache to observe this controller's writes"
+    )]
+    Cancelled {
+        /// The kind read.
+        kind: String,
+    },
+    /// The informer stopped before its cache observed the writes a read waited for.
+    #[error("the {kind} informer stopped before its cache observed this controller's writes")]
+    CacheStopped {
+        /// The kind read.
+        kind: String,
+    },
+    /// The controller has no informer of the kind read: give it one (its primary, or an
+    /// [`owns`](crate::Controller::owns) or [`watches`](crate::Controller::watches)
+    /// source).
+    #[error("this controller has no informer of {kind}; add one (owns, watches) to read it")]
+    NoCache {
+        /// The kind read.
+        kind: String,
+    },
+    /// The object cannot be written as it is.
+    #[error("cannot {verb} {kind}: {reason}")]
+    Invalid {
+        /// The write.
+        verb: &'static str,
+        /// The object's kind.
+        kind: String,
+        /// What is missing.
+        reason: &'static str,
+    },
+    /// A read by an index the informer does not have.
+    #[error(transparent)]
+    Index(Error),
+}
+
+impl ClientError {
+    /// The HTTP status the API server answered with, if it answered: 409 for
+    /// AlreadyExists and Conflict, 404 for NotFound, 403 for a missing permission.
+    pub fn status_code(&self) -> Option<u16> {
+        let source: &kube_client::Error = match self {
+            ClientError::Api { source, .. } => source,
+            ClientError::Apply(ApplyError::Api { source, .. }) => source,
+            ClientError::Apply(ApplyError::Conflict { .. }) => return Some(409),
+            _ => return None,
+        };
+        match source {
+            kube_client::Error::Api(status) => Some(status.code),
+            _ => None,
+        }
+    }
+}
+
+/// What a [`ControllerClient`] writes: a typed resource the API server stores.
+pub trait Writable:
+    Resource<DynamicType = (), Scope: FactoryScope>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Writable for K where
+    K: Resource<DynamicType = (), Scope: FactoryScope>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// A controller's client: it writes to the API server and reads the controller's caches
+/// (its informers: the primary's, and those of its [`owns`](crate::Controller::owns) and
+/// [`watches`](crate::Controller::watches) sources; the first of each type), and a read
+/// waits until the cache has observed what this client wrote to the keys it reads. From
+/// [`Controller::client`](crate::Controller::client); cheap to clone, so it lives in the
+/// reconcile's context.
+///
+/// Without it, the reconcile that follows a write (often milliseconds later: the write's
+/// own event, or the next of a burst of updates, enqueues the key again) reads the cache
+/// as it was before the write, and creates a child that already exists, updates from a
+/// stale resourceVersion (a Conflict) or decides twice.
+///
+/// # What is guaranteed
+///
+/// - After a create, update, patch, apply or status write through this client returns,
+///   a [`get`](Self::get) of that key returns that object or a later state of it, and a
+///   [`list`](Self::list) of its type holds it or a later state (for every key of the type
+///   the client wrote). A later state may be someone else's write: any version at or past
+///   the one the server answered with releases the read.
+/// - After a [`delete`](Self::delete), reads do not return the deleted object (by UID; an
+///   object with finalizers is deleted once they are gone, and reads return it with its
+///   deletion timestamp until then).
+/// - A read waits at most the [`OwnWrites::Awaited`] timeout (10 s by default), and fails
+///   with [`ClientError::NotObserved`] naming the write; a cancelled reconcile's read fails
+///   with [`ClientError::Cancelled`], and one of a stopped informer with
+///   [`ClientError::CacheStopped`]. A relist that passes the version releases the read as
+///   an event would.
+///
+/// # What is not
+///
+/// - Writes by other clients, other controllers' clients or other replicas: a read waits
+///   only for this client's writes (and its clones').
+/// - Reads of the stores themselves ([`store`](Self::store),
+///   [`Controller::store`](crate::Controller::store), an informer's): they never wait. A
+///   read that does not need the guarantee (a list of everything for a report) reads the
+///   store.
+/// - A type with several informers in the controller: reads use the first one. A write
+///   that takes an object out of that informer's scope (a label its selector excludes)
+///   is observed as the delete event the informer gets.
+/// - Writes of a type the controller has no informer of are sent and not recorded.
+///
+/// # Beside controller-runtime
+///
+/// controller-runtime v0.25's `EnableReadYourWritesConsistency` (experimental, off by
+/// default) does the same for its cache-backed client. Here it is on by default and can be
+/// turned off per controller ([`Controller::own_writes`](crate::Controller::own_writes));
+/// a read that does not need it reads the store instead, so a list for a report does not
+/// wait behind the controller's writes; and the records are per controller, not per
+/// manager.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{
+///     Action, CancellationToken, ClientError, Controller, ControllerClient, InformerFactory,
+///     ObjectKey, ReconcileRequest, Scope, retry_with_backoff,
+/// };
+///
+/// # async fn doc(factory: InformerFactory) -> Result<(), kube_informer::Error> {
+/// let scope = || Scope::namespace("web").labels("app=demo");
+/// let controller = Controller::new("parents", factory.informer::<ConfigMap>(scope()));
+/// let client = controller.client(factory.client());
+/// let cancel = CancellationToken::new();
+/// factory.start(&cancel);
+/// let reconcile = |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>, cancel: CancellationToken| async move {
+///     let ReconcileRequest::Present(parent) = request else { return Ok(Action::done()) };
+///     let key = ObjectKey::from_object(&*parent).expect("cached objects have names");
+///     // Waits until the cache holds what this client last wrote to the key.
+///     if let Some(current) = client.get::<ConfigMap>(&key, &cancel).await? {
+///         let mut next = (*current).clone();
+///         next.data.get_or_insert_default().insert("seen".into(), "yes".into());
+///         client.replace(&next).await?;
+///     }
+///     Ok::<_, ClientError>(Action::done())
+/// };
+/// controller.run(reconcile, retry_with_backoff(), Arc::new(client), cancel).await
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ControllerClient {
+    client: Client,
+    caches: Arc<Caches>,
+    applier: Applier,
+}
+
+impl Debug for ControllerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerClient")
+            .field("field_manager", &self.applier.manager())
+            .field("caches", &self.caches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControllerClient {
+    pub(super) fn new(client: Client, caches: Arc<Caches>, field_manager: &str) -> Self {
+        Self {
+            applier: Applier::new(client.clone(), field_manager),
+            client,
+            caches,
+        }
+    }
+
+    /// The Kubernetes client it writes with, for what it does not cover.
+    pub fn kube_client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The server-side applier it applies with (as the controller's field manager).
+    pub fn applier(&self) -> &Applier {
+        &self.applier
+    }
+
+    /// The controller's cache of `C`, read as it is: reads of the store never wait.
+    pub fn store<C: Resource + Send + Sync + 'static>(&self) -> Option<Store<C>> {
+        Some(self.caches.cache::<C>()?.handle().store())
+    }
+
+    /// The cached object at `key`, once the cache has observed this client's writes to it.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::NoCache`], [`ClientError::NotObserved`],
+    /// [`ClientError::Cancelled`], [`ClientError::CacheStopped`].
+    pub async fn get<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
+        &self,
+        key: &ObjectKey,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Arc<C>>, ClientError> {
+        let cache = self.observed::<C>(Some(key), cancel).await?;
+        Ok(cache.handle().store().get_by_key(key))
+    }
+
+    /// Every cached object of `C`, once the cache has observed this client's writes to
+    /// any of them.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub async fn list<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Arc<C>>, ClientError> {
+        let cache = self.observed::<C>(None, cancel).await?;
+        Ok(cache.handle().store().list())
+    }
+
+    /// The cached objects of `C` that match `selector`, once the cache has observed this
+    /// client's writes to objects of `C`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get).
+    pub async fn list_selector<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
+        &self,
+        selector: &Selector,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Arc<C>>, ClientError> {
+        let cache = self.observed::<C>(None, cancel).await?;
+        Ok(cache.handle().store().list_selector(selector))
+    }
+
+    /// The cached objects of `C` whose index `index` holds `value`, once the cache has
+    /// observed this client's writes to objects of `C`.
+    ///
+    /// # Errors
+    ///
+    /// As [`get`](Self::get), and [`ClientError::Index`] for an index the informer does
+    /// not have.
+    pub async fn by_index<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
+        &self,
+        index: &str,
+        value: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Vec<Arc<C>>, ClientError> {
+        let cache = self.observed::<C>(None, cancel).await?;
+        cache
+            .handle()
+            .store()
+            .by_index(index, value)
+            .map_err(ClientError::Index)
+    }
+
+    async fn observed<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
+        &self,
+        key: Option<&ObjectKey>,
+        cancel: &CancellationToken,
+    ) -> Result<Arc<Cache<C>>, ClientError> {
+        let kind = || C::kind(&()).into_owned();
+        let cache = self
+            .caches
+            .cache::<C>()
+            .ok_or_else(|| ClientError::NoCache { kind: kind() })?;
+        let OwnWrites::Awaited { timeout } = self.caches.mode() else {
+            return Ok(cache);
+        };
+        match cache.observe(key, timeout, cancel).await {
+            Ok(waited) => {
+                if !waited.is_zero() {
+                    self.caches.count_wait(waited, false);
+                }
+                Ok(cache)
+            }
+            Err(NotObserved::TimedOut {
+                key,
+                written,
+                waited,
+            }) => {
+                self.caches.count_wait(waited, true);
+                Err(ClientError::NotObserved {
+                    kind: kind(),
+                    key,
+                    write: written.to_string(),
+                    waited,
+                })
+            }
+            Err(NotObserved::Cancelled) => Err(ClientError::Cancelled { kind: kind() }),
+            Err(NotObserved::Stopped) => Err(ClientError::CacheStopped { kind: kind() }),
+        }
+    }
+
+    /// Creates `obj` (as the controller's field manager) and returns it as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`] (409 when it exists already); [`ClientError::Invalid`] for an
+    /// object without a name, or a namespaced one without a namespace.
+    pub async fn create<C: Writable>(&self, obj: &C) -> Result<C, ClientError> {
+        let (api, key) = self.api_for(obj, "create")?;
+        let created = api
+            .create(&self.post_params(), obj)
+            .await
+            .map_err(|source| api_error::<C>("create", &key, source))?;
+        self.record_version(key, &created);
+        Ok(created)
+    }
+
+    /// Replaces `obj` (an update: its resourceVersion must be current) and returns it as
+    /// stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`create`](Self::create); 409 when the resourceVersion is stale.
+    pub async fn replace<C: Writable>(&self, obj: &C) -> Result<C, ClientError> {
+        let (api, key) = self.api_for(obj, "replace")?;
+        let replaced = api
+            .replace(key.name(), &self.post_params(), obj)
+            .await
+            .map_err(|source| api_error::<C>("replace", &key, source))?;
+        self.record_version(key, &replaced);
+        Ok(replaced)
+    }
+
+    /// Replaces `obj`'s status (its resourceVersion must be current) and returns the object
+    /// as stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`replace`](Self::replace).
+    pub async fn replace_status<C: Writable>(&self, obj: &C) -> Result<C, ClientError> {
+        let (api, key) = self.api_for(obj, "replace status of")?;
+        let replaced = api
+            .replace_status(key.name(), &self.post_params(), obj)
+            .await
+            .map_err(|source| api_error::<C>("replace status of", &key, source))?;
+        self.record_version(key, &replaced);
+        Ok(replaced)
+    }
+
+    /// Patches the object at `key` and returns it as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Api`]; [`ClientError::Invalid`] for a namespaced kind's key without
+    /// a namespace.
+    pub async fn patch<C: Writable, P: Serialize + Debug>(
+        &self,
+        key: &ObjectKey,
+        patch: &Patch<P>,
+    ) -> Result<C, ClientError> {
+        let api = self.api_at::<C>(key, "patch")?;
+        let patched = api
+            .patch(key.name(), &self.patch_params(), patch)
+            .await
+            .map_err(|source| api_error::<C>("patch", key, source))?;
+        self.record_version(key.clone(), &patched);
+        Ok(patched)
+    }
+
+    /// Patches the status of the object at `key` and returns it as stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`patch`](Self::patch).
+    pub async fn patch_status<C: Writable, P: Serialize + Debug>(
+        &self,
+        key: &ObjectKey,
+        patch: &Patch<P>,
+    ) -> Result<C, ClientError> {
+        let api = self.api_at::<C>(key, "patch status of")?;
+        let patched = api
+            .patch_status(key.name(), &self.patch_params(), patch)
+            .await
+            .map_err(|source| api_error::<C>("patch status of", key, source))?;
+        self.record_version(key.clone(), &patched);
+        Ok(patched)
+    }
+
+    /// Deletes the object at `key`. Reads then do not return it: the object that was
+    /// deleted (by UID) once the cache has seen it go, or, for an object that finalizers
+    /// keep, its state with the deletion timestamp set.
+    ///
+    /// # Errors
+    ///
+    /// As [`patch`](Self::patch); 404 when there is no such object.
+    pub async fn delete<C: Writable>(&self, key: &ObjectKey) -> Result<(), ClientError> {
+        let api = self.api_at::<C>(key, "delete")?;
+        let deleted = api
+            .delete(key.name(), &DeleteParams::default())
+            .await
+            .map_err(|source| api_error::<C>("delete", key, source))?;
+        match deleted {
+            Either::Left(kept) => self.record_version(key.clone(), &kept),
+            Either::Right(status) => {
+                let uid = status.details.map(|d| d.uid).filter(|uid| !uid.is_empty());
+                // A status without the UID: the cached object is the one deleted.
+                let uid = uid.or_else(|| {
+                    let cached = self.store::<C>()?.get_by_key(key)?;
+                    cached.meta().uid.clone()
+                });
+                if let Some(uid) = uid {
+                    self.record::<C>(key.clone(), Written::Deleted { uid });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `desired` server-side as the controller's field manager (see
+    /// [`Applier::apply`]) and returns the object as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Apply`].
+    pub async fn apply<C: Appliable + Send + Sync + 'static>(
+        &self,
+        desired: &C,
+        conflicts: Conflicts,
+    ) -> Result<C, ClientError> {
+        let applied = self.applier.apply(desired, conflicts).await?;
+        if let Ok(key) = ObjectKey::from_object(&applied) {
+            self.record_version(key, &applied);
+        }
+        Ok(applied)
+    }
+
+    /// Applies `desired`'s status server-side as the controller's field manager (see
+    /// [`Applier::apply_status`]) and returns the object as stored.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::Apply`].
+    pub async fn apply_status<C: Appliable + Send + Sync + 'static>(
+        &self,
+        desired: &C,
+        conflicts: Conflicts,
+    ) -> Result<C, ClientError> {
+        let applied = self.applier.apply_status(desired, conflicts).await?;
+        if let Ok(key) = ObjectKey::from_object(&applied) {
+            self.record_version(key, &applied);
+        }
+        Ok(applied)
+    }
+
+    fn record_version<C: Resource + Send + Sync + 'static>(&self, key: ObjectKey, stored: &C) {
+        let version = stored
+            .meta()
+            .resource_version
+            .as_deref()
+            .and_then(ResourceVersion::parse);
+        if let Some(version) = version {
+            self.record::<C>(key, Written::Version(version));
+        }
+    }
+
+    fn record<C: Resource + Send + Sync + 'static>(&self, key: ObjectKey, written: Written) {
+        if self.caches.mode() == OwnWrites::Ignored {
+            return;
+        }
+        if let Some(cache) = self.caches.cache::<C>() {
+            cache.record(key, written);
+            self.caches.count_recorded();
+        }
+    }
+
+    fn post_params(&self) -> PostParams {
+        PostParams {
+            field_manager: Some(self.applier.manager().to_owned()),
+            ..PostParams::default()
+        }
+    }
+
+    fn patch_params(&self) -> PatchParams {
+        PatchParams {
+            field_manager: Some(self.applier.manager().to_owned()),
+            ..PatchParams::default()
+        }
+    }
+
+    fn api_for<C: Writable>(
+        &self,
+        obj: &C,
+        verb: &'static str,
+    ) -> Result<(Api<C>, ObjectKey), ClientError> {
+        let meta = obj.meta();
+        let Some(name) = meta.name.as_deref().filter(|n| !n.is_empty()) else {
+            return Err(invalid::<C>(verb, "the object has no name"));
+        };
+        let key = ObjectKey::new(meta.namespace.as_deref(), name);
+        Ok((self.api_at::<C>(&key, verb)?, key))
+    }
+
+    fn api_at<C: Writable>(
+        &self,
+        key: &ObjectKey,
+        verb: &'static str,
+    ) -> Result<Api<C>, ClientError> {
+        let namespaced = <C::Scope as FactoryScope>::NAMESPACED;
+        if namespaced && key.namespace().is_none() {
+            return Err(invalid::<C>(verb, "a namespaced object needs a namespace"));
+        }
+        Ok(<C::Scope as FactoryScope>::api(
+            self.client.clone(),
+            key.namespace(),
+        ))
+    }
+}
+
+fn api_error<C: Resource<DynamicType = ()>>(
+    verb: &'static str,
+    key: &ObjectKey,
+    source: kube_client::Error,
+) -> ClientError {
+    ClientError::Api {
+        verb,
+        kind: C::kind(&()).into_owned(),
+        key: key.to_string(),
+        source: Box::new(source),
+    }
+}
+
+fn invalid<C: Resource<DynamicType = ()>>(verb: &'static str, reason: &'static str) -> ClientError {
+    ClientError::Invalid {
+        verb,
+        kind: C::kind(&()).into_owned(),
+        reason,
+    }
+}
