@@ -398,6 +398,9 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
             r#"informer_objects{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector=""}} 3"#
         ),
         r#"controller_runtime_max_concurrent_reconciles{controller="managed"} 1"#.to_owned(),
+        r#"controller_own_write_waits_total{controller="managed"} 0"#.to_owned(),
+        r#"controller_own_write_timeouts_total{controller="managed"} 0"#.to_owned(),
+        r#"controller_own_write_wait_seconds_count{controller="managed"} 0"#.to_owned(),
     ] {
         assert!(body.contains(&line), "{line} in:\n{body}");
     }
