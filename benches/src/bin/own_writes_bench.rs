@@ -214,9 +214,14 @@ async fn update_parents(api: &Api<Secret>, args: &Args) -> anyhow::Result<()> {
     futures::stream::iter(0..args.parents)
         .map(|i| async move {
             for round in ["1", "2", "3", "final"] {
-                let patch = serde_json::json!({ "metadata": { "annotations": { "round": round } } });
-                api.patch(&parent_name(i), &PatchParams::default(), &Patch::Merge(patch))
-                    .await?;
+                let patch =
+                    serde_json::json!({ "metadata": { "annotations": { "round": round } } });
+                api.patch(
+                    &parent_name(i),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await?;
             }
             Ok::<(), kube_client::Error>(())
         })
@@ -234,19 +239,28 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[rank - 1].as_secs_f64() * 1e3
 }
 
-async fn run_once(env: &TestEnv, client: &Client, args: &Args, mode: Mode, run: usize) -> anyhow::Result<Sample> {
+async fn run_once(
+    env: &TestEnv,
+    client: &Client,
+    args: &Args,
+    mode: Mode,
+    run: usize,
+) -> anyhow::Result<Sample> {
     let namespace = env.create_namespace("own-writes-bench").await?;
     let parents: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     create_parents(&parents, args).await?;
 
     let factory = InformerFactory::new(client.clone());
-    let controller = Controller::new(
-        "own-writes-bench",
-        factory.informer::<Secret>(Scope::namespace(&namespace)),
-    )
-    .owns(factory.informer::<ConfigMap>(Scope::namespace(&namespace).labels(format!("{CHILD_LABEL}=yes"))))
-    .workers(args.workers)
-    .own_writes(mode.own_writes());
+    let controller =
+        Controller::new(
+            "own-writes-bench",
+            factory.informer::<Secret>(Scope::namespace(&namespace)),
+        )
+        .owns(factory.informer::<ConfigMap>(
+            Scope::namespace(&namespace).labels(format!("{CHILD_LABEL}=yes")),
+        ))
+        .workers(args.workers)
+        .own_writes(mode.own_writes());
     let ctx = Arc::new(Ctx {
         client: controller.client(client.clone()),
         counts: Counts::default(),
@@ -255,7 +269,8 @@ async fn run_once(env: &TestEnv, client: &Client, args: &Args, mode: Mode, run: 
     let cancel = CancellationToken::new();
     let started = Instant::now();
     factory.start(&cancel);
-    let run_task = tokio::spawn(controller.run(reconcile, retry_with_backoff(), ctx.clone(), cancel.clone()));
+    let run_task =
+        tokio::spawn(controller.run(reconcile, retry_with_backoff(), ctx.clone(), cancel.clone()));
     update_parents(&parents, args).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut ticker = tokio::time::interval(Duration::from_millis(10));
@@ -338,7 +353,10 @@ async fn main() -> anyhow::Result<()> {
         bail!("nothing to run: --runs and --parents must be at least 1");
     }
     info!("starting the control plane");
-    let env = TestEnv::builder().start().await.context("starting the control plane")?;
+    let env = TestEnv::builder()
+        .start()
+        .await
+        .context("starting the control plane")?;
     let client = env.client().await?;
     let mut samples = Vec::new();
     for run in 0..args.runs {

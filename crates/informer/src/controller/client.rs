@@ -363,12 +363,8 @@ impl ControllerClient {
     /// object without a name, or a namespaced one without a namespace.
     pub async fn create<C: Writable>(&self, obj: &C) -> Result<C, ClientError> {
         let (api, key) = self.api_for(obj, "create")?;
-        let created = api
-            .create(&self.post_params(), obj)
-            .await
-            .map_err(|source| api_error::<C>("create", &key, source))?;
-        self.record_version(key, &created);
-        Ok(created)
+        let stored = api.create(&self.post_params(), obj).await;
+        self.stored("create", key, stored)
     }
 
     /// Replaces `obj` (an update: its resourceVersion must be current) and returns it as
@@ -379,12 +375,8 @@ impl ControllerClient {
     /// As [`create`](Self::create); 409 when the resourceVersion is stale.
     pub async fn replace<C: Writable>(&self, obj: &C) -> Result<C, ClientError> {
         let (api, key) = self.api_for(obj, "replace")?;
-        let replaced = api
-            .replace(key.name(), &self.post_params(), obj)
-            .await
-            .map_err(|source| api_error::<C>("replace", &key, source))?;
-        self.record_version(key, &replaced);
-        Ok(replaced)
+        let stored = api.replace(key.name(), &self.post_params(), obj).await;
+        self.stored("replace", key, stored)
     }
 
     /// Replaces `obj`'s status (its resourceVersion must be current) and returns the object
@@ -395,12 +387,10 @@ impl ControllerClient {
     /// As [`replace`](Self::replace).
     pub async fn replace_status<C: Writable>(&self, obj: &C) -> Result<C, ClientError> {
         let (api, key) = self.api_for(obj, "replace status of")?;
-        let replaced = api
+        let stored = api
             .replace_status(key.name(), &self.post_params(), obj)
-            .await
-            .map_err(|source| api_error::<C>("replace status of", &key, source))?;
-        self.record_version(key, &replaced);
-        Ok(replaced)
+            .await;
+        self.stored("replace status of", key, stored)
     }
 
     /// Patches the object at `key` and returns it as stored.
@@ -415,12 +405,8 @@ impl ControllerClient {
         patch: &Patch<P>,
     ) -> Result<C, ClientError> {
         let api = self.api_at::<C>(key, "patch")?;
-        let patched = api
-            .patch(key.name(), &self.patch_params(), patch)
-            .await
-            .map_err(|source| api_error::<C>("patch", key, source))?;
-        self.record_version(key.clone(), &patched);
-        Ok(patched)
+        let stored = api.patch(key.name(), &self.patch_params(), patch).await;
+        self.stored("patch", key.clone(), stored)
     }
 
     /// Patches the status of the object at `key` and returns it as stored.
@@ -434,12 +420,10 @@ impl ControllerClient {
         patch: &Patch<P>,
     ) -> Result<C, ClientError> {
         let api = self.api_at::<C>(key, "patch status of")?;
-        let patched = api
+        let stored = api
             .patch_status(key.name(), &self.patch_params(), patch)
-            .await
-            .map_err(|source| api_error::<C>("patch status of", key, source))?;
-        self.record_version(key.clone(), &patched);
-        Ok(patched)
+            .await;
+        self.stored("patch status of", key.clone(), stored)
     }
 
     /// Deletes the object at `key`. Reads then do not return it: the object that was
@@ -484,10 +468,7 @@ impl ControllerClient {
         conflicts: Conflicts,
     ) -> Result<C, ClientError> {
         let applied = self.applier.apply(desired, conflicts).await?;
-        if let Ok(key) = ObjectKey::from_object(&applied) {
-            self.record_version(key, &applied);
-        }
-        Ok(applied)
+        Ok(self.applied(applied))
     }
 
     /// Applies `desired`'s status server-side as the controller's field manager (see
@@ -502,10 +483,27 @@ impl ControllerClient {
         conflicts: Conflicts,
     ) -> Result<C, ClientError> {
         let applied = self.applier.apply_status(desired, conflicts).await?;
+        Ok(self.applied(applied))
+    }
+
+    /// An applied object, recorded.
+    fn applied<C: Appliable + Send + Sync + 'static>(&self, applied: C) -> C {
         if let Ok(key) = ObjectKey::from_object(&applied) {
             self.record_version(key, &applied);
         }
-        Ok(applied)
+        applied
+    }
+
+    /// The server's answer to a write of `key`: the object recorded, or the error named.
+    fn stored<C: Writable>(
+        &self,
+        verb: &'static str,
+        key: ObjectKey,
+        answer: Result<C, kube_client::Error>,
+    ) -> Result<C, ClientError> {
+        let stored = answer.map_err(|source| api_error::<C>(verb, &key, source))?;
+        self.record_version(key, &stored);
+        Ok(stored)
     }
 
     fn record_version<C: Resource + Send + Sync + 'static>(&self, key: ObjectKey, stored: &C) {

@@ -448,14 +448,17 @@ mod tests {
 
     const PATIENCE: Duration = Duration::from_secs(10);
 
+    /// Records the write that answered with `resource_version`, as the client does.
+    fn recorded(cache: &Cache<ConfigMap>, name: &str, resource_version: &str) {
+        let version = ResourceVersion::parse(resource_version).unwrap();
+        cache.record(key(name), Written::Version(version));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_read_waits_for_the_event_of_its_write_and_then_forgets_it() {
         let (fake, cache, _stop) = synced_cache().await;
         let written = fake.update(cm("a", "1"));
-        cache.record(
-            key("a"),
-            Written::Version(ResourceVersion::parse(&written).unwrap()),
-        );
+        recorded(&cache, "a", &written);
         let cancel = CancellationToken::new();
         let a = key("a");
         let mut read = Box::pin(cache.observe(Some(&a), PATIENCE, &cancel));
@@ -483,10 +486,7 @@ mod tests {
     async fn a_relist_that_passes_the_write_releases_a_list() {
         let (fake, cache, _stop) = synced_cache().await;
         let written = fake.add(cm("b", "1"));
-        cache.record(
-            key("b"),
-            Written::Version(ResourceVersion::parse(&written).unwrap()),
-        );
+        recorded(&cache, "b", &written);
         let cancel = CancellationToken::new();
         let mut read = Box::pin(cache.observe(None, PATIENCE, &cancel));
         assert!((&mut read).now_or_never().is_none());
@@ -503,10 +503,7 @@ mod tests {
     async fn a_read_gives_up_after_its_timeout_and_names_the_write() {
         let (fake, cache, _stop) = synced_cache().await;
         let written = fake.update(cm("a", "1"));
-        cache.record(
-            key("a"),
-            Written::Version(ResourceVersion::parse(&written).unwrap()),
-        );
+        recorded(&cache, "a", &written);
         let outcome = cache
             .observe(
                 Some(&key("a")),
@@ -532,10 +529,7 @@ mod tests {
     async fn a_cancelled_reconcile_and_a_stopped_informer_end_the_wait() {
         let (fake, cache, running) = synced_cache().await;
         let written = fake.update(cm("a", "1"));
-        cache.record(
-            key("a"),
-            Written::Version(ResourceVersion::parse(&written).unwrap()),
-        );
+        recorded(&cache, "a", &written);
         let cancel = CancellationToken::new();
         let a = key("a");
         let mut read = Box::pin(cache.observe(Some(&a), PATIENCE, &cancel));
