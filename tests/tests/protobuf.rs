@@ -404,6 +404,7 @@ async fn read(
             timeout: Some(Duration::from_secs(10)),
             allow_bookmarks: false,
             send_initial_events: false,
+            shard: None,
         })
         .await
         .expect("a watch");
@@ -580,6 +581,7 @@ async fn error_statuses_read_in_protobuf_keep_their_reason() {
             timeout: None,
             allow_bookmarks: true,
             send_initial_events: false,
+            shard: None,
         })
         .await
     {

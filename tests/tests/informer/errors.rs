@@ -73,6 +73,7 @@ async fn rbac_forbidden_is_fatal_at_start_and_heals_when_granted() {
             timeout: Some(Duration::from_secs(10)),
             allow_bookmarks: true,
             send_initial_events: false,
+            shard: None,
         },
     )
     .await

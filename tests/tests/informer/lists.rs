@@ -162,6 +162,7 @@ async fn stream_page<K: Resource + Send + 'static, L: ListWatch<K>>(
             ListItem::End {
                 resource_version,
                 continue_token,
+                ..
             } => {
                 assert!(stream.next().await.is_none(), "End is the last item");
                 return Ok((names, resource_version, continue_token));

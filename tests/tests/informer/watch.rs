@@ -24,6 +24,7 @@ async fn api_watch_streams_events_and_a_bookmark_before_its_timeout() {
             timeout: Some(Duration::from_secs(6)),
             allow_bookmarks: true,
             send_initial_events: false,
+            shard: None,
         },
     )
     .await

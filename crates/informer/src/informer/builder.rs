@@ -20,7 +20,7 @@ pub const MIN_RESYNC_PERIOD: Duration = Duration::from_secs(1);
 use crate::{
     codec::Codec,
     error::Error,
-    list_watch::ListWatch,
+    list_watch::{ListWatch, Shard},
     reflector::{
         BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
         SyncedVersion,
@@ -220,6 +220,16 @@ where
         self
     }
 
+    /// Caches only `shard`'s objects (see [`ReflectorConfig::shard`]): selected by the
+    /// server where it has the `ShardedListAndWatch` gate, else by the informer with the
+    /// same hash; [`InformerHandle::reflector_stats`](crate::InformerHandle::reflector_stats)
+    /// says which.
+    #[must_use]
+    pub fn shard(mut self, shard: Shard) -> Self {
+        self.config = self.config.shard(shard);
+        self
+    }
+
     /// Fetch the full state by paged `LIST` calls instead of streaming lists; see
     /// [`ListMode::Paged`].
     #[must_use]
@@ -297,7 +307,10 @@ where
 
     /// Builds the informer; it does nothing until [`spawn`](SharedInformer::spawn) or
     /// [`run`](SharedInformer::run).
-    pub fn build(self) -> SharedInformer<K> {
+    pub fn build(mut self) -> SharedInformer<K> {
+        if let Some(divergence) = &mut self.divergence {
+            divergence.set_shard(self.config.shard.clone());
+        }
         let store = self.storage.writer(self.working_set);
         for (name, f) in self.indexers {
             if let Err(e) = store.add_indexer(&name, f) {

@@ -21,7 +21,7 @@ use super::processor::Processor;
 use crate::{
     error::Error,
     key::ObjectKey,
-    list_watch::{ListOptions, ListWatch, VersionPage},
+    list_watch::{ListOptions, ListWatch, Shard, VersionPage},
 };
 
 /// When and how an informer checks its cache against the server; see
@@ -180,6 +180,8 @@ pub(super) struct Divergence {
     /// Wakes the reflector for a relist from a consistent read.
     pub(super) relist: Arc<Notify>,
     resource: String,
+    /// The informer's shard: the check compares the cache with the shard's objects.
+    shard: Option<Shard>,
 }
 
 /// Objects per page of a check's list.
@@ -202,7 +204,13 @@ impl Divergence {
             stats: Arc::default(),
             relist,
             resource,
+            shard: None,
         }
+    }
+
+    /// Compares with `shard`'s objects only (the informer's shard).
+    pub(super) fn set_shard(&mut self, shard: Option<Shard>) {
+        self.shard = shard;
     }
 
     /// Compares the cache with the server at the version the cache holds, exactly (a list
@@ -281,6 +289,7 @@ impl Divergence {
             continue_token: None,
             resource_version: Some(version.to_owned()),
             version_match: Some(VersionMatch::Exact),
+            shard: self.shard.clone(),
         };
         loop {
             let page = (self.lister)(options.clone()).await?;
@@ -296,6 +305,7 @@ impl Divergence {
                         continue_token: Some(token),
                         resource_version: None,
                         version_match: None,
+                        shard: self.shard.clone(),
                     };
                 }
                 None => return Ok(objects),

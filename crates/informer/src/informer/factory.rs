@@ -23,7 +23,7 @@ use super::{
 };
 use crate::{
     error::Error,
-    list_watch::ApiListWatch,
+    list_watch::{ApiListWatch, Shard, ShardMode},
     reflector::ReflectorStats,
     store::{WorkingSet, WorkingSetStats},
 };
@@ -94,6 +94,7 @@ pub struct Scope {
     namespace: Option<String>,
     labels: Option<String>,
     fields: Option<String>,
+    shard: Option<Shard>,
 }
 
 impl Scope {
@@ -122,6 +123,18 @@ impl Scope {
     pub fn fields(mut self, selector: impl Into<String>) -> Self {
         self.fields = Some(selector.into());
         self
+    }
+
+    /// Only `shard`'s objects (see [`InformerBuilder::shard`](crate::InformerBuilder::shard)).
+    #[must_use]
+    pub fn shard(mut self, shard: Shard) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
+    /// The shard, if any.
+    pub fn selected_shard(&self) -> Option<&Shard> {
+        self.shard.as_ref()
     }
 
     /// The namespace, if the scope is one.
@@ -284,6 +297,9 @@ pub struct InformerStatus {
     pub watch_restarts: u64,
     /// Lists started, the first one included.
     pub lists: u64,
+    /// With a [shard](Scope::shard): whether the server or the informer applied it on the
+    /// last list.
+    pub shard_mode: Option<ShardMode>,
     /// Its cache's decoded working set (see [`WorkingSet`](crate::WorkingSet)).
     pub working_set: WorkingSetStats,
 }
@@ -446,6 +462,9 @@ impl InformerFactory {
         }
         let defaults = &self.inner.defaults;
         let mut builder = SharedInformer::builder(list_watch);
+        if let Some(shard) = &scope.shard {
+            builder = builder.shard(shard.clone());
+        }
         if let Some(period) = defaults.resync_period {
             builder = builder.resync_period(period);
         }
@@ -549,6 +568,7 @@ impl InformerFactory {
                 last_sync_resource_version: e.synced.last_sync_resource_version(),
                 watch_restarts: e.synced.stats().watch_restarts(),
                 lists: e.synced.stats().lists(),
+                shard_mode: e.synced.stats().shard_mode(),
                 working_set: e.synced.working_set(),
             })
             .collect()

@@ -726,6 +726,70 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_sharded_informer_keeps_its_shard_from_a_server_that_ignores_it() {
+        use crate::list_watch::{HashRange, Shard, ShardField, ShardMode};
+        // Spread like the server's random UIDs (FNV-1a's top bit barely moves when only
+        // the last character of a short string does).
+        let uid = |i: usize| format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let with_uid = |i: usize| {
+            let mut obj = cm(&format!("o{i}"));
+            obj.metadata.uid = Some(uid(i));
+            obj
+        };
+        let shard = Shard::new(ShardField::Uid, [HashRange::part(0, 2).unwrap()]).unwrap();
+        let ours = |i: &usize| shard.contains_value(&uid(*i));
+        let fake = Fake::new("configmaps");
+        for i in 0..64 {
+            fake.add(with_uid(i));
+        }
+        let informer = SharedInformer::builder(fake.clone())
+            .shard(shard.clone())
+            .build();
+        let (_reg, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        let listed: Vec<usize> = (0..64).filter(ours).collect();
+        assert!(
+            (8..56).contains(&listed.len()),
+            "about half: {}",
+            listed.len()
+        );
+        let expected: Vec<_> = listed
+            .iter()
+            .map(|i| Ev::Add(format!("o{i}"), true))
+            .collect();
+        assert_eq!(sorted(take(&mut rx, listed.len()).await), sorted(expected));
+        assert_eq!(informer.store().len(), listed.len());
+        let stats = informer.reflector_stats();
+        assert_eq!(stats.shard_mode(), Some(ShardMode::Client));
+        assert_eq!(stats.outside_shard(), (64 - listed.len()) as u64);
+
+        // Watched objects from outside the shard are dropped as well.
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        for i in 64..96 {
+            fake.add(with_uid(i));
+        }
+        let watched: Vec<usize> = (64..96).filter(ours).collect();
+        let expected: Vec<_> = watched
+            .iter()
+            .map(|i| Ev::Add(format!("o{i}"), false))
+            .collect();
+        assert_eq!(take(&mut rx, watched.len()).await, expected);
+        assert_eq!(informer.store().len(), listed.len() + watched.len());
+        // Every request carried the shard's selector.
+        assert!(
+            fake.list_requests()
+                .iter()
+                .all(|o| o.shard.as_ref() == Some(&shard))
+        );
+        assert!(
+            fake.watch_requests()
+                .iter()
+                .all(|o| o.shard.as_ref() == Some(&shard))
+        );
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn relist_emits_tombstones_and_nothing_for_unchanged() {
         let fake = Fake::new("configmaps");
         for n in ["keep", "change", "vanish"] {

@@ -9,11 +9,11 @@ use kube_client::{
     Api,
     api::{ListParams, VersionMatch, WatchParams},
 };
-use kube_core::{ObjectList, Resource, Status};
+use kube_core::{ObjectList, PartialObjectMeta, Resource, Status};
 use serde::de::DeserializeOwned;
 
 use super::{
-    ListItem, ListOptions, ListPage, ListStream, ListWatch, ObjectVersion, VersionPage,
+    ListItem, ListOptions, ListPage, ListStream, ListWatch, ObjectVersion, Shard, VersionPage,
     WatchOptions, WatchStream,
     json_list::ListDecoder,
     list_body::{BodySplitter, decode_list_body},
@@ -215,6 +215,7 @@ where
         items: list.items,
         resource_version: list.metadata.resource_version.unwrap_or_default(),
         continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
+        shard_selector: list.metadata.shard_info.map(|info| info.selector),
     })
 }
 
@@ -245,12 +246,35 @@ where
         lp.resource_version = Some(rv.to_owned());
         lp.version_match = options.version_match.clone();
     }
-    let list = api
-        .list_metadata(&lp)
-        .await
-        .map_err(|e| Error::from_kube(e, Verb::List, &resource, api.namespace()))?;
+    let fail = |e| Error::from_kube(e, Verb::List, &resource, api.namespace());
+    let list = match &options.shard {
+        None => api.list_metadata(&lp).await.map_err(fail)?,
+        Some(shard) => {
+            let mut req = kube_core::Request::new(api.resource_url())
+                .list_metadata(&lp)
+                .map_err(|e| fail(kube_client::Error::BuildRequest(e)))?;
+            with_shard(&mut req, Some(shard), &resource, Verb::List)?;
+            req.extensions_mut().insert("list_metadata");
+            let client: kube_client::Client = api.clone().into();
+            client
+                .request::<ObjectList<PartialObjectMeta<K>>>(req)
+                .await
+                .map_err(fail)?
+        }
+    };
+    // Where the server did not apply the shard, keep what it would have selected.
+    let server_applied = list.metadata.shard_info.is_some();
+    let in_shard = |meta: &&PartialObjectMeta<K>| match &options.shard {
+        Some(shard) if !server_applied => shard.contains(*meta),
+        _ => true,
+    };
     Ok(VersionPage {
-        items: list.items.iter().filter_map(ObjectVersion::of).collect(),
+        items: list
+            .items
+            .iter()
+            .filter(in_shard)
+            .filter_map(ObjectVersion::of)
+            .collect(),
         resource_version: list.metadata.resource_version.unwrap_or_default(),
         continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
     })
@@ -276,11 +300,13 @@ async fn collect_page<K>(
             ListItem::End {
                 resource_version,
                 continue_token,
+                shard_selector,
             } => {
                 return Ok(ListPage {
                     items,
                     resource_version,
                     continue_token,
+                    shard_selector,
                 });
             }
         }
@@ -289,6 +315,7 @@ async fn collect_page<K>(
         items,
         resource_version: String::new(),
         continue_token: None,
+        shard_selector: None,
     })
 }
 
@@ -439,8 +466,44 @@ where
             source: Box::new(e),
         })?;
     }
+    with_shard(&mut req, options.shard.as_ref(), &resource, Verb::List)?;
     req.extensions_mut().insert("list");
     Ok(req)
+}
+
+/// Adds `shardSelector` to `req`'s query.
+fn with_shard(
+    req: &mut http::Request<Vec<u8>>,
+    shard: Option<&Shard>,
+    resource: &str,
+    verb: Verb,
+) -> Result<(), Error> {
+    let Some(shard) = shard else { return Ok(()) };
+    let uri = req.uri().to_string();
+    let separator = if uri.contains('?') { '&' } else { '?' };
+    let uri = format!(
+        "{uri}{separator}shardSelector={}",
+        percent_encode(&shard.selector())
+    );
+    *req.uri_mut() = uri.parse().map_err(|e| Error::Transport {
+        resource: resource.to_owned(),
+        verb,
+        source: Box::new(e),
+    })?;
+    Ok(())
+}
+
+/// A query value: every byte but RFC 3986's unreserved ones percent-encoded.
+fn percent_encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() * 2);
+    for byte in value.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
 }
 
 async fn api_watch<K>(
@@ -479,6 +542,7 @@ where
             api.namespace(),
         )
     })?;
+    with_shard(&mut req, options.shard.as_ref(), &resource, Verb::Watch)?;
     req.extensions_mut().insert("watch");
     let accept = match table {
         Some(_) => Encoding::Protobuf,

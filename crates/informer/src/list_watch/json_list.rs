@@ -39,6 +39,14 @@ struct EnvelopeMeta {
     resource_version: Option<String>,
     #[serde(default, rename = "continue")]
     continue_token: Option<String>,
+    #[serde(default, rename = "shardInfo")]
+    shard_info: Option<ShardInfo>,
+}
+
+#[derive(Deserialize)]
+struct ShardInfo {
+    #[serde(default)]
+    selector: String,
 }
 
 /// Splits a list body into its `items` elements and its envelope; see the
@@ -183,6 +191,7 @@ impl ListDecoder {
         Ok(ListEnd {
             resource_version: envelope.metadata.resource_version.unwrap_or_default(),
             continue_token: envelope.metadata.continue_token.filter(|c| !c.is_empty()),
+            shard_selector: envelope.metadata.shard_info.map(|info| info.selector),
         })
     }
 }
@@ -191,6 +200,25 @@ impl ListDecoder {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    #[test]
+    fn the_shard_the_server_applied_is_read_from_the_list_metadata() {
+        let body = br#"{"metadata":{"resourceVersion":"5","shardInfo":{"selector":"shardRange(object.metadata.namespace, '0x0000000000000000', '0x10000000000000000')"}},"items":[{"a":1}]}"#;
+        let (items, end) = decode_in_chunks(body, 4).unwrap();
+        assert_eq!(items.len(), 1);
+        assert_eq!(
+            end.shard_selector.as_deref(),
+            Some(
+                "shardRange(object.metadata.namespace, '0x0000000000000000', '0x10000000000000000')"
+            )
+        );
+        let (_, end) =
+            decode_in_chunks(br#"{"metadata":{"resourceVersion":"5"},"items":[]}"#, 3).unwrap();
+        assert_eq!(
+            end.shard_selector, None,
+            "no shardInfo: the server applied none"
+        );
+    }
 
     fn decode_in_chunks(body: &[u8], chunk: usize) -> Result<(Vec<Value>, ListEnd), String> {
         let mut decoder = ListDecoder::default();

@@ -185,6 +185,7 @@ where
                     let item = ListItem::End {
                         resource_version: end.resource_version,
                         continue_token: end.continue_token,
+                        shard_selector: end.shard_selector,
                     };
                     (item, st)
                 }));

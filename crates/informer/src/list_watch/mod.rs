@@ -14,6 +14,7 @@ mod lazy;
 mod list_body;
 mod protobuf;
 mod raw;
+mod shard;
 mod watch_body;
 mod wire_format;
 
@@ -36,6 +37,7 @@ pub(crate) use protobuf::test_encoder;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
 pub(crate) use raw::RawFormat;
 pub use raw::RawObject;
+pub use shard::{HashRange, Shard, ShardField, ShardMode, fnv1a_64};
 pub use wire_format::WireFormat;
 
 /// The newtype name under which a [`LazyObject`] asks a deserializer for the object's own
@@ -57,6 +59,10 @@ pub struct ListOptions {
     pub resource_version: Option<String>,
     /// `resourceVersionMatch`: how `resource_version` is interpreted (`NotOlderThan`, `Exact`).
     pub version_match: Option<VersionMatch>,
+    /// `shardSelector`: only the shard's objects (a server with the `ShardedListAndWatch`
+    /// gate selects them and echoes the selector in [`ListItem::End`]; one without sends
+    /// everything).
+    pub shard: Option<Shard>,
 }
 
 /// One page of a list.
@@ -68,6 +74,8 @@ pub struct ListPage<K> {
     pub resource_version: String,
     /// Token for the next page; `None` on the last page.
     pub continue_token: Option<String>,
+    /// `metadata.shardInfo.selector`: the shard selector the server applied, if any.
+    pub shard_selector: Option<String>,
 }
 
 /// One item of a list page read as a stream ([`ListWatch::list_stream`]).
@@ -92,6 +100,9 @@ pub enum ListItem<K> {
         resource_version: String,
         /// Token for the next page; `None` on the last page.
         continue_token: Option<String>,
+        /// `metadata.shardInfo.selector`: the shard selector the server applied, if it
+        /// applied one.
+        shard_selector: Option<String>,
     },
 }
 
@@ -140,6 +151,8 @@ pub(crate) struct ListEnd {
     pub(crate) resource_version: String,
     /// `metadata.continue`, if not empty.
     pub(crate) continue_token: Option<String>,
+    /// `metadata.shardInfo.selector`.
+    pub(crate) shard_selector: Option<String>,
 }
 
 /// An object's key and resourceVersion: what a divergence check compares.
@@ -187,6 +200,8 @@ pub struct WatchOptions {
     /// `resource_version` is then read as "not older than" (`""`: a consistent read), and
     /// `allow_bookmarks` must be set.
     pub send_initial_events: bool,
+    /// `shardSelector`: only the shard's objects, where the server applies it.
+    pub shard: Option<Shard>,
 }
 
 /// One event of a watch stream.
@@ -335,6 +350,7 @@ pub trait ListWatch<K>: Send + Sync + 'static {
             let end = ListItem::End {
                 resource_version: page.resource_version,
                 continue_token: page.continue_token,
+                shard_selector: page.shard_selector,
             };
             let items = page.items.into_iter().map(ListItem::Object);
             Ok(futures::stream::iter(items.chain([end]).map(Ok)).boxed())

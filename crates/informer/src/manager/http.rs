@@ -19,7 +19,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{events::Recorder, informer::InformerFactory};
+use crate::{events::Recorder, informer::InformerFactory, list_watch::ShardMode};
 
 pub(super) const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
 pub(super) const METRICS_PATHS: &[&str] = &["/metrics"];
@@ -173,6 +173,7 @@ impl Collector for InformerCollector {
         let hot_hits: Family<InformerLabels, Counter> = Family::default();
         let hot_misses: Family<InformerLabels, Counter> = Family::default();
         let hot_evictions: Family<InformerLabels, Counter> = Family::default();
+        let shard_by_server: Family<InformerLabels, Gauge> = Family::default();
         for state in self.factory.informers() {
             let labels = InformerLabels {
                 resource: state.resource,
@@ -193,6 +194,10 @@ impl Collector for InformerCollector {
             }
             restarts.get_or_create(&labels).inc_by(state.watch_restarts);
             lists.get_or_create(&labels).inc_by(state.lists);
+            if let Some(mode) = state.shard_mode {
+                let by_server = i64::from(mode == ShardMode::Server);
+                shard_by_server.get_or_create(&labels).set(by_server);
+            }
             let hot = state.working_set;
             hot_bytes
                 .get_or_create(&labels)
@@ -229,6 +234,11 @@ impl Collector for InformerCollector {
                 "informer_working_set_objects",
                 "Decoded objects the cache's working set holds",
                 hot_objects,
+            ),
+            (
+                "informer_shard_server_side",
+                "Whether the API server applied the informer's shard (1) or the informer did (0)",
+                shard_by_server,
             ),
         ];
         let counters = [

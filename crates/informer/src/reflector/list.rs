@@ -8,7 +8,7 @@ use tracing::{debug, info};
 use super::{Reflector, ReflectorStore, state::ListFrom};
 use crate::{
     error::{Error, Verb},
-    list_watch::{ListItem, ListOptions, ListWatch, RawObject},
+    list_watch::{ListItem, ListOptions, ListWatch, RawObject, Shard, ShardMode},
 };
 use kube_client::api::VersionMatch;
 
@@ -31,12 +31,16 @@ where
         };
         debug!(rv = ?resource_version, "listing");
         let limit = Some(self.config.page_size).filter(|l| *l > 0);
+        let shard = self.config.shard.clone();
         let mut options = ListOptions {
             limit,
             continue_token: None,
             resource_version,
             version_match,
+            shard: shard.clone(),
         };
+        // Whether every page said the server applied the shard.
+        let mut applied_by_server = true;
         let mut listed = 0usize;
         let mut pages = 0usize;
         self.store.start_list();
@@ -49,10 +53,14 @@ where
                 tokio::task::coop::consume_budget().await;
                 match item? {
                     ListItem::Object(obj) => {
-                        listed += usize::from(self.list_one(obj, None));
+                        if self.in_shard(&obj) {
+                            listed += usize::from(self.list_one(obj, None));
+                        }
                     }
                     ListItem::Decoded { object, raw } => {
-                        listed += usize::from(self.list_one(object, Some(raw)));
+                        if self.in_shard(&object) {
+                            listed += usize::from(self.list_one(object, Some(raw)));
+                        }
                     }
                     // Listed, so not gone: its last good state stays in the store.
                     ListItem::Undecodable(undecodable) => {
@@ -63,7 +71,12 @@ where
                     ListItem::End {
                         resource_version,
                         continue_token,
-                    } => end = Some((resource_version, continue_token)),
+                        shard_selector,
+                    } => {
+                        let echoed = shard.as_ref().map(Shard::selector);
+                        applied_by_server &= echoed.is_some() && shard_selector == echoed;
+                        end = Some((resource_version, continue_token));
+                    }
                 }
             }
             let Some((page_rv, continue_token)) = end else {
@@ -80,6 +93,7 @@ where
                         continue_token: Some(token),
                         resource_version: None,
                         version_match: None,
+                        shard: shard.clone(),
                     };
                 }
                 None => break page_rv,
@@ -87,6 +101,16 @@ where
         };
         self.store.finish_list(&list_rv);
         self.synced.set(&list_rv);
+        if let Some(shard) = &shard {
+            let mode = if applied_by_server {
+                ShardMode::Server
+            } else {
+                ShardMode::Client
+            };
+            if self.stats.set_shard_mode(mode) != Some(mode) {
+                info!(?mode, selector = %shard, "shard applied");
+            }
+        }
         info!(
             rv = %list_rv,
             objects = listed,

@@ -17,7 +17,7 @@ use std::{
     panic::AssertUnwindSafe,
     sync::{
         Arc,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicU8, AtomicU64, Ordering},
     },
     time::Duration,
 };
@@ -31,7 +31,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::{
     error::{Error, StreamingRefusal, Verb, panic_message},
     key::ObjectKey,
-    list_watch::{ListWatch, RawObject, Undecodable},
+    list_watch::{ListWatch, RawObject, Shard, ShardMode, Undecodable},
     store::{Arrival, TransformFn, Writer},
 };
 
@@ -148,6 +148,7 @@ pub struct ReflectorConfig {
     pub(crate) idle_timeout: Duration,
     pub(crate) initial_events_timeout: Duration,
     pub(crate) backoff: BackoffConfig,
+    pub(crate) shard: Option<Shard>,
 }
 
 impl ReflectorConfig {
@@ -193,6 +194,18 @@ impl ReflectorConfig {
         self
     }
 
+    /// Lists and watches only `shard`'s objects (no shard: all). A server with the
+    /// `ShardedListAndWatch` gate selects them; from one without, the reflector keeps
+    /// them itself (the same hash), so the cache holds the same objects either way;
+    /// [`ReflectorStats::shard_mode`] says which happened. A sharded reflector lists in
+    /// pages whatever the [list mode](Self::list_mode): only a paged list's answer says
+    /// whether the server applied the shard.
+    #[must_use]
+    pub fn shard(mut self, shard: Shard) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
     /// The backoff between failed attempts.
     #[must_use]
     pub fn backoff(mut self, backoff: BackoffConfig) -> Self {
@@ -210,6 +223,7 @@ impl Default for ReflectorConfig {
             idle_timeout: Duration::from_secs(120),
             initial_events_timeout: Duration::from_secs(30),
             backoff: BackoffConfig::default(),
+            shard: None,
         }
     }
 }
@@ -272,6 +286,9 @@ struct StatCounters {
     streaming_lists: AtomicU64,
     watches: AtomicU64,
     errors: AtomicU64,
+    /// 0: no shard, or not listed yet; 1: applied by the server; 2: by the client.
+    shard_mode: AtomicU8,
+    outside_shard: AtomicU64,
 }
 
 impl ReflectorStats {
@@ -290,6 +307,38 @@ impl ReflectorStats {
     /// watch) and was opened again.
     pub fn watch_restarts(&self) -> u64 {
         (self.0.streaming_lists.load(Ordering::Relaxed) + self.watches()).saturating_sub(1)
+    }
+
+    /// Whether the server or the client applied the reflector's [shard](ReflectorConfig::shard)
+    /// on its last list; `None` without a shard or before the first list.
+    pub fn shard_mode(&self) -> Option<ShardMode> {
+        match self.0.shard_mode.load(Ordering::Relaxed) {
+            1 => Some(ShardMode::Server),
+            2 => Some(ShardMode::Client),
+            _ => None,
+        }
+    }
+
+    /// Objects the server sent from outside the shard, which the reflector dropped.
+    pub fn outside_shard(&self) -> u64 {
+        self.0.outside_shard.load(Ordering::Relaxed)
+    }
+
+    /// Records the mode a list found; returns the previous one.
+    fn set_shard_mode(&self, mode: ShardMode) -> Option<ShardMode> {
+        let code = match mode {
+            ShardMode::Server => 1,
+            ShardMode::Client => 2,
+        };
+        match self.0.shard_mode.swap(code, Ordering::Relaxed) {
+            1 => Some(ShardMode::Server),
+            2 => Some(ShardMode::Client),
+            _ => None,
+        }
+    }
+
+    fn count_outside_shard(&self) {
+        Self::count(&self.0.outside_shard);
     }
 
     /// List and watch errors reported (each also went to the error hook).
@@ -461,6 +510,20 @@ where
         self
     }
 
+    /// Whether `object` belongs to the reflector's shard (every object does without one);
+    /// counts one that does not.
+    fn in_shard(&self, object: &K) -> bool {
+        let inside = self
+            .config
+            .shard
+            .as_ref()
+            .is_none_or(|s| s.contains(object));
+        if !inside {
+            self.stats.count_outside_shard();
+        }
+        inside
+    }
+
     /// A handle on the last-synced resourceVersion.
     pub fn synced_version(&self) -> SyncedVersion {
         self.synced.clone()
@@ -475,7 +538,11 @@ where
     async fn run_loop(self, cancel: CancellationToken) {
         let mut backoff = Backoff::new(self.config.backoff.clone());
         let mut reconnect = Backoff::new(reconnect_backoff(&self.config.backoff));
-        let mut state = State::new(self.config.list_mode);
+        let list_mode = match self.config.shard {
+            Some(_) => ListMode::Paged,
+            None => self.config.list_mode,
+        };
+        let mut state = State::new(list_mode);
         loop {
             if cancel.is_cancelled() {
                 break;

@@ -87,6 +87,7 @@ where
             timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
             allow_bookmarks: true,
             send_initial_events: initial.is_some(),
+            shard: self.config.shard.clone(),
         };
         debug!(rv = %last_rv, timeout_s = options.timeout.map(|t| t.as_secs()), "watching");
         let started = Instant::now();
@@ -249,6 +250,17 @@ where
                 }
             };
             let rv = obj.meta().resource_version.clone();
+            // From a server that does not apply the shard: not ours, and never was (the
+            // hashed fields do not change), so nothing to delete either.
+            if !self.in_shard(&obj) {
+                if let Some(rv) = rv.filter(|rv| !rv.is_empty())
+                    && initial.is_none()
+                {
+                    *last_rv = rv;
+                    self.synced.set(last_rv);
+                }
+                continue;
+            }
             let (key, obj, raw) = match self.prepare(obj, raw) {
                 Ok(prepared) => prepared,
                 Err(_) => {

@@ -443,6 +443,7 @@ impl<K: Resource + Clone + Send + Sync + 'static> ListWatch<K> for FakeListWatch
         let end = ListItem::End {
             resource_version: page.resource_version,
             continue_token: page.continue_token,
+            shard_selector: page.shard_selector,
         };
         Ok(futures::stream::iter(items.chain([end]).map(Ok)).boxed())
     }
@@ -526,6 +527,8 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
             items,
             resource_version: rv,
             continue_token,
+            // A server without the ShardedListAndWatch gate: it ignores the shard.
+            shard_selector: None,
         })
     }
 }
@@ -569,6 +572,7 @@ mod tests {
                 timeout: None,
                 allow_bookmarks: true,
                 send_initial_events: false,
+                shard: None,
             })
             .await
             .unwrap();
@@ -587,6 +591,7 @@ mod tests {
                 timeout: None,
                 allow_bookmarks: true,
                 send_initial_events: false,
+                shard: None,
             })
             .await
             .unwrap();

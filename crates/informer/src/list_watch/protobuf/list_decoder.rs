@@ -173,7 +173,8 @@ fn len_field(bytes: &[u8]) -> Result<Option<(u32, usize, usize)>, ProtobufError>
     Ok(Some((number, header, len)))
 }
 
-/// `ListMeta` `{selfLink = 1, resourceVersion = 2, continue = 3, remainingItemCount = 4}`.
+/// `ListMeta` `{selfLink = 1, resourceVersion = 2, continue = 3, remainingItemCount = 4,
+/// shardInfo = 5}`, `ShardInfo` `{selector = 1}`.
 fn list_meta(bytes: &[u8]) -> Result<ListEnd, ProtobufError> {
     let mut end = ListEnd::default();
     let mut reader = Reader::new(bytes);
@@ -187,10 +188,31 @@ fn list_meta(bytes: &[u8]) -> Result<ListEnd, ProtobufError> {
         match number {
             2 => end.resource_version = text("resourceVersion")?,
             3 => end.continue_token = Some(text("continue")?).filter(|c| !c.is_empty()),
+            5 => {
+                let Raw::Len(info) = value else {
+                    return Err(ProtobufError::Malformed("list metadata"));
+                };
+                end.shard_selector = Some(shard_selector(info)?);
+            }
             _ => {}
         }
     }
     Ok(end)
+}
+
+/// `ShardInfo.selector`.
+fn shard_selector(bytes: &[u8]) -> Result<String, ProtobufError> {
+    let mut selector = String::new();
+    let mut reader = Reader::new(bytes);
+    while !reader.is_empty() {
+        let (number, wire) = reader.tag()?;
+        match (number, reader.value(wire)?) {
+            (1, Raw::Len(b)) => selector = utf8(b, "shardInfo.selector")?.to_owned(),
+            (1, _) => return Err(ProtobufError::Malformed("shard info")),
+            _ => {}
+        }
+    }
+    Ok(selector)
 }
 
 #[cfg(test)]
@@ -211,6 +233,21 @@ mod tests {
             list = list.msg(2, &pod(name));
         }
         envelope("v1", "PodList", &list)
+    }
+
+    #[test]
+    fn the_shard_the_server_applied_is_read_from_the_list_metadata() {
+        let selector =
+            "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000')";
+        let meta = Msg::new().str(2, "9").msg(5, &Msg::new().str(1, selector));
+        let list = Msg::new().msg(1, &meta).msg(2, &pod("a"));
+        let body = envelope("v1", "PodList", &list);
+        for chunk in [1, 7, body.len()] {
+            let (names, end) = decode_in_chunks(&body, chunk).unwrap();
+            assert_eq!(names, ["a"]);
+            assert_eq!(end.shard_selector.as_deref(), Some(selector));
+            assert_eq!(end.resource_version, "9");
+        }
     }
 
     fn decode_in_chunks(
@@ -253,7 +290,8 @@ mod tests {
             end,
             ListEnd {
                 resource_version: "7".into(),
-                continue_token: None
+                continue_token: None,
+                shard_selector: None,
             }
         );
     }
