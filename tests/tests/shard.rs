@@ -58,7 +58,8 @@ async fn create(api: &Api<ConfigMap>, names: impl Iterator<Item = String>) {
 }
 
 /// Three shards of 300 ConfigMaps: each cache holds exactly its shard, the three are
-/// disjoint and cover the namespace, and they follow creates and deletes. Returns how
+/// disjoint and cover the namespace, they follow creates and deletes, and one widened
+/// at run time holds its new shard. Returns how
 /// the shards were applied and how many objects the informers dropped themselves.
 async fn three_shards(client: Client, namespace: &str) -> (Vec<Option<ShardMode>>, u64) {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
@@ -105,6 +106,21 @@ async fn three_shards(client: Client, namespace: &str) -> (Vec<Option<ShardMode>
         })
         .await;
     }
+    // The first informer takes the second shard too: it relists, and holds both.
+    let wider = Shard::new(
+        ShardField::Uid,
+        [
+            HashRange::part(0, SHARDS).unwrap(),
+            HashRange::part(1, SHARDS).unwrap(),
+        ],
+    )
+    .unwrap();
+    informers[0].reshard(wider.clone()).unwrap();
+    let expected = server_shard(&api, &wider).await;
+    eventually("the resharded cache holds both shards", || {
+        cached(&informers[0]) == expected
+    })
+    .await;
     let modes = informers
         .iter()
         .map(|i| i.reflector_stats().shard_mode())

@@ -184,6 +184,11 @@ pub enum Error {
     #[error("caches did not sync within {0:?}")]
     SyncTimeout(Duration),
 
+    /// A new shard was given to an informer built without one (it lists whole, in the
+    /// list mode it was built with).
+    #[error("the informer was built without a shard")]
+    NotSharded,
+
     /// A divergence check was asked of an informer built without one.
     #[error("the informer was built without a divergence check")]
     NoDivergenceCheck,

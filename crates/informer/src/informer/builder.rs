@@ -10,7 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use super::{
-    InformerHandle, SharedInformer,
+    HandleParts, InformerHandle, Reshard, SharedInformer,
     divergence::{Divergence, DivergenceCheck},
     processor::{Processor, Sink},
 };
@@ -22,7 +22,7 @@ use crate::{
     error::Error,
     list_watch::{ListWatch, Shard},
     reflector::{
-        BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats,
+        BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats, ShardCell,
         SyncedVersion,
     },
     store::{IndexFn, TransformFn, WorkingSet, Writer},
@@ -323,15 +323,27 @@ where
         let processor = Arc::new(Processor::new(store, synced_tx, permanent_tx.clone()));
         let version = SyncedVersion::default();
         let stats = ReflectorStats::default();
+        let sharded = self.config.shard.is_some();
         let mut reflector = Reflector::new(self.list_watch, Sink(processor.clone()), self.config)
             .with_synced_version(version.clone())
             .with_stats(stats.clone());
         if let Some(t) = self.transform {
             reflector = reflector.with_transform(t);
         }
-        if let Some(divergence) = &self.divergence {
-            reflector = reflector.with_relist_trigger(divergence.relist.clone());
-        }
+        let relist = match &self.divergence {
+            Some(divergence) => divergence.relist.clone(),
+            None => Arc::new(Notify::new()),
+        };
+        reflector = reflector.with_relist_trigger(relist.clone());
+        // Only an informer built with a shard lists the way a shard needs.
+        let reshard = match sharded {
+            true => {
+                let cell = ShardCell::default();
+                reflector = reflector.with_shard_cell(cell.clone());
+                Some(Reshard { cell, relist })
+            }
+            false => None,
+        };
         let user_hook = self.error_hook;
         reflector = reflector.with_error_hook(Arc::new(move |error: &Error| {
             if let Some(permanent) = error.permanent_copy() {
@@ -341,15 +353,16 @@ where
                 hook(error);
             }
         }));
-        let handle = InformerHandle::new(
+        let handle = InformerHandle::new(HandleParts {
             processor,
-            synced_rx,
-            permanent_rx,
+            synced: synced_rx,
+            permanent_error: permanent_rx,
             version,
             stats,
-            self.resync,
-            self.divergence.map(Arc::new),
-        );
+            resync: self.resync,
+            divergence: self.divergence.map(Arc::new),
+            reshard,
+        });
         SharedInformer::new_unstarted(handle, Box::new(move |token| reflector.run(token).boxed()))
     }
 }

@@ -22,16 +22,16 @@ use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::{
     runtime::Handle,
-    sync::{mpsc, watch},
+    sync::{Notify, mpsc, watch},
     task::JoinHandle,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     error::Error,
-    list_watch::ListWatch,
-    reflector::{ReflectorStats, Synced, SyncedVersion},
+    list_watch::{ListWatch, Shard},
+    reflector::{ReflectorStats, ShardCell, Synced, SyncedVersion},
     store::{Lister, Store},
 };
 use processor::{Processor, lock};
@@ -158,6 +158,26 @@ struct Inner<K> {
     lifecycle: Mutex<Lifecycle>,
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
+    reshard: Option<Reshard>,
+}
+
+/// What the builder hands a new handle.
+struct HandleParts<K> {
+    processor: Arc<Processor<K>>,
+    synced: watch::Receiver<bool>,
+    permanent_error: watch::Receiver<Option<Arc<Error>>>,
+    version: SyncedVersion,
+    stats: ReflectorStats,
+    resync: Option<Duration>,
+    divergence: Option<Arc<Divergence>>,
+    reshard: Option<Reshard>,
+}
+
+/// What changes a sharded informer's shard: the reflector's cell, and the trigger that
+/// makes it relist.
+struct Reshard {
+    cell: ShardCell,
+    relist: Arc<Notify>,
 }
 
 type Starter = Box<dyn FnOnce(CancellationToken) -> BoxFuture<'static, ()> + Send + Sync>;
@@ -343,15 +363,17 @@ impl<K> Deref for RunningInformer<K> {
 }
 
 impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
-    fn new(
-        processor: Arc<Processor<K>>,
-        synced: watch::Receiver<bool>,
-        permanent_error: watch::Receiver<Option<Arc<Error>>>,
-        version: SyncedVersion,
-        stats: ReflectorStats,
-        resync: Option<Duration>,
-        divergence: Option<Arc<Divergence>>,
-    ) -> Self {
+    fn new(parts: HandleParts<K>) -> Self {
+        let HandleParts {
+            processor,
+            synced,
+            permanent_error,
+            version,
+            stats,
+            resync,
+            divergence,
+            reshard,
+        } = parts;
         Self {
             inner: Arc::new(Inner {
                 processor,
@@ -364,6 +386,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 }),
                 resync,
                 divergence,
+                reshard,
             }),
         }
     }
@@ -458,6 +481,32 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// has stopped.
     pub(crate) fn watch_synced_version(&self) -> tokio::sync::watch::Receiver<Synced> {
         self.inner.version.subscribe()
+    }
+
+    /// Follows `shard` from now on, in place of the shard it was built with: the informer
+    /// relists from a consistent read with the new selector, and the relist's changes reach
+    /// the handlers as any relist's do. Objects that left the shard are deleted (as
+    /// tombstones, [`DeletedObject::FinalStateUnknown`](crate::DeletedObject)), objects that
+    /// entered it are added, and those in both send nothing. Until the relist lands,
+    /// watched objects are already kept or dropped by the new shard.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotSharded`] for an informer built without a shard.
+    pub fn reshard(&self, shard: Shard) -> Result<(), Error> {
+        let reshard = self.inner.reshard.as_ref().ok_or(Error::NotSharded)?;
+        if reshard.cell.get().as_ref() == Some(&shard) {
+            return Ok(());
+        }
+        info!(selector = %shard, "shard changed; relisting");
+        reshard.cell.set(shard);
+        reshard.relist.notify_one();
+        Ok(())
+    }
+
+    /// The shard the informer follows, if it was built with one.
+    pub fn shard(&self) -> Option<Shard> {
+        self.inner.reshard.as_ref()?.cell.get()
     }
 
     /// The counters of the informer's reflector: lists, watches, restarts, errors.
@@ -786,6 +835,64 @@ mod tests {
                 .iter()
                 .all(|o| o.shard.as_ref() == Some(&shard))
         );
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_shard_relists_and_sends_only_what_changed() {
+        use crate::list_watch::{HashRange, Shard, ShardField};
+        let uid = |i: usize| format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let half = |part| Shard::new(ShardField::Uid, [HashRange::part(part, 2).unwrap()]).unwrap();
+        let fake = Fake::new("configmaps");
+        for i in 0..40 {
+            let mut obj = cm(&format!("o{i}"));
+            obj.metadata.uid = Some(uid(i));
+            fake.add(obj);
+        }
+        let (low, high): (Vec<usize>, Vec<usize>) =
+            (0..40).partition(|i| half(0).contains_value(&uid(*i)));
+        let names = |ids: &[usize], ev: fn(String) -> Ev| {
+            sorted(ids.iter().map(|i| ev(format!("o{i}"))).collect())
+        };
+        let informer = SharedInformer::builder(fake.clone()).shard(half(0)).build();
+        let (_reg, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        assert_eq!(
+            sorted(take(&mut rx, low.len()).await),
+            names(&low, |n| Ev::Add(n, true))
+        );
+        fake.wait_for_calls(|c| c.watches == 1).await;
+
+        // Widened to everything: the other half arrives, nothing for the half it had.
+        let all = Shard::new(ShardField::Uid, [HashRange::all()]).unwrap();
+        informer.reshard(all.clone()).unwrap();
+        assert_eq!(informer.shard(), Some(all));
+        assert_eq!(
+            sorted(take(&mut rx, high.len()).await),
+            names(&high, |n| Ev::Add(n, false))
+        );
+        assert_eq!(informer.store().len(), 40);
+
+        // Narrowed to the other half: the first half leaves as tombstones.
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        informer.reshard(half(1)).unwrap();
+        assert_eq!(
+            sorted(take(&mut rx, low.len()).await),
+            names(&low, |n| Ev::Delete(n, true))
+        );
+        assert_eq!(informer.store().len(), high.len());
+        fake.wait_for_calls(|c| c.watches == 3).await;
+        // Nothing more was sent: the next event is a fresh object of the shard.
+        let next = (40..).find(|i| half(1).contains_value(&uid(*i))).unwrap();
+        let mut obj = cm(&format!("o{next}"));
+        obj.metadata.uid = Some(uid(next));
+        fake.add(obj);
+        assert_eq!(take(&mut rx, 1).await, [Ev::Add(format!("o{next}"), false)]);
+        let lists = fake.list_requests();
+        assert_eq!(lists.last().unwrap().shard, Some(half(1)));
+
+        let unsharded = SharedInformer::new(Fake::new("configmaps"));
+        assert!(matches!(unsharded.reshard(half(0)), Err(Error::NotSharded)));
         informer.stop().await;
     }
 

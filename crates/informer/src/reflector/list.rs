@@ -31,7 +31,7 @@ where
         };
         debug!(rv = ?resource_version, "listing");
         let limit = Some(self.config.page_size).filter(|l| *l > 0);
-        let shard = self.config.shard.clone();
+        let shard = self.shard.get();
         let mut options = ListOptions {
             limit,
             continue_token: None,

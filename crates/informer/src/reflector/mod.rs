@@ -228,6 +228,35 @@ impl Default for ReflectorConfig {
     }
 }
 
+/// The shard a reflector follows, replaceable while it runs: the next list and watch ask
+/// for the new one, and every object from then on is kept or dropped by it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ShardCell(Arc<std::sync::RwLock<Option<Shard>>>);
+
+impl ShardCell {
+    pub(crate) fn get(&self) -> Option<Shard> {
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn set(&self, shard: Shard) {
+        *self
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(shard);
+    }
+
+    fn contains<K: Resource>(&self, object: &K) -> bool {
+        let shard = self
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        shard.as_ref().is_none_or(|s| s.contains(object))
+    }
+}
+
 /// The resourceVersion a reflector last synced to (from a list, an event or a bookmark).
 ///
 /// It is set after the store has taken what came with it, so a store whose synced version
@@ -438,8 +467,10 @@ pub struct Reflector<K, L, S> {
     error_hook: Option<ErrorHook>,
     synced: SyncedVersion,
     stats: ReflectorStats,
-    /// Asks for a relist from a consistent read (a divergence check found drift).
+    /// Asks for a relist from a consistent read (a divergence check found drift, the
+    /// shard changed).
     relist: Option<Arc<Notify>>,
+    shard: ShardCell,
     resource: String,
     namespace: Option<String>,
 }
@@ -454,6 +485,10 @@ where
     pub fn new(list_watch: L, store: S, config: ReflectorConfig) -> Self {
         let resource = list_watch.resource();
         let namespace = list_watch.namespace();
+        let shard = ShardCell::default();
+        if let Some(configured) = &config.shard {
+            shard.set(configured.clone());
+        }
         Self {
             lw: list_watch,
             store,
@@ -463,6 +498,7 @@ where
             synced: SyncedVersion::default(),
             stats: ReflectorStats::default(),
             relist: None,
+            shard,
             resource,
             namespace,
         }
@@ -513,15 +549,22 @@ where
     /// Whether `object` belongs to the reflector's shard (every object does without one);
     /// counts one that does not.
     fn in_shard(&self, object: &K) -> bool {
-        let inside = self
-            .config
-            .shard
-            .as_ref()
-            .is_none_or(|s| s.contains(object));
+        let inside = self.shard.contains(object);
         if !inside {
             self.stats.count_outside_shard();
         }
         inside
+    }
+
+    /// Follows the shard in `cell` (the informer passes its own, so it can change it),
+    /// holding the configured one until it is changed.
+    #[must_use]
+    pub(crate) fn with_shard_cell(mut self, cell: ShardCell) -> Self {
+        if let Some(configured) = self.shard.get() {
+            cell.set(configured);
+        }
+        self.shard = cell;
+        self
     }
 
     /// A handle on the last-synced resourceVersion.

@@ -87,7 +87,7 @@ where
             timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
             allow_bookmarks: true,
             send_initial_events: initial.is_some(),
-            shard: self.config.shard.clone(),
+            shard: self.shard.get(),
         };
         debug!(rv = %last_rv, timeout_s = options.timeout.map(|t| t.as_secs()), "watching");
         let started = Instant::now();
