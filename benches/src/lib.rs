@@ -81,6 +81,44 @@ pub fn nginx_pod(i: usize) -> serde_json::Value {
     })
 }
 
+/// Applies the benchmark's first `n` Pods ([`nginx_pod`]) server-side as `manager`,
+/// `concurrency` at a time, and says how far it got every 10,000.
+///
+/// # Errors
+///
+/// The first apply that fails.
+pub async fn create_pods(
+    pods: &kube_client::Api<k8s_openapi::api::core::v1::Pod>,
+    n: usize,
+    concurrency: usize,
+    manager: &str,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use futures::{StreamExt, TryStreamExt};
+    use kube_client::api::{Patch, PatchParams};
+    let params = PatchParams::apply(manager).force();
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let name = pod_name(i);
+            let params = &params;
+            async move {
+                pods.patch(&name, params, &Patch::Apply(nginx_pod(i)))
+                    .await
+                    .with_context(|| format!("applying Pod {name}"))
+            }
+        })
+        .buffer_unordered(concurrency.max(1))
+        .enumerate()
+        .map(|(done, applied)| {
+            if (done + 1) % 10_000 == 0 {
+                eprintln!("  {} of {n} Pods created", done + 1);
+            }
+            applied
+        })
+        .try_for_each(|_| async { Ok(()) })
+        .await
+}
+
 /// The Pod whose name sorts last of `n` (lists return objects in key order, so its change
 /// is the last one a relist delivers).
 pub fn last_pod_name(n: usize) -> String {

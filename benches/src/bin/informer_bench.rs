@@ -32,8 +32,8 @@ use anyhow::{Context, bail};
 use benches::{
     CpuUse, GROUP_LABEL, RECONCILE_LABEL, RELIST_LABEL, ReadsLine, ReconcileLine, RelistLine,
     SyncedLine, UPDATE_LABEL, UpdatesLine, apiserver_gc, client_go_version, command_output,
-    cpu_ms_of, cpu_use_of, lock_version, machine, median, memory_of, nginx_pod, percentile,
-    pod_name, reset_peak, unix_nanos, workqueue_report,
+    cpu_ms_of, cpu_use_of, lock_version, machine, median, memory_of, percentile, pod_name,
+    reset_peak, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -585,7 +585,7 @@ async fn main() -> anyhow::Result<()> {
         let namespace = env.create_namespace(&format!("bench-{n}")).await?;
         let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
         let started = Instant::now();
-        create_pods(&pods, n, args.create_concurrency).await?;
+        benches::create_pods(&pods, n, args.create_concurrency, "informer-bench").await?;
         let create_s = started.elapsed().as_secs_f64();
         eprintln!("created {n} Pods in {namespace} in {create_s:.1} s");
         wait_for_idle_cpus().await;
@@ -900,30 +900,6 @@ fn cpu_times() -> Option<(u64, u64)> {
         .collect();
     let idle = fields.get(3)? + fields.get(4).copied().unwrap_or(0);
     Some((idle, fields.iter().take(8).sum()))
-}
-
-async fn create_pods(pods: &Api<Pod>, n: usize, concurrency: usize) -> anyhow::Result<()> {
-    let params = PatchParams::apply("informer-bench").force();
-    futures::stream::iter(0..n)
-        .map(|i| {
-            let name = pod_name(i);
-            let params = &params;
-            async move {
-                pods.patch(&name, params, &Patch::Apply(nginx_pod(i)))
-                    .await
-                    .with_context(|| format!("applying Pod {name}"))
-            }
-        })
-        .buffer_unordered(concurrency.max(1))
-        .enumerate()
-        .map(|(done, applied)| {
-            if (done + 1) % 10_000 == 0 {
-                eprintln!("  {} of {n} Pods created", done + 1);
-            }
-            applied
-        })
-        .try_for_each(|_| async { Ok(()) })
-        .await
 }
 
 /// The subject's pid under `wrapper`: the wrapper's own once it has executed `binary` (as

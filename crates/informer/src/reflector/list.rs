@@ -99,8 +99,7 @@ where
                 None => break page_rv,
             }
         };
-        self.store.finish_list(&list_rv);
-        self.synced.set(&list_rv);
+        // Before the store says it has synced, so whoever waited for that sees the mode.
         if let Some(shard) = &shard {
             let mode = if applied_by_server {
                 ShardMode::Server
@@ -111,6 +110,8 @@ where
                 info!(?mode, selector = %shard, "shard applied");
             }
         }
+        self.store.finish_list(&list_rv);
+        self.synced.set(&list_rv);
         info!(
             rv = %list_rv,
             objects = listed,
