@@ -159,3 +159,192 @@ async fn shard_with_the_gate_off_the_informer_selects_each_shard() {
         "each informer received the other shards' objects and dropped them: {outside}"
     );
 }
+
+mod ring {
+    //! The shard ring on real Leases: every slot dealt to exactly one live replica, and
+    //! handed over when a replica leaves, dies or joins, never admitted by two at once.
+
+    use std::{
+        collections::BTreeSet,
+        sync::{Arc, Mutex},
+        time::{Duration, Instant},
+    };
+
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::{Api, Client};
+    use kube_informer::{
+        CancellationToken,
+        sharding::{RingConfig, RingView, ShardRing, slot_of},
+    };
+    use kube_testenv::TestEnv;
+    use tests::{eventually_some_within, test_namespace};
+    use tokio::task::JoinHandle;
+
+    const SLOTS: u16 = 12;
+    const LEASE: Duration = Duration::from_secs(3);
+
+    struct Replica {
+        ring: Arc<ShardRing>,
+        stop: CancellationToken,
+        task: JoinHandle<()>,
+    }
+
+    fn join(client: &Client, namespace: &str, identity: &str) -> Replica {
+        let config = RingConfig::new(namespace, "test-ring", identity)
+            .slots(SLOTS)
+            .lease_duration(LEASE)
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(300));
+        let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn({
+            let (ring, stop) = (ring.clone(), stop.clone());
+            async move { ring.run(stop).await.unwrap() }
+        });
+        Replica { ring, stop, task }
+    }
+
+    fn view(replica: &Replica) -> RingView {
+        replica.ring.view().borrow().clone()
+    }
+
+    /// Waits until `live` hold every slot between them, each what it is assigned.
+    async fn settled(live: &[&Replica], what: &str) {
+        eventually_some_within(Duration::from_secs(30), what, || {
+            let views: Vec<RingView> = live.iter().map(|r| view(r)).collect();
+            async move {
+                let all: BTreeSet<u16> = views.iter().flat_map(|v| v.held.clone()).collect();
+                let settled = all.len() == usize::from(SLOTS)
+                    && views
+                        .iter()
+                        .all(|v| v.held == v.assigned && v.members.len() == views.len());
+                settled.then_some(())
+            }
+        })
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_ring_hands_slots_over_and_never_to_two_replicas_at_once() {
+        let env = TestEnv::shared().await;
+        let (client, namespace) = test_namespace(env, "shard-ring").await;
+        let replicas: Arc<Mutex<Vec<Arc<ShardRing>>>> = Arc::default();
+        let overlaps: Arc<Mutex<Vec<String>>> = Arc::default();
+        let watching = CancellationToken::new();
+        // Every 5 ms: the slots each replica would admit a reconcile on are disjoint.
+        let watcher = tokio::spawn({
+            let (replicas, overlaps, watching) =
+                (replicas.clone(), overlaps.clone(), watching.clone());
+            async move {
+                while !watching.is_cancelled() {
+                    let rings = replicas.lock().unwrap().clone();
+                    let admitting: Vec<BTreeSet<u16>> =
+                        rings.iter().map(|r| r.admitting()).collect();
+                    for (i, a) in admitting.iter().enumerate() {
+                        for b in &admitting[i + 1..] {
+                            if !a.is_disjoint(b) {
+                                overlaps.lock().unwrap().push(format!("{a:?} and {b:?}"));
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        });
+        let start = |identity: &str| {
+            let replica = join(&client, &namespace, identity);
+            replicas.lock().unwrap().push(replica.ring.clone());
+            replica
+        };
+        let (r0, r1, r2) = (start("r0"), start("r1"), start("r2"));
+        settled(&[&r0, &r1, &r2], "three replicas split the slots").await;
+        let sizes: Vec<usize> = [&r0, &r1, &r2].iter().map(|r| view(r).held.len()).collect();
+        assert_eq!(sizes, [4, 4, 4]);
+
+        // A replica that stops lets its slots go: the others take them without waiting
+        // for its Leases to expire.
+        let stopped = Instant::now();
+        r2.stop.cancel();
+        r2.task.await.unwrap();
+        settled(&[&r0, &r1], "two replicas take the stopped one's slots").await;
+        let graceful = stopped.elapsed();
+        assert!(graceful < LEASE, "released, not expired: {graceful:?}");
+
+        // A replica that dies (its task aborted mid-term, nothing released) stops
+        // admitting at its renew deadline; the other takes its slots once they expire.
+        let killed = Instant::now();
+        r1.task.abort();
+        settled(&[&r0], "the survivor takes the dead replica's slots").await;
+        let handover = killed.elapsed();
+        assert!(
+            handover >= Duration::from_secs(2),
+            "not before the dead one's renew deadline: {handover:?}"
+        );
+        assert!(
+            handover <= LEASE + Duration::from_secs(3),
+            "within the lease and a few rounds: {handover:?}"
+        );
+
+        // A fourth joins: the slots are dealt again between the two live replicas. A
+        // reconcile running on r0 keeps its slot (the last, which r3 is dealt) with r0
+        // until it ends; r0 admits no new one on it meanwhile.
+        let uid = (0u64..)
+            .map(|i| format!("{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .find(|uid| slot_of(uid, SLOTS) == SLOTS - 1)
+            .unwrap();
+        let running = r0.ring.admit(&uid).expect("r0 holds every slot");
+        let r3 = start("r3");
+        eventually_some_within(
+            Duration::from_secs(30),
+            "r3 takes all of its share but the busy slot",
+            || {
+                let (v3, busy) = (view(&r3), r0.ring.admitting().contains(&(SLOTS - 1)));
+                async move {
+                    let rest: BTreeSet<u16> = v3
+                        .assigned
+                        .iter()
+                        .copied()
+                        .filter(|s| *s != SLOTS - 1)
+                        .collect();
+                    (v3.members.len() == 2 && v3.held == rest && !rest.is_empty() && !busy)
+                        .then_some(())
+                }
+            },
+        )
+        .await;
+        let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+        let busy = leases
+            .get(&format!("test-ring-slot-{}", SLOTS - 1))
+            .await
+            .unwrap();
+        let holder = busy.spec.and_then(|s| s.holder_identity);
+        assert_eq!(
+            holder.as_deref(),
+            Some("r0"),
+            "the busy slot stays with r0 while its reconcile runs"
+        );
+        assert!(
+            r0.ring.admit(&uid).is_none(),
+            "r0 admits nothing new on a slot it is letting go"
+        );
+        drop(running);
+        settled(&[&r0, &r3], "the newcomer gets its share").await;
+        assert_eq!(
+            view(&r0).held.len() + view(&r3).held.len(),
+            usize::from(SLOTS)
+        );
+
+        watching.cancel();
+        watcher.await.unwrap();
+        let overlaps = overlaps.lock().unwrap().clone();
+        assert!(
+            overlaps.is_empty(),
+            "two replicas admitted one slot: {overlaps:?}"
+        );
+        for replica in [r0, r3] {
+            replica.stop.cancel();
+            replica.task.await.unwrap();
+        }
+        let _ = r1.stop;
+    }
+}

@@ -28,7 +28,8 @@
 //!   the workers that reconcile each key;
 //! - [`Manager`]: a factory's informers, controllers, probes, metrics, leader election and
 //!   a bounded shutdown (feature `manager`);
-//! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`).
+//! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`);
+//! - [`sharding`]: a shard ring on Leases, for one controller split across replicas.
 
 pub mod apply;
 mod client;
@@ -48,6 +49,7 @@ pub mod list_watch;
 mod manager;
 pub mod reflector;
 mod replica;
+pub mod sharding;
 mod store;
 mod task;
 #[cfg(any(test, feature = "testing"))]

@@ -1,0 +1,712 @@
+//! A shard ring on `coordination.k8s.io/v1` Leases: replicas of one controller split the
+//! hash space of object UIDs among themselves, and a slot of it changes hands only once
+//! its old owner has let go of it.
+//!
+//! The space is cut into a fixed number of equal **slots** ([`RingConfig::slots`], 16 by
+//! default). Each replica holds a **member** Lease (`<ring>-member-<identity>`, labelled
+//! with the ring's name) and renews it every retry period; every replica lists the ring's
+//! Leases and takes the members whose record it has seen change within a lease duration
+//! as live. The slots are dealt out by sorted identity in equal contiguous runs (member
+//! `j` of `N` gets the slots `s` with `s × N / M = j`), so every live replica computes the
+//! same assignment from the same members, and the most loaded replica has at most one slot
+//! more than the least (with 16 slots and 3 replicas: 6, 5 and 5, a 20 % spread).
+//!
+//! Ownership is a second Lease per slot (`<ring>-slot-<n>`): its holder is the one replica
+//! that may reconcile the slot's objects. A replica takes a slot it is assigned only when
+//! the slot's Lease has no holder or its holder has not renewed it for a lease duration
+//! (judged by local observation, as the leader elector does, so clock skew does not
+//! matter), with the Lease's resourceVersion, so of two replicas racing for one slot
+//! exactly one wins. A replica gives up a slot no longer assigned to it only after the
+//! reconciles it admitted on that slot have finished ([`SlotGuard`]), then clears the
+//! holder, so the next owner takes it at once; on shutdown it releases every slot. A slot
+//! whose renewals fail for the renew deadline is dropped before anyone else may take it
+//! (fencing): [`ShardRing::admit`] refuses it from then on.
+//!
+//! [`RingView`] says what a replica is assigned and what it holds; an informer follows
+//! [`RingView::shard`] (assigned and held, so a slot's objects are cached before it is
+//! taken), and a controller reconciles an object only under a [`SlotGuard`] for its slot.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube_client::{
+    Api, Client,
+    api::{DeleteParams, ListParams, ObjectMeta, PostParams},
+};
+use tokio::{
+    sync::{Notify, watch},
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::list_watch::{HashRange, Shard, ShardField, fnv1a_64};
+
+/// The label that marks a Lease as one of a ring's, with the ring's name.
+pub const RING_LABEL: &str = "sharding.kube-informer.dev/ring";
+
+/// Why a ring cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum RingError {
+    /// The timings or the slot count make no sense together.
+    #[error("invalid ring configuration: {0}")]
+    Config(&'static str),
+    /// The API server refused the ring's Leases (RBAC: `get`, `list`, `create`, `update`,
+    /// `delete` on `leases` in the ring's namespace).
+    #[error("the ring's Leases are forbidden: {0}")]
+    Forbidden(#[source] kube_client::Error),
+}
+
+/// A ring's name, namespace, this replica's identity, and its timings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RingConfig {
+    name: String,
+    namespace: String,
+    identity: String,
+    slots: u16,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+}
+
+impl RingConfig {
+    /// The ring `name` in `namespace`, as the replica `identity` (a DNS-label-safe name:
+    /// it becomes part of the member Lease's name).
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            slots: 16,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// Slots the hash space is cut into (16): more spread load more evenly among many
+    /// replicas, and cost one Lease renewal each per retry period.
+    #[must_use]
+    pub fn slots(mut self, slots: u16) -> Self {
+        self.slots = slots;
+        self
+    }
+
+    /// How long a member or slot Lease lasts without renewal (15 s).
+    #[must_use]
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// How long a held slot survives failed renewals before this replica drops it (10 s;
+    /// shorter than the lease duration).
+    #[must_use]
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.renew_deadline = deadline;
+        self
+    }
+
+    /// How often the ring is looked at and the Leases renewed (2 s).
+    #[must_use]
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.retry_period = period;
+        self
+    }
+
+    /// This replica's identity.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    fn validate(&self) -> Result<(), RingError> {
+        if self.slots == 0 {
+            return Err(RingError::Config("a ring needs at least one slot"));
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(RingError::Config(
+                "the renew deadline must be shorter than the lease duration",
+            ));
+        }
+        if self.retry_period >= self.renew_deadline {
+            return Err(RingError::Config(
+                "the retry period must be shorter than the renew deadline",
+            ));
+        }
+        Ok(())
+    }
+
+    fn member_lease(&self, identity: &str) -> String {
+        format!("{}-member-{identity}", self.name)
+    }
+
+    fn slot_lease(&self, slot: u16) -> String {
+        format!("{}-slot-{slot}", self.name)
+    }
+}
+
+/// What one replica sees of its ring.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingView {
+    /// Live members, sorted.
+    pub members: Vec<String>,
+    /// Slots dealt to this replica.
+    pub assigned: BTreeSet<u16>,
+    /// Slots this replica holds: the ones it may reconcile.
+    pub held: BTreeSet<u16>,
+    /// Slots in the ring.
+    pub slots: u16,
+}
+
+impl RingView {
+    /// The objects this replica should cache: those of the slots it is assigned or holds
+    /// (a slot's objects are cached before it is taken, and until it is let go). `None`
+    /// when it has none.
+    pub fn shard(&self) -> Option<Shard> {
+        let slots: BTreeSet<u16> = self.assigned.union(&self.held).copied().collect();
+        let ranges = merged_ranges(&slots, self.slots);
+        Shard::new(ShardField::Uid, ranges)
+    }
+}
+
+/// The slot an object with this UID falls in, of `slots`.
+pub fn slot_of(uid: &str, slots: u16) -> u16 {
+    let hash = u128::from(fnv1a_64(uid.as_bytes()));
+    u16::try_from((hash * u128::from(slots)) >> 64).unwrap_or(slots.saturating_sub(1))
+}
+
+/// The hash range of a slot: `HashRange::part(slot, slots)`, so [`slot_of`] agrees.
+fn slot_range(slot: u16, slots: u16) -> (u128, u128) {
+    let start = (u128::from(slot) << 64).div_ceil(u128::from(slots));
+    let end = (u128::from(slot + 1) << 64).div_ceil(u128::from(slots));
+    (start, end)
+}
+
+/// Adjacent slots as one range each.
+fn merged_ranges(slots: &BTreeSet<u16>, count: u16) -> Vec<HashRange> {
+    let mut runs: Vec<(u128, u128)> = Vec::new();
+    for &slot in slots {
+        let (start, end) = slot_range(slot, count);
+        match runs.last_mut() {
+            Some(last) if last.1 == start => last.1 = end,
+            _ => runs.push((start, end)),
+        }
+    }
+    runs.into_iter()
+        .filter_map(|(start, end)| HashRange::new(u64::try_from(start).ok()?, end))
+        .collect()
+}
+
+/// The slots member `index` of `members` is dealt: equal contiguous runs.
+fn assigned_slots(index: usize, members: usize, slots: u16) -> BTreeSet<u16> {
+    (0..slots)
+        .filter(|&s| usize::from(s) * members / usize::from(slots) == index)
+        .collect()
+}
+
+/// A reconcile admitted on a slot: the slot is not let go while one is alive.
+#[derive(Debug)]
+pub struct SlotGuard {
+    in_flight: Arc<InFlight>,
+    slot: u16,
+}
+
+/// Reconciles admitted per slot, and the wake-up of whoever waits for one to drain.
+#[derive(Debug)]
+struct InFlight {
+    counts: Vec<AtomicUsize>,
+    drained: Notify,
+}
+
+impl SlotGuard {
+    /// The slot.
+    pub fn slot(&self) -> u16 {
+        self.slot
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        let was = self.in_flight.counts[usize::from(self.slot)].fetch_sub(1, Ordering::AcqRel);
+        if was == 1 {
+            self.in_flight.drained.notify_waiters();
+        }
+    }
+}
+
+/// What letting a slot go does about reconciles still running on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Drain {
+    /// Keep the slot (renewed, not admitting) and try again next round.
+    NextRound,
+    /// Wait for them (leaving the ring).
+    Wait,
+}
+
+/// When this replica last saw each Lease's record change.
+#[derive(Default)]
+struct Observed {
+    records: HashMap<String, (Option<LeaseSpec>, Instant)>,
+}
+
+impl Observed {
+    fn seen(&mut self, name: &str, spec: Option<&LeaseSpec>) -> Instant {
+        let now = Instant::now();
+        let entry = self
+            .records
+            .entry(name.to_owned())
+            .or_insert_with(|| (spec.cloned(), now));
+        if entry.0.as_ref() != spec {
+            *entry = (spec.cloned(), now);
+        }
+        entry.1
+    }
+}
+
+/// One replica's place in a shard ring; see the [module docs](self).
+pub struct ShardRing {
+    config: RingConfig,
+    api: Api<Lease>,
+    view: watch::Sender<RingView>,
+    /// Slots this replica may admit reconciles on, with when each was last renewed.
+    held: Mutex<BTreeMap<u16, Instant>>,
+    in_flight: Arc<InFlight>,
+    observed: Mutex<Observed>,
+}
+
+impl std::fmt::Debug for ShardRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardRing")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now() -> MicroTime {
+    MicroTime(Timestamp::now())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl ShardRing {
+    /// A replica of the ring `config` names, writing its Leases with `client`.
+    ///
+    /// # Errors
+    ///
+    /// [`RingError::Config`] for timings that cannot fence (a renew deadline not shorter
+    /// than the lease duration, a retry period not shorter than the renew deadline) or no
+    /// slots.
+    pub fn new(client: Client, config: RingConfig) -> Result<Self, RingError> {
+        config.validate()?;
+        let slots = config.slots;
+        Ok(Self {
+            api: Api::namespaced(client, &config.namespace),
+            view: watch::Sender::new(RingView {
+                slots,
+                ..RingView::default()
+            }),
+            held: Mutex::new(BTreeMap::new()),
+            in_flight: Arc::new(InFlight {
+                counts: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
+                drained: Notify::new(),
+            }),
+            observed: Mutex::new(Observed::default()),
+            config,
+        })
+    }
+
+    /// The ring's configuration.
+    pub fn config(&self) -> &RingConfig {
+        &self.config
+    }
+
+    /// This replica's view, as it changes.
+    pub fn view(&self) -> watch::Receiver<RingView> {
+        self.view.subscribe()
+    }
+
+    /// A guard for reconciling an object with this UID, if this replica holds its slot
+    /// and the slot has been renewed within the renew deadline; `None` otherwise (another
+    /// replica owns the object, or this one is about to let it go).
+    pub fn admit(&self, uid: &str) -> Option<SlotGuard> {
+        let slot = slot_of(uid, self.config.slots);
+        let held = lock(&self.held);
+        let renewed = held.get(&slot)?;
+        if renewed.elapsed() >= self.config.renew_deadline {
+            return None;
+        }
+        // Counted under the lock that `let_go` takes before it waits for the count.
+        self.in_flight.counts[usize::from(slot)].fetch_add(1, Ordering::AcqRel);
+        Some(SlotGuard {
+            in_flight: self.in_flight.clone(),
+            slot,
+        })
+    }
+
+    /// The slots [`admit`](Self::admit) grants guards on now: held, and renewed within the
+    /// renew deadline.
+    pub fn admitting(&self) -> BTreeSet<u16> {
+        let deadline = self.config.renew_deadline;
+        lock(&self.held)
+            .iter()
+            .filter(|(_, renewed)| renewed.elapsed() < deadline)
+            .map(|(slot, _)| *slot)
+            .collect()
+    }
+
+    /// Takes part in the ring until `cancel` fires, then lets go of every slot (after
+    /// their reconciles finish) and leaves.
+    ///
+    /// # Errors
+    ///
+    /// [`RingError::Forbidden`] when RBAC refuses the Leases; other API errors are logged
+    /// and retried every retry period.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<(), RingError> {
+        info!(ring = %self.config.name, identity = %self.config.identity, slots = self.config.slots, "joining the shard ring");
+        while !cancel.is_cancelled() {
+            if let Err(error) = self.round().await {
+                if is_forbidden(&error) {
+                    self.leave().await;
+                    return Err(RingError::Forbidden(error));
+                }
+                warn!(ring = %self.config.name, %error, "shard ring round failed; retrying");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = tokio::time::sleep(self.config.retry_period) => {}
+            }
+        }
+        self.leave().await;
+        Ok(())
+    }
+
+    /// One look at the ring: renew the member Lease, compute the assignment, then renew,
+    /// take or let go of each slot.
+    async fn round(&self) -> Result<(), kube_client::Error> {
+        self.renew_member().await?;
+        let leases = self
+            .api
+            .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.config.name)))
+            .await?;
+        let by_name: HashMap<String, Lease> = leases
+            .items
+            .into_iter()
+            .filter_map(|l| Some((l.metadata.name.clone()?, l)))
+            .collect();
+        let members = self.live_members(&by_name);
+        let me = members
+            .iter()
+            .position(|m| m == &self.config.identity)
+            .unwrap_or(0);
+        let assigned = assigned_slots(me, members.len().max(1), self.config.slots);
+        for slot in 0..self.config.slots {
+            let name = self.config.slot_lease(slot);
+            let lease = by_name.get(&name);
+            let holder = lease.and_then(|l| self.live_holder(&name, l));
+            let mine = holder.as_deref() == Some(self.config.identity.as_str());
+            match (mine, assigned.contains(&slot), holder.is_some()) {
+                (true, true, _) => self.renew_slot(slot, lease).await,
+                (true, false, _) => self.let_go(slot, lease, Drain::NextRound).await,
+                (false, true, false) => self.take_slot(slot, lease).await,
+                (false, _, _) => {
+                    // Someone else holds it (or it is not ours): never admit on it.
+                    if lock(&self.held).remove(&slot).is_some() {
+                        warn!(ring = %self.config.name, slot, holder = ?holder, "lost a slot");
+                    }
+                }
+            }
+        }
+        self.fence();
+        self.publish(members, assigned);
+        Ok(())
+    }
+
+    fn live_members(&self, leases: &HashMap<String, Lease>) -> Vec<String> {
+        let prefix = format!("{}-member-", self.config.name);
+        let mut members: BTreeSet<String> = leases
+            .iter()
+            .filter(|(name, _)| name.starts_with(&prefix))
+            .filter_map(|(name, lease)| self.live_holder(name, lease))
+            .collect();
+        members.insert(self.config.identity.clone());
+        members.into_iter().collect()
+    }
+
+    /// The holder of `lease`, if it has renewed within its duration as this replica saw it.
+    fn live_holder(&self, name: &str, lease: &Lease) -> Option<String> {
+        let spec = lease.spec.as_ref()?;
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+        let seen = lock(&self.observed).seen(name, Some(spec));
+        let duration = spec
+            .lease_duration_seconds
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(self.config.lease_duration, Duration::from_secs);
+        (holder == self.config.identity || seen.elapsed() < duration).then_some(holder)
+    }
+
+    fn spec(&self, acquire_time: Option<MicroTime>) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(self.config.identity.clone()),
+            lease_duration_seconds: Some(
+                i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX),
+            ),
+            acquire_time: acquire_time.or_else(|| Some(now())),
+            renew_time: Some(now()),
+            ..LeaseSpec::default()
+        }
+    }
+
+    fn labelled(&self, name: String) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.config.namespace.clone()),
+            labels: Some([(RING_LABEL.to_owned(), self.config.name.clone())].into()),
+            ..ObjectMeta::default()
+        }
+    }
+
+    async fn renew_member(&self) -> Result<(), kube_client::Error> {
+        let name = self.config.member_lease(&self.config.identity);
+        match self.api.get_opt(&name).await? {
+            Some(mut lease) => {
+                let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
+                lease.spec = Some(self.spec(acquired));
+                self.api
+                    .replace(&name, &PostParams::default(), &lease)
+                    .await?;
+            }
+            None => {
+                let lease = Lease {
+                    metadata: self.labelled(name),
+                    spec: Some(self.spec(None)),
+                };
+                self.api.create(&PostParams::default(), &lease).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn renew_slot(&self, slot: u16, lease: Option<&Lease>) {
+        // The deadline counts from the request, not the answer: another replica may have
+        // seen the renewal before this one hears it went through.
+        let sent = Instant::now();
+        if self.renew_record(slot, lease).await {
+            lock(&self.held).insert(slot, sent);
+        }
+    }
+
+    /// Renews `slot`'s Lease as ours; whether the server took it.
+    async fn renew_record(&self, slot: u16, lease: Option<&Lease>) -> bool {
+        let Some(lease) = lease else { return false };
+        let mut renewed = lease.clone();
+        let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
+        renewed.spec = Some(self.spec(acquired));
+        let name = self.config.slot_lease(slot);
+        match self
+            .api
+            .replace(&name, &PostParams::default(), &renewed)
+            .await
+        {
+            Ok(_) => true,
+            Err(error) => {
+                debug!(ring = %self.config.name, slot, %error, "slot renewal failed");
+                false
+            }
+        }
+    }
+
+    /// Takes `slot` (its Lease is free or expired), with the Lease's resourceVersion.
+    async fn take_slot(&self, slot: u16, lease: Option<&Lease>) {
+        let name = self.config.slot_lease(slot);
+        let sent = Instant::now();
+        let taken = match lease {
+            Some(lease) => {
+                let mut taken = lease.clone();
+                taken.spec = Some(self.spec(None));
+                self.api
+                    .replace(&name, &PostParams::default(), &taken)
+                    .await
+            }
+            None => {
+                let lease = Lease {
+                    metadata: self.labelled(name),
+                    spec: Some(self.spec(None)),
+                };
+                self.api.create(&PostParams::default(), &lease).await
+            }
+        };
+        match taken {
+            Ok(_) => {
+                lock(&self.held).insert(slot, sent);
+                info!(ring = %self.config.name, slot, "took a slot");
+            }
+            Err(error) => {
+                debug!(ring = %self.config.name, slot, %error, "another replica took the slot first")
+            }
+        }
+    }
+
+    /// Stops admitting on `slot` and, once its reconciles have finished, clears its holder.
+    async fn let_go(&self, slot: u16, lease: Option<&Lease>, drain: Drain) {
+        let was_held = lock(&self.held).remove(&slot).is_some();
+        let count = &self.in_flight.counts[usize::from(slot)];
+        if drain == Drain::NextRound && count.load(Ordering::Acquire) > 0 {
+            // Still ours on the server while its reconciles finish, and admitted no more;
+            // the next round tries again, so the other slots' renewals do not wait.
+            self.renew_record(slot, lease).await;
+            return;
+        }
+        loop {
+            let drained = self.in_flight.drained.notified();
+            tokio::pin!(drained);
+            // Registered before the count is read, so a guard dropped in between wakes it.
+            drained.as_mut().enable();
+            if count.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            drained.await;
+        }
+        let Some(lease) = lease else { return };
+        let mut released = lease.clone();
+        released.spec = Some(LeaseSpec {
+            holder_identity: None,
+            ..lease.spec.clone().unwrap_or_default()
+        });
+        let name = self.config.slot_lease(slot);
+        match self
+            .api
+            .replace(&name, &PostParams::default(), &released)
+            .await
+        {
+            Ok(_) if was_held => info!(ring = %self.config.name, slot, "let a slot go"),
+            Ok(_) => {}
+            Err(error) => {
+                debug!(ring = %self.config.name, slot, %error, "releasing the slot failed; it expires instead")
+            }
+        }
+    }
+
+    /// Drops the slots whose renewals have failed for the renew deadline.
+    fn fence(&self) {
+        let deadline = self.config.renew_deadline;
+        lock(&self.held).retain(|slot, renewed| {
+            let keep = renewed.elapsed() < deadline;
+            if !keep {
+                warn!(ring = %self.config.name, slot, "slot renewals failed past the renew deadline; no longer reconciling it");
+            }
+            keep
+        });
+    }
+
+    fn publish(&self, members: Vec<String>, assigned: BTreeSet<u16>) {
+        let held = lock(&self.held).keys().copied().collect();
+        let view = RingView {
+            members,
+            assigned,
+            held,
+            slots: self.config.slots,
+        };
+        self.view.send_if_modified(|current| {
+            let changed = *current != view;
+            *current = view;
+            changed
+        });
+    }
+
+    /// Lets go of every slot and deletes the member Lease.
+    async fn leave(&self) {
+        let leases = self
+            .api
+            .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.config.name)))
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default();
+        let held: Vec<u16> = lock(&self.held).keys().copied().collect();
+        for slot in held {
+            let name = self.config.slot_lease(slot);
+            let lease = leases
+                .iter()
+                .find(|l| l.metadata.name.as_deref() == Some(&name));
+            self.let_go(slot, lease, Drain::Wait).await;
+        }
+        let member = self.config.member_lease(&self.config.identity);
+        if let Err(error) = self.api.delete(&member, &DeleteParams::default()).await {
+            debug!(ring = %self.config.name, %error, "could not delete the member Lease; it expires");
+        }
+        self.publish(Vec::new(), BTreeSet::new());
+        info!(ring = %self.config.name, identity = %self.config.identity, "left the shard ring");
+    }
+}
+
+fn is_forbidden(error: &kube_client::Error) -> bool {
+    matches!(error, kube_client::Error::Api(status) if status.code == 403)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_dealt_in_equal_runs() {
+        let dealt: Vec<_> = (0..3).map(|m| assigned_slots(m, 3, 16)).collect();
+        let sizes: Vec<_> = dealt.iter().map(BTreeSet::len).collect();
+        assert_eq!(sizes, [6, 5, 5]);
+        let all: BTreeSet<u16> = dealt.iter().flatten().copied().collect();
+        assert_eq!(all, (0..16).collect());
+    }
+
+    #[test]
+    fn a_slot_s_range_holds_exactly_the_uids_of_the_slot() {
+        for slots in [1, 3, 16] {
+            for i in 0..500 {
+                let uid = format!("{:016x}", (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                let slot = slot_of(&uid, slots);
+                let view = RingView {
+                    held: [slot].into(),
+                    slots,
+                    ..RingView::default()
+                };
+                assert!(
+                    view.shard().unwrap().contains_value(&uid),
+                    "{uid} in slot {slot} of {slots}"
+                );
+                let others = RingView {
+                    held: (0..slots).filter(|s| *s != slot).collect(),
+                    slots,
+                    ..RingView::default()
+                };
+                if let Some(shard) = others.shard() {
+                    assert!(!shard.contains_value(&uid));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn adjacent_slots_merge_into_one_range() {
+        let view = RingView {
+            assigned: [0, 1, 2].into(),
+            held: [5].into(),
+            slots: 8,
+            ..RingView::default()
+        };
+        assert_eq!(view.shard().unwrap().ranges().len(), 2);
+    }
+}
