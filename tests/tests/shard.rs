@@ -348,3 +348,227 @@ mod ring {
         let _ = r1.stop;
     }
 }
+
+mod sharded_controller {
+    //! One controller run as three replicas on a shard ring over the real API server:
+    //! each ConfigMap is reconciled by the replica that holds its slot, and no key is ever
+    //! reconciled by two replicas at once.
+
+    use std::{
+        collections::{BTreeMap, BTreeSet},
+        sync::{Arc, Mutex},
+        time::{Duration, Instant},
+    };
+
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_client::{
+        Api,
+        api::{Patch, PatchParams, PostParams},
+    };
+    use kube_informer::{
+        Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
+        list_watch::{HashRange, Shard, ShardField},
+        retry_with_backoff,
+        sharding::{RingConfig, ShardRing},
+    };
+    use kube_testenv::TestEnv;
+    use serde_json::json;
+    use tests::{config_map, eventually_some_within, test_namespace};
+
+    const OBJECTS: usize = 300;
+    const REPLICAS: usize = 3;
+
+    /// One reconcile: which replica, which key, when it ran.
+    #[derive(Clone, Debug)]
+    struct Run {
+        replica: usize,
+        key: String,
+        round: Option<String>,
+        started: Instant,
+        ended: Instant,
+    }
+
+    type Log = Arc<Mutex<Vec<Run>>>;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_controller_replicas_split_the_objects_and_never_share_a_key() {
+        let env = TestEnv::shared().await;
+        let (client, namespace) = test_namespace(env, "shard-controller").await;
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        futures::stream::iter(0..OBJECTS)
+            .for_each_concurrent(32, |i| {
+                let api = api.clone();
+                async move {
+                    api.create(
+                        &PostParams::default(),
+                        &config_map(&format!("cm-{i:03}"), &[]),
+                    )
+                    .await
+                    .unwrap();
+                }
+            })
+            .await;
+
+        let log: Log = Arc::default();
+        let stop = CancellationToken::new();
+        let mut rings = Vec::new();
+        let mut tasks = Vec::new();
+        for replica in 0..REPLICAS {
+            let config = RingConfig::new(&namespace, "sharded", format!("replica-{replica}"))
+                .slots(12)
+                .lease_duration(Duration::from_secs(3))
+                .renew_deadline(Duration::from_secs(2))
+                .retry_period(Duration::from_millis(300));
+            let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
+            let factory = InformerFactory::new(client.clone());
+            let everything = Shard::new(ShardField::Uid, [HashRange::all()]).unwrap();
+            let primary =
+                factory.informer::<ConfigMap>(Scope::namespace(&namespace).shard(everything));
+            let controller = Controller::new("sharded", primary)
+                .sharded(ring.clone())
+                .workers(2);
+            factory.start(&stop);
+            let log = log.clone();
+            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                let log = log.clone();
+                async move {
+                    let started = Instant::now();
+                    let round = match &request {
+                        ReconcileRequest::Present(cm) => cm
+                            .metadata
+                            .labels
+                            .as_ref()
+                            .and_then(|l| l.get("round").cloned()),
+                        ReconcileRequest::Deleted { .. } => None,
+                    };
+                    // Long enough for a handover to land mid-reconcile if it could.
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    log.lock().unwrap().push(Run {
+                        replica,
+                        key: request.key().to_string(),
+                        round,
+                        started,
+                        ended: Instant::now(),
+                    });
+                    Ok::<_, std::io::Error>(Action::done())
+                }
+            };
+            tasks.push(tokio::spawn(controller.run(
+                reconcile,
+                retry_with_backoff(),
+                Arc::new(()),
+                stop.clone(),
+            )));
+            let ring_task = {
+                let (ring, stop) = (ring.clone(), stop.clone());
+                tokio::spawn(async move { ring.run(stop).await.unwrap() })
+            };
+            rings.push((ring, ring_task, factory));
+        }
+
+        // Every object reconciled once the ring has dealt every slot.
+        let keys: BTreeSet<String> = (0..OBJECTS)
+            .map(|i| format!("{namespace}/cm-{i:03}"))
+            .collect();
+        eventually_some_within(Duration::from_secs(60), "every object reconciled", || {
+            let seen: BTreeSet<String> =
+                log.lock().unwrap().iter().map(|r| r.key.clone()).collect();
+            let done = seen == keys;
+            async move { done.then_some(()) }
+        })
+        .await;
+        eventually_some_within(Duration::from_secs(60), "the ring settled", || {
+            let views: Vec<_> = rings
+                .iter()
+                .map(|(ring, ..)| ring.view().borrow().clone())
+                .collect();
+            async move {
+                let held: usize = views.iter().map(|v| v.held.len()).sum();
+                let settled = held == 12
+                    && views
+                        .iter()
+                        .all(|v| v.held == v.assigned && v.members.len() == REPLICAS);
+                settled.then_some(())
+            }
+        })
+        .await;
+
+        // An update of every object is reconciled by exactly one replica each.
+        futures::stream::iter(0..OBJECTS)
+            .for_each_concurrent(32, |i| {
+                let api = api.clone();
+                async move {
+                    let patch = json!({ "metadata": { "labels": { "round": "2" } } });
+                    api.patch(
+                        &format!("cm-{i:03}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(patch),
+                    )
+                    .await
+                    .unwrap();
+                }
+            })
+            .await;
+        let by_key =
+            eventually_some_within(Duration::from_secs(60), "every update reconciled", || {
+                let runs = log.lock().unwrap().clone();
+                let keys = keys.clone();
+                async move {
+                    let mut by_key: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
+                    for run in runs.iter().filter(|r| r.round.as_deref() == Some("2")) {
+                        by_key
+                            .entry(run.key.clone())
+                            .or_default()
+                            .insert(run.replica);
+                    }
+                    (by_key.keys().cloned().collect::<BTreeSet<_>>() == keys).then_some(by_key)
+                }
+            })
+            .await;
+        let shared: Vec<_> = by_key
+            .iter()
+            .filter(|(_, replicas)| replicas.len() > 1)
+            .collect();
+        assert!(
+            shared.is_empty(),
+            "an update reconciled by two replicas: {shared:?}"
+        );
+        let per_replica: Vec<usize> = (0..REPLICAS)
+            .map(|r| by_key.values().filter(|set| set.contains(&r)).count())
+            .collect();
+        assert!(
+            per_replica.iter().all(|n| *n > 0),
+            "every replica has a share: {per_replica:?}"
+        );
+
+        // Over the whole run, no key's reconciles on two replicas overlapped in time.
+        let runs = log.lock().unwrap().clone();
+        let mut by_key: BTreeMap<&str, Vec<&Run>> = BTreeMap::new();
+        for run in &runs {
+            by_key.entry(run.key.as_str()).or_default().push(run);
+        }
+        for (key, runs) in by_key {
+            for (i, a) in runs.iter().enumerate() {
+                for b in &runs[i + 1..] {
+                    let overlap = a.started < b.ended && b.started < a.ended;
+                    assert!(
+                        !(overlap && a.replica != b.replica),
+                        "{key} reconciled by {} and {} at once",
+                        a.replica,
+                        b.replica
+                    );
+                }
+            }
+        }
+
+        stop.cancel();
+        for task in tasks {
+            task.await.unwrap().unwrap();
+        }
+        for (_, ring_task, factory) in rings {
+            ring_task.await.unwrap();
+            factory.shutdown().await;
+        }
+    }
+}

@@ -40,6 +40,7 @@ use crate::{
     error::{Error, error_chain},
     informer::{FactoryScope, InformerHandle, RunningInformer, SharedInformer},
     key::ObjectKey,
+    sharding::ShardRing,
     store::Store,
     task::join_within,
     workqueue::{
@@ -133,6 +134,7 @@ pub struct Controller<K> {
     reconcile_metrics: Option<ControllerMetrics>,
     stats: Arc<ControllerStats>,
     caches: Arc<Caches>,
+    ring: Option<Arc<ShardRing>>,
 }
 
 impl<K> fmt::Debug for Controller<K> {
@@ -176,6 +178,7 @@ where
             reconcile_metrics: None,
             stats: Arc::default(),
             caches,
+            ring: None,
         }
     }
 
@@ -415,6 +418,22 @@ where
         self.caches.stats()
     }
 
+    /// Reconciles only the primaries in the slots of `ring` this replica holds: one
+    /// controller split across replicas (see [`sharding`](crate::sharding)). The primary
+    /// informer must have been built with a shard ([`Scope::shard`](crate::Scope::shard),
+    /// any one: the controller gives it the ring's [`RingView::shard`] as the ring changes).
+    /// A primary is reconciled under the ring's [`SlotGuard`], so its slot is not handed
+    /// over mid-reconcile; when this replica takes a slot, the slot's cached primaries are
+    /// reconciled. Run the ring itself ([`ShardRing::run`]) beside the controller.
+    ///
+    /// [`RingView::shard`]: crate::sharding::RingView::shard
+    /// [`SlotGuard`]: crate::sharding::SlotGuard
+    #[must_use]
+    pub fn sharded(mut self, ring: Arc<ShardRing>) -> Self {
+        self.ring = Some(ring);
+        self
+    }
+
     /// Reconciles this many keys at once (at least one; default one).
     #[must_use]
     pub fn workers(mut self, workers: usize) -> Self {
@@ -532,7 +551,11 @@ where
             reconcile_metrics,
             stats,
             caches,
+            ring,
         } = self;
+        if ring.is_some() && primary.shard().is_none() {
+            return Err(Error::NotSharded);
+        }
         #[cfg(feature = "prometheus")]
         if let Some(metrics) = &reconcile_metrics {
             caches.set_recorder(metrics.own_writes_of(&name));
@@ -608,7 +631,12 @@ where
         }
         info!(controller = %name, workers, objects = primary.store().len(), "caches synced; starting workers");
 
+        let follower = ring.clone().map(|ring| {
+            let follow = source::follow_ring(ring, primary.clone(), queue.clone());
+            tokio::spawn(follow)
+        });
         let worker = Arc::new(Worker {
+            ring,
             name: name.clone(),
             queue: queue.clone(),
             primary,
@@ -634,6 +662,9 @@ where
         let dropped = join_within(&mut tasks, shutdown_timeout, |_| {}).await;
         if dropped > 0 {
             warn!(controller = %name, timeout = ?shutdown_timeout, running = dropped, "reconciles still running at the shutdown deadline; dropped");
+        }
+        if let Some(follower) = follower {
+            follower.abort();
         }
         remove_all(registered);
         stop_owned(owned).await;

@@ -1,7 +1,11 @@
 //! Where a controller's keys come from: handlers on informers (the primary's own, owned
 //! children, watched objects) and streams of keys, all feeding one queue.
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeSet, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use dashmap::DashMap;
 use futures::{Stream, StreamExt, future::BoxFuture};
@@ -15,6 +19,7 @@ use crate::{
         DeletedObject, Delivery, HandlerRegistration, HasSynced, InformerHandle, handler_fn,
     },
     key::ObjectKey,
+    sharding::{ShardRing, slot_of},
     workqueue::{Priority, RateLimitingQueue},
 };
 
@@ -197,4 +202,43 @@ pub(super) fn stream(keys: impl Stream<Item = ObjectKey> + Send + 'static) -> So
             synced: Box::pin(async { Ok(()) }),
         })
     })
+}
+
+/// Keeps a sharded controller's primary informer on the ring's shard, and queues the
+/// cached primaries of every slot the ring takes (their events came while another replica
+/// held them).
+pub(super) async fn follow_ring<K>(
+    ring: Arc<ShardRing>,
+    primary: InformerHandle<K>,
+    queue: RateLimitingQueue<ObjectKey>,
+) where
+    K: Resource + Send + Sync + 'static,
+{
+    let mut view = ring.view();
+    let mut held = BTreeSet::new();
+    loop {
+        let current = view.borrow_and_update().clone();
+        if let Some(shard) = current.shard()
+            && let Err(error) = primary.reshard(shard)
+        {
+            warn!(%error, "the primary informer cannot follow the ring");
+        }
+        let taken: BTreeSet<u16> = current.held.difference(&held).copied().collect();
+        if !taken.is_empty() {
+            for obj in primary.store().list() {
+                let in_taken = obj
+                    .meta()
+                    .uid
+                    .as_deref()
+                    .is_some_and(|uid| taken.contains(&slot_of(uid, current.slots)));
+                if in_taken && let Some(key) = key_of(&*obj) {
+                    queue.add(key);
+                }
+            }
+        }
+        held = current.held;
+        if view.changed().await.is_err() {
+            return;
+        }
+    }
 }

@@ -25,6 +25,7 @@ use crate::{
     error::{error_chain, panic_message},
     informer::InformerHandle,
     key::ObjectKey,
+    sharding::ShardRing,
     workqueue::RateLimitingQueue,
 };
 
@@ -35,6 +36,7 @@ pub struct ControllerStats {
     failed: AtomicU64,
     panicked: AtomicU64,
     dropped: AtomicU64,
+    elsewhere: AtomicU64,
 }
 
 impl ControllerStats {
@@ -56,6 +58,15 @@ impl ControllerStats {
     /// Keys the error policy gave up on.
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Keys left to another replica of a [sharded](crate::Controller::sharded) controller.
+    pub fn elsewhere(&self) -> u64 {
+        self.elsewhere.load(Ordering::Relaxed)
+    }
+
+    fn record_elsewhere(&self) {
+        self.elsewhere.fetch_add(1, Ordering::Relaxed);
     }
 
     fn record_synced(&self) {
@@ -88,6 +99,8 @@ pub(super) struct Worker<K, Ctx, R, P> {
     #[cfg(feature = "prometheus")]
     pub(super) recorder: Option<Recorder>,
     pub(super) cancel: CancellationToken,
+    /// The shard ring whose held slots bound what this replica reconciles.
+    pub(super) ring: Option<Arc<ShardRing>>,
 }
 
 impl<K, Ctx, R, P> Worker<K, Ctx, R, P>
@@ -130,6 +143,26 @@ where
                 key: key.clone(),
                 last_known: self.deleted.get(key).map(|e| e.value().clone()),
             },
+        };
+        // Held for the whole reconcile: the ring does not hand the slot over meanwhile.
+        let _slot = match &self.ring {
+            None => None,
+            Some(ring) => {
+                let object = match &request {
+                    ReconcileRequest::Present(obj) => Some(obj),
+                    ReconcileRequest::Deleted { last_known, .. } => last_known.as_ref(),
+                };
+                let uid = object.and_then(|o| o.meta().uid.clone());
+                match uid.and_then(|uid| ring.admit(&uid)) {
+                    Some(guard) => Some(guard),
+                    None => {
+                        debug!(controller = %self.name, %key, "not in a slot this replica holds; left to its owner");
+                        self.stats.record_elsewhere();
+                        self.queue.forget(key);
+                        return;
+                    }
+                }
+            }
         };
         let token = self.cancel.child_token();
         #[cfg(feature = "prometheus")]
