@@ -43,6 +43,7 @@ mod key;
 #[cfg(feature = "leader-election")]
 #[cfg_attr(docsrs, doc(cfg(feature = "leader-election")))]
 pub mod leader_election;
+mod lease;
 pub mod list_watch;
 #[cfg(feature = "manager")]
 #[cfg_attr(docsrs, doc(cfg(feature = "manager")))]

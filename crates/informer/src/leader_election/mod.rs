@@ -48,11 +48,7 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::{
-    api::coordination::v1::{Lease, LeaseSpec},
-    apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::Timestamp,
-};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::{
     Api, Client,
     api::{ObjectMeta, PostParams},
@@ -62,7 +58,10 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::replica::{non_empty, pod_name};
+use crate::{
+    lease::{is_conflict, is_forbidden, now},
+    replica::{non_empty, pod_name},
+};
 
 /// The namespace a replica's Lease goes in by default: `$POD_NAMESPACE` (set it from the
 /// downward API), else the namespace of the Pod's service account, else `default` (a
@@ -273,10 +272,6 @@ impl std::fmt::Debug for LeaderElector {
             .field("leading", &self.is_leader())
             .finish_non_exhaustive()
     }
-}
-
-fn now() -> MicroTime {
-    MicroTime(Timestamp::now())
 }
 
 impl LeaderElector {
@@ -639,14 +634,6 @@ enum Attempt {
     HeldBy(String),
     /// Our own write lost a race on the record (its resourceVersion moved): try again.
     Conflict,
-}
-
-fn is_conflict(err: &kube_client::Error) -> bool {
-    matches!(err, kube_client::Error::Api(s) if s.code == 409)
-}
-
-fn is_forbidden(err: &kube_client::Error) -> bool {
-    matches!(err, kube_client::Error::Api(s) if s.code == 403)
 }
 
 #[cfg(test)]

@@ -38,7 +38,6 @@ use std::{
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::Timestamp,
 };
 use kube_client::{
     Api, Client,
@@ -51,7 +50,10 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::list_watch::{HashRange, Shard, ShardField, fnv1a_64};
+use crate::{
+    lease::{is_forbidden, now},
+    list_watch::{HashRange, Shard, ShardField, fnv1a_64},
+};
 
 /// The label that marks a Lease as one of a ring's, with the ring's name.
 pub const RING_LABEL: &str = "sharding.kube-informer.dev/ring";
@@ -295,10 +297,6 @@ impl std::fmt::Debug for ShardRing {
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
-}
-
-fn now() -> MicroTime {
-    MicroTime(Timestamp::now())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -653,10 +651,6 @@ impl ShardRing {
         self.publish(Vec::new(), BTreeSet::new());
         info!(ring = %self.config.name, identity = %self.config.identity, "left the shard ring");
     }
-}
-
-fn is_forbidden(error: &kube_client::Error) -> bool {
-    matches!(error, kube_client::Error::Api(status) if status.code == 403)
 }
 
 #[cfg(test)]
