@@ -21,7 +21,7 @@ use std::{
     time::Duration,
 };
 
-use dashmap::DashMap;
+use dashmap::{DashMap, mapref::entry::Entry};
 use kube_core::Resource;
 #[cfg(feature = "prometheus")]
 use std::sync::OnceLock;
@@ -200,10 +200,15 @@ impl<C: Resource + Send + Sync + 'static> Cache<C> {
 
     /// Records a write to `key`.
     pub(super) fn record(&self, key: ObjectKey, written: Written) {
-        self.written
-            .entry(key)
-            .and_modify(|w| *w = w.clone().merge(written.clone()))
-            .or_insert(written);
+        match self.written.entry(key) {
+            Entry::Occupied(mut recorded) => {
+                let merged = recorded.get().clone().merge(written);
+                recorded.insert(merged);
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(written);
+            }
+        }
         if self.written.len() >= self.sweep_at.load(AtomicOrdering::Relaxed) {
             self.sweep();
         }

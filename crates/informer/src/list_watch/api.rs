@@ -247,21 +247,17 @@ where
         lp.version_match = options.version_match.clone();
     }
     let fail = |e| Error::from_kube(e, Verb::List, &resource, api.namespace());
-    let list = match &options.shard {
-        None => api.list_metadata(&lp).await.map_err(fail)?,
-        Some(shard) => {
-            let mut req = kube_core::Request::new(api.resource_url())
-                .list_metadata(&lp)
-                .map_err(|e| fail(kube_client::Error::BuildRequest(e)))?;
-            with_shard(&mut req, Some(shard), &resource, Verb::List)?;
-            req.extensions_mut().insert("list_metadata");
-            let client: kube_client::Client = api.clone().into();
-            client
-                .request::<ObjectList<PartialObjectMeta<K>>>(req)
-                .await
-                .map_err(fail)?
-        }
-    };
+    // kube-client's `list_metadata`, with the shard selector added.
+    let mut req = kube_core::Request::new(api.resource_url())
+        .list_metadata(&lp)
+        .map_err(|e| fail(kube_client::Error::BuildRequest(e)))?;
+    with_shard(&mut req, options.shard.as_ref(), &resource, Verb::List)?;
+    req.extensions_mut().insert("list_metadata");
+    let client: kube_client::Client = api.clone().into();
+    let list = client
+        .request::<ObjectList<PartialObjectMeta<K>>>(req)
+        .await
+        .map_err(fail)?;
     // Where the server did not apply the shard, keep what it would have selected.
     let server_applied = list.metadata.shard_info.is_some();
     let in_shard = |meta: &&PartialObjectMeta<K>| match &options.shard {

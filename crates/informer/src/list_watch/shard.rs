@@ -72,6 +72,16 @@ impl HashRange {
         })
     }
 
+    /// Which of `count` equal parts, as [`part`](Self::part) cuts them, holds `hash`
+    /// (0 for a `count` of 0).
+    pub fn part_of(hash: u64, count: usize) -> usize {
+        let Some(width) = HASH_SPACE.checked_div(count as u128) else {
+            return 0;
+        };
+        let index = (u128::from(hash) / width).min(count as u128 - 1);
+        usize::try_from(index).unwrap_or(0)
+    }
+
     /// The first hash in the range.
     pub fn start(&self) -> u64 {
         self.start
@@ -212,6 +222,20 @@ mod tests {
                 .collect();
             assert_eq!(parts[0].start(), 0);
             assert_eq!(parts[count - 1].end(), HASH_SPACE);
+            for hash in [
+                0,
+                1 << 40,
+                u64::MAX / 3,
+                u64::MAX / 2,
+                u64::MAX - 1,
+                u64::MAX,
+            ] {
+                let index = HashRange::part_of(hash, count);
+                assert!(
+                    parts[index].contains(hash),
+                    "{hash:#x} in part {index} of {count}"
+                );
+            }
             for pair in parts.windows(2) {
                 assert_eq!(u128::from(pair[1].start()), pair[0].end());
             }

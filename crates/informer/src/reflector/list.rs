@@ -31,7 +31,8 @@ where
         };
         debug!(rv = ?resource_version, "listing");
         let limit = Some(self.config.page_size).filter(|l| *l > 0);
-        let shard = self.shard.get();
+        let shard = self.current_shard();
+        let selector = shard.as_ref().map(Shard::selector);
         let mut options = ListOptions {
             limit,
             continue_token: None,
@@ -73,8 +74,7 @@ where
                         continue_token,
                         shard_selector,
                     } => {
-                        let echoed = shard.as_ref().map(Shard::selector);
-                        applied_by_server &= echoed.is_some() && shard_selector == echoed;
+                        applied_by_server &= selector.is_some() && shard_selector == selector;
                         end = Some((resource_version, continue_token));
                     }
                 }

@@ -470,7 +470,8 @@ pub struct Reflector<K, L, S> {
     /// Asks for a relist from a consistent read (a divergence check found drift, the
     /// shard changed).
     relist: Option<Arc<Notify>>,
-    shard: ShardCell,
+    /// `None` for an unsharded reflector, whose objects are never hashed.
+    shard: Option<ShardCell>,
     resource: String,
     namespace: Option<String>,
 }
@@ -485,10 +486,11 @@ where
     pub fn new(list_watch: L, store: S, config: ReflectorConfig) -> Self {
         let resource = list_watch.resource();
         let namespace = list_watch.namespace();
-        let shard = ShardCell::default();
-        if let Some(configured) = &config.shard {
-            shard.set(configured.clone());
-        }
+        let shard = config.shard.clone().map(|configured| {
+            let cell = ShardCell::default();
+            cell.set(configured);
+            cell
+        });
         Self {
             lw: list_watch,
             store,
@@ -549,7 +551,7 @@ where
     /// Whether `object` belongs to the reflector's shard (every object does without one);
     /// counts one that does not.
     fn in_shard(&self, object: &K) -> bool {
-        let inside = self.shard.contains(object);
+        let inside = self.shard.as_ref().is_none_or(|cell| cell.contains(object));
         if !inside {
             self.stats.count_outside_shard();
         }
@@ -560,11 +562,16 @@ where
     /// holding the configured one until it is changed.
     #[must_use]
     pub(crate) fn with_shard_cell(mut self, cell: ShardCell) -> Self {
-        if let Some(configured) = self.shard.get() {
+        if let Some(configured) = self.current_shard() {
             cell.set(configured);
         }
-        self.shard = cell;
+        self.shard = Some(cell);
         self
+    }
+
+    /// The shard the next list or watch asks for.
+    fn current_shard(&self) -> Option<Shard> {
+        self.shard.as_ref().and_then(ShardCell::get)
     }
 
     /// A handle on the last-synced resourceVersion.

@@ -87,7 +87,7 @@ where
             timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
             allow_bookmarks: true,
             send_initial_events: initial.is_some(),
-            shard: self.shard.get(),
+            shard: self.current_shard(),
         };
         debug!(rv = %last_rv, timeout_s = options.timeout.map(|t| t.as_secs()), "watching");
         let started = Instant::now();
@@ -250,35 +250,29 @@ where
                 }
             };
             let rv = obj.meta().resource_version.clone();
-            // From a server that does not apply the shard: not ours, and never was (the
-            // hashed fields do not change), so nothing to delete either.
-            if !self.in_shard(&obj) {
-                if let Some(rv) = rv.filter(|rv| !rv.is_empty())
-                    && initial.is_none()
-                {
-                    *last_rv = rv;
-                    self.synced.set(last_rv);
+            // One from outside the shard (a server that does not apply it) is not ours and
+            // never was (the hashed fields do not change): nothing to store or delete, but
+            // its version still counts.
+            if self.in_shard(&obj) {
+                let (key, obj, raw) = match self.prepare(obj, raw) {
+                    Ok(prepared) => prepared,
+                    Err(_) => {
+                        let error = Error::MalformedEvent {
+                            resource: self.resource.clone(),
+                            detail: "object without metadata.name".to_owned(),
+                        };
+                        return WatchEnd::Failed { error, events };
+                    }
+                };
+                match (initial.as_mut(), deleted) {
+                    // Only `ADDED`s come before the end bookmark (checked above).
+                    (Some(phase), _) => {
+                        phase.listed += 1;
+                        self.store.list_object(key, obj, raw);
+                    }
+                    (None, true) => self.store.delete(key, obj),
+                    (None, false) => self.store.upsert(key, obj, raw),
                 }
-                continue;
-            }
-            let (key, obj, raw) = match self.prepare(obj, raw) {
-                Ok(prepared) => prepared,
-                Err(_) => {
-                    let error = Error::MalformedEvent {
-                        resource: self.resource.clone(),
-                        detail: "object without metadata.name".to_owned(),
-                    };
-                    return WatchEnd::Failed { error, events };
-                }
-            };
-            match (initial.as_mut(), deleted) {
-                // Only `ADDED`s come before the end bookmark (checked above).
-                (Some(phase), _) => {
-                    phase.listed += 1;
-                    self.store.list_object(key, obj, raw);
-                }
-                (None, true) => self.store.delete(key, obj),
-                (None, false) => self.store.upsert(key, obj, raw),
             }
             // During a streaming list the objects' versions are not in order; only the
             // end bookmark says which version the whole state has.

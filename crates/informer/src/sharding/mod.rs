@@ -188,29 +188,24 @@ impl RingView {
 
 /// The slot an object with this UID falls in, of `slots`.
 pub fn slot_of(uid: &str, slots: u16) -> u16 {
-    let hash = u128::from(fnv1a_64(uid.as_bytes()));
-    u16::try_from((hash * u128::from(slots)) >> 64).unwrap_or(slots.saturating_sub(1))
+    let part = HashRange::part_of(fnv1a_64(uid.as_bytes()), usize::from(slots));
+    u16::try_from(part).unwrap_or(0)
 }
 
-/// The hash range of a slot: `HashRange::part(slot, slots)`, so [`slot_of`] agrees.
-fn slot_range(slot: u16, slots: u16) -> (u128, u128) {
-    let start = (u128::from(slot) << 64).div_ceil(u128::from(slots));
-    let end = (u128::from(slot + 1) << 64).div_ceil(u128::from(slots));
-    (start, end)
-}
-
-/// Adjacent slots as one range each.
+/// Adjacent slots as one range each; slot `s` of `count` is `HashRange::part(s, count)`.
 fn merged_ranges(slots: &BTreeSet<u16>, count: u16) -> Vec<HashRange> {
-    let mut runs: Vec<(u128, u128)> = Vec::new();
+    let mut runs: Vec<(u64, u128)> = Vec::new();
     for &slot in slots {
-        let (start, end) = slot_range(slot, count);
+        let Some(part) = HashRange::part(usize::from(slot), usize::from(count)) else {
+            continue;
+        };
         match runs.last_mut() {
-            Some(last) if last.1 == start => last.1 = end,
-            _ => runs.push((start, end)),
+            Some(last) if last.1 == u128::from(part.start()) => last.1 = part.end(),
+            _ => runs.push((part.start(), part.end())),
         }
     }
     runs.into_iter()
-        .filter_map(|(start, end)| HashRange::new(u64::try_from(start).ok()?, end))
+        .filter_map(|(start, end)| HashRange::new(start, end))
         .collect()
 }
 
