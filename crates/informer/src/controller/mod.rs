@@ -434,6 +434,11 @@ where
         self
     }
 
+    /// The ring the controller is [sharded](Self::sharded) on, if any.
+    pub fn ring(&self) -> Option<&Arc<ShardRing>> {
+        self.ring.as_ref()
+    }
+
     /// Reconciles this many keys at once (at least one; default one).
     #[must_use]
     pub fn workers(mut self, workers: usize) -> Self {

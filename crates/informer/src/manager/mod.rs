@@ -24,6 +24,8 @@ use crate::{
     error::error_chain,
     events::{Recorder, Reporter},
     informer::{FactoryScope, InformerFactory, Scope, TypedResource},
+    list_watch::{HashRange, Shard, ShardField},
+    sharding::{RingConfig, RingError, RingView, ShardRing},
     task::join_within,
     workqueue::PrometheusMetrics,
 };
@@ -70,6 +72,12 @@ pub enum ManagerError {
 type TaskError = Box<dyn StdError + Send + Sync>;
 type Task = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
+/// Gives a sharded controller's informer its ring's first view, before it lists.
+type InitialShard = Box<dyn FnOnce(&RingView) + Send>;
+
+/// How long the informers' start waits for the shard rings' first look at their Leases; a
+/// ring that takes longer has its informers relist once it has looked.
+const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 
 /// Runs a factory's informers and any number of controllers and other tasks, with
 /// controller-runtime's endpoints and shutdown (controller-runtime's `Manager`).
@@ -88,6 +96,13 @@ type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 ///   bind to loopback unless told otherwise, and read request headers within 10 s.
 /// - **Controllers** ([`controller`](Self::controller), [`add_controller`](Self::add_controller))
 ///   report to the registry's metrics and run as tasks.
+/// - **Sharded controllers** ([`shard_ring`](Self::shard_ring),
+///   [`sharded_controller`](Self::sharded_controller)) split one controller's objects
+///   across replicas on a [shard ring](crate::sharding); they run on every replica, with
+///   or without leader election, and the ring's metrics are served (`shard_ring_members`,
+///   `shard_ring_slots_assigned`, `shard_ring_slots_held`, `shard_ring_objects`,
+///   `shard_ring_slots_taken_total`, `_released_total`, `_lost_total`,
+///   `shard_ring_handover_seconds`).
 /// - **Tasks** ([`add`](Self::add)) start after the factory's informers, each with a
 ///   child of the manager's token; one that fails stops the others, and
 ///   [`run`](BoundManager::run) returns its error, logged with its whole source chain.
@@ -125,6 +140,11 @@ pub struct Manager {
     leader_election: Option<LeaderElectionConfig>,
     /// The event recorders handed out, flushed at shutdown and read at each scrape.
     recorders: http::Recorders,
+    /// The shard rings this replica takes part in, read at each scrape.
+    rings: http::Rings,
+    /// Tasks every replica runs, leading or not: the rings and the sharded controllers.
+    replica_tasks: Vec<(String, TaskFn)>,
+    initial_shards: Vec<(Arc<ShardRing>, InitialShard)>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -157,6 +177,8 @@ impl Manager {
         http::register_informer_metrics(&mut registry, factory.clone());
         let recorders = http::Recorders::default();
         http::register_event_metrics(&mut registry, recorders.clone());
+        let rings = http::Rings::default();
+        http::register_ring_metrics(&mut registry, rings.clone());
         Self {
             factory,
             registry,
@@ -168,7 +190,57 @@ impl Manager {
             shutdown_timeout: Duration::from_secs(30),
             leader_election: None,
             recorders,
+            rings,
+            replica_tasks: Vec::new(),
+            initial_shards: Vec::new(),
         }
+    }
+
+    /// Takes part in the shard ring `config` names, as its identity: the manager runs the
+    /// ring on this replica from before its informers start (so they list only their
+    /// shard) until it shuts down (when the ring lets go of its slots, so the other
+    /// replicas take them at once), and serves its metrics. Give the ring to
+    /// [`sharded_controller`](Self::sharded_controller).
+    ///
+    /// # Errors
+    ///
+    /// [`RingError::Config`] for timings that cannot fence.
+    pub fn shard_ring(&mut self, config: RingConfig) -> Result<Arc<ShardRing>, RingError> {
+        let ring = Arc::new(ShardRing::new(self.factory.client(), config)?);
+        self.rings.add(ring.clone());
+        let name = format!("shard ring {}", ring.config().name());
+        let running = ring.clone();
+        self.replica_tasks.push((
+            name,
+            Box::new(move |cancel| {
+                Box::pin(async move { running.run(cancel).await.map_err(|e| Box::new(e) as _) })
+            }),
+        ));
+        Ok(ring)
+    }
+
+    /// A controller of the factory's informer of `K` in `scope`, split across the
+    /// replicas of `ring` ([`Controller::sharded`]): its informer caches only the slots
+    /// this replica is dealt or holds, and it reconciles only the ones it holds. Give it
+    /// to [`add_controller`](Self::add_controller); it runs on every replica, whether or
+    /// not this one leads.
+    pub fn sharded_controller<K>(
+        &self,
+        name: impl Into<String>,
+        scope: Scope,
+        ring: &Arc<ShardRing>,
+    ) -> Controller<K>
+    where
+        K: TypedResource,
+        K::Scope: FactoryScope,
+    {
+        // Replaced by the ring's shard before the informer lists (see `run`).
+        let everything = Shard::new(ShardField::Uid, [HashRange::all()]);
+        let scope = match everything {
+            Some(shard) => scope.shard(shard),
+            None => scope,
+        };
+        Controller::new(name, self.factory.informer::<K>(scope)).sharded(ring.clone())
     }
 
     /// A server-side applier writing as the field manager `controller` (a controller's
@@ -245,7 +317,8 @@ impl Manager {
     }
 
     /// Runs `controller` as one of the manager's tasks, named after it: started once the
-    /// informers are, only while leading when leader election is on, cancelled with the
+    /// informers are, only while leading when leader election is on (a
+    /// [sharded](Controller::sharded) one on every replica), cancelled with the
     /// manager and given its shutdown timeout; a controller that fails (a source that
     /// cannot sync) stops the manager with its error. Its queue and reconcile metrics go
     /// to the manager's registry, unless it was given metrics of its own.
@@ -272,9 +345,33 @@ impl Manager {
             controller = controller.reconcile_metrics(self.controller_metrics());
         }
         let name = controller.name().to_owned();
-        self.add(name, move |cancel| {
-            controller.run(reconcile, error_policy, context, cancel)
+        let Some(ring) = controller.ring().cloned() else {
+            self.add(name, move |cancel| {
+                controller.run(reconcile, error_policy, context, cancel)
+            });
+            return;
+        };
+        let primary = controller.informer();
+        let store = primary.store();
+        self.rings
+            .follow(&ring, name.clone(), Box::new(move || store.len()));
+        let initial: InitialShard = Box::new(move |view| {
+            if let Some(shard) = view.shard()
+                && let Err(error) = primary.reshard(shard)
+            {
+                warn!(%error, "the sharded informer cannot take its ring's shard");
+            }
         });
+        self.initial_shards.push((ring, initial));
+        let task: TaskFn = Box::new(move |cancel| {
+            Box::pin(async move {
+                controller
+                    .run(reconcile, error_policy, context, cancel)
+                    .await
+                    .map_err(|e| Box::new(e) as _)
+            })
+        });
+        self.replica_tasks.push((name, task));
     }
 
     /// Where `/healthz` and `/readyz` are served; `None` serves none.
@@ -387,6 +484,8 @@ impl BoundManager {
             tasks,
             shutdown_timeout,
             recorders,
+            replica_tasks,
+            initial_shards,
             ..
         } = manager;
         let elector: Option<Arc<LeaderElector>> = elector;
@@ -399,22 +498,44 @@ impl BoundManager {
             }
         }
 
+        // Tasks of every replica (the rings, the sharded controllers) and the leader's
+        // share one token: a failure on either side stops both.
+        let stop = cancel.child_token();
+        let replicas = {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let failure = run_tasks(replica_tasks, stop.clone(), shutdown_timeout).await;
+                stop.cancel();
+                failure
+            })
+        };
+        take_first_ring_views(initial_shards, &stop).await;
+
         // Every replica's caches start at once (a standby is warm when it takes over);
-        // the tasks run only while leading, when leader election is on.
-        factory.start(&cancel);
-        let failure = match elector {
+        // the leader's tasks run only while leading, when leader election is on.
+        factory.start(&stop);
+        let leading = match elector {
             #[cfg(feature = "leader-election")]
             Some(elector) => {
                 info!("waiting to lead before starting the tasks");
                 let work = |leading| run_tasks(tasks, leading, shutdown_timeout);
-                match elector.run(cancel.clone(), work).await {
+                match elector.run(stop.clone(), work).await {
                     Ok(Some(failure)) => failure,
                     Ok(None) => None,
                     Err(lost) => Some(ManagerError::LeaderElection(lost)),
                 }
             }
-            _ => run_tasks(tasks, cancel.child_token(), shutdown_timeout).await,
+            _ => run_tasks(tasks, stop.child_token(), shutdown_timeout).await,
         };
+        stop.cancel();
+        let replicas = match replicas.await {
+            Ok(failure) => failure,
+            Err(join) => Some(ManagerError::Task {
+                task: "the replica's tasks".to_owned(),
+                source: format!("panicked: {join}").into(),
+            }),
+        };
+        let failure = leading.or(replicas);
         if tokio::time::timeout(shutdown_timeout, recorders.shutdown())
             .await
             .is_err()
@@ -433,6 +554,28 @@ impl BoundManager {
                 info!("manager stopped");
                 Ok(())
             }
+        }
+    }
+}
+
+/// Waits (up to [`FIRST_RING_VIEW_WAIT`]) for each ring's first look at its Leases and gives
+/// its sharded informers that shard, so their first list is of their shard alone.
+async fn take_first_ring_views(
+    initial: Vec<(Arc<ShardRing>, InitialShard)>,
+    cancel: &CancellationToken,
+) {
+    for (ring, give) in initial {
+        let first = tokio::select! {
+            () = cancel.cancelled() => return,
+            first = tokio::time::timeout(FIRST_RING_VIEW_WAIT, ring.first_view()) => first,
+        };
+        match first {
+            Ok(view) => give(&view),
+            Err(_) => warn!(
+                ring = %ring.config().name(),
+                waited = ?FIRST_RING_VIEW_WAIT,
+                "no first look at the shard ring yet; its informers relist when it comes"
+            ),
         }
     }
 }

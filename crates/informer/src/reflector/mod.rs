@@ -619,6 +619,13 @@ where
                 }
                 (Phase::Sync(from), ListMode::Paged) => {
                     ReflectorStats::count(&self.stats.0.lists);
+                    if state.last_rv().is_empty()
+                        && let Some(trigger) = &self.relist
+                    {
+                        // A first list is a consistent read of the shard as it is now: a
+                        // relist asked for before it (a reshard before the start) is done.
+                        let _ = trigger.notified().now_or_never();
+                    }
                     let listed = tokio::select! {
                         biased;
                         () = cancel.cancelled() => break,

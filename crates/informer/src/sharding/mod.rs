@@ -25,12 +25,17 @@
 //! [`RingView`] says what a replica is assigned and what it holds; an informer follows
 //! [`RingView::shard`] (assigned and held, so a slot's objects are cached before it is
 //! taken), and a controller reconciles an object only under a [`SlotGuard`] for its slot.
+//! [`ShardRing::stats`] counts the slots taken, released and lost, and how long each
+//! handover took from the membership change that caused it; a [`Manager`] serves them on
+//! `/metrics`.
+//!
+//! [`Manager`]: crate::Manager
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -131,6 +136,11 @@ impl RingConfig {
         self
     }
 
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// This replica's identity.
     pub fn identity(&self) -> &str {
         &self.identity
@@ -216,6 +226,73 @@ fn assigned_slots(index: usize, members: usize, slots: u16) -> BTreeSet<u16> {
         .collect()
 }
 
+/// What a replica's ring has done, for logs, tests and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RingStats {
+    /// Live members this replica sees, itself included.
+    pub members: usize,
+    /// Slots dealt to this replica.
+    pub assigned: usize,
+    /// Slots this replica holds.
+    pub held: usize,
+    /// Slots this replica took.
+    pub taken: u64,
+    /// Slots this replica let go of, after their reconciles finished.
+    pub released: u64,
+    /// Slots this replica stopped reconciling without letting go: its renewals failed
+    /// past the renew deadline, or another replica held the slot.
+    pub lost: u64,
+    /// How long the last slot it took waited, from the membership change this replica saw
+    /// that dealt it the slot (its own joining counts) until it held the slot.
+    pub last_handover: Option<Duration>,
+}
+
+/// The counters behind [`RingStats`], and the handover times for a histogram.
+#[derive(Debug)]
+struct Counters {
+    taken: AtomicU64,
+    released: AtomicU64,
+    lost: AtomicU64,
+    /// When this replica last saw the live members change.
+    membership_changed: Mutex<Option<Instant>>,
+    last_handover: Mutex<Option<Duration>>,
+    #[cfg(feature = "prometheus")]
+    handover_seconds: prometheus_client::metrics::histogram::Histogram,
+}
+
+#[cfg(feature = "prometheus")]
+fn handover_histogram() -> prometheus_client::metrics::histogram::Histogram {
+    prometheus_client::metrics::histogram::Histogram::new(
+        prometheus_client::metrics::histogram::exponential_buckets(0.05, 2.0, 12),
+    )
+}
+
+impl Counters {
+    fn new() -> Self {
+        Self {
+            taken: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            lost: AtomicU64::new(0),
+            membership_changed: Mutex::new(None),
+            last_handover: Mutex::new(None),
+            #[cfg(feature = "prometheus")]
+            handover_seconds: handover_histogram(),
+        }
+    }
+
+    fn took(&self) {
+        self.taken.fetch_add(1, Ordering::Relaxed);
+        let Some(since) = *lock(&self.membership_changed) else {
+            return;
+        };
+        let waited = since.elapsed();
+        *lock(&self.last_handover) = Some(waited);
+        #[cfg(feature = "prometheus")]
+        self.handover_seconds.observe(waited.as_secs_f64());
+    }
+}
+
 /// A reconcile admitted on a slot: the slot is not let go while one is alive.
 #[derive(Debug)]
 pub struct SlotGuard {
@@ -284,6 +361,7 @@ pub struct ShardRing {
     held: Mutex<BTreeMap<u16, Instant>>,
     in_flight: Arc<InFlight>,
     observed: Mutex<Observed>,
+    counters: Counters,
 }
 
 impl std::fmt::Debug for ShardRing {
@@ -321,6 +399,7 @@ impl ShardRing {
                 drained: Notify::new(),
             }),
             observed: Mutex::new(Observed::default()),
+            counters: Counters::new(),
             config,
         })
     }
@@ -330,9 +409,40 @@ impl ShardRing {
         &self.config
     }
 
+    /// This replica's first view of the ring: what it is dealt once it has looked at the
+    /// ring's Leases (at once if it already has).
+    pub async fn first_view(&self) -> RingView {
+        let mut view = self.view.subscribe();
+        // The sender lives in `self`, so the channel cannot close under this borrow.
+        match view.wait_for(|v| !v.members.is_empty()).await {
+            Ok(first) => first.clone(),
+            Err(_) => RingView::default(),
+        }
+    }
+
     /// This replica's view, as it changes.
     pub fn view(&self) -> watch::Receiver<RingView> {
         self.view.subscribe()
+    }
+
+    /// What this replica's ring has done so far.
+    pub fn stats(&self) -> RingStats {
+        let view = self.view.borrow();
+        RingStats {
+            members: view.members.len(),
+            assigned: view.assigned.len(),
+            held: view.held.len(),
+            taken: self.counters.taken.load(Ordering::Relaxed),
+            released: self.counters.released.load(Ordering::Relaxed),
+            lost: self.counters.lost.load(Ordering::Relaxed),
+            last_handover: *lock(&self.counters.last_handover),
+        }
+    }
+
+    /// The times from a membership change to a slot taken, in seconds.
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn handover_seconds(&self) -> &prometheus_client::metrics::histogram::Histogram {
+        &self.counters.handover_seconds
     }
 
     /// A guard for reconciling an object with this UID, if this replica holds its slot
@@ -404,6 +514,9 @@ impl ShardRing {
             .filter_map(|l| Some((l.metadata.name.clone()?, l)))
             .collect();
         let members = self.live_members(&by_name);
+        if self.view.borrow().members != members {
+            *lock(&self.counters.membership_changed) = Some(Instant::now());
+        }
         let me = members
             .iter()
             .position(|m| m == &self.config.identity)
@@ -421,6 +534,7 @@ impl ShardRing {
                 (false, _, _) => {
                     // Someone else holds it (or it is not ours): never admit on it.
                     if lock(&self.held).remove(&slot).is_some() {
+                        self.counters.lost.fetch_add(1, Ordering::Relaxed);
                         warn!(ring = %self.config.name, slot, holder = ?holder, "lost a slot");
                     }
                 }
@@ -548,6 +662,7 @@ impl ShardRing {
         match taken {
             Ok(_) => {
                 lock(&self.held).insert(slot, sent);
+                self.counters.took();
                 info!(ring = %self.config.name, slot, "took a slot");
             }
             Err(error) => {
@@ -558,7 +673,7 @@ impl ShardRing {
 
     /// Stops admitting on `slot` and, once its reconciles have finished, clears its holder.
     async fn let_go(&self, slot: u16, lease: Option<&Lease>, drain: Drain) {
-        let was_held = lock(&self.held).remove(&slot).is_some();
+        lock(&self.held).remove(&slot);
         let count = &self.in_flight.counts[usize::from(slot)];
         if drain == Drain::NextRound && count.load(Ordering::Acquire) > 0 {
             // Still ours on the server while its reconciles finish, and admitted no more;
@@ -588,8 +703,10 @@ impl ShardRing {
             .replace(&name, &PostParams::default(), &released)
             .await
         {
-            Ok(_) if was_held => info!(ring = %self.config.name, slot, "let a slot go"),
-            Ok(_) => {}
+            Ok(_) => {
+                self.counters.released.fetch_add(1, Ordering::Relaxed);
+                info!(ring = %self.config.name, slot, "let a slot go");
+            }
             Err(error) => {
                 debug!(ring = %self.config.name, slot, %error, "releasing the slot failed; it expires instead")
             }
@@ -602,6 +719,7 @@ impl ShardRing {
         lock(&self.held).retain(|slot, renewed| {
             let keep = renewed.elapsed() < deadline;
             if !keep {
+                self.counters.lost.fetch_add(1, Ordering::Relaxed);
                 warn!(ring = %self.config.name, slot, "slot renewals failed past the renew deadline; no longer reconciling it");
             }
             keep
@@ -631,8 +749,17 @@ impl ShardRing {
             .await
             .map(|l| l.items)
             .unwrap_or_default();
-        let held: Vec<u16> = lock(&self.held).keys().copied().collect();
-        for slot in held {
+        // Held, or still ours on the server while draining from an earlier round.
+        let mut ours: BTreeSet<u16> = lock(&self.held).keys().copied().collect();
+        ours.extend((0..self.config.slots).filter(|&slot| {
+            let name = self.config.slot_lease(slot);
+            leases.iter().any(|l| {
+                l.metadata.name.as_deref() == Some(&name)
+                    && l.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+                        == Some(self.config.identity.as_str())
+            })
+        }));
+        for slot in ours {
             let name = self.config.slot_lease(slot);
             let lease = leases
                 .iter()
