@@ -572,3 +572,285 @@ mod sharded_controller {
         }
     }
 }
+
+mod owned_children {
+    //! A sharded controller's owned children follow their parent: each replica caches the
+    //! Secrets whose controller owner is a ConfigMap in its shard, and an adopted child
+    //! moves to its new owner's replica.
+
+    use std::{
+        collections::{BTreeMap, BTreeSet},
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use futures::StreamExt;
+    use k8s_openapi::{
+        api::core::v1::{ConfigMap, Secret},
+        apimachinery::pkg::apis::meta::v1::OwnerReference,
+    };
+    use kube_client::{
+        Api,
+        api::{ObjectMeta, Patch, PatchParams, PostParams},
+    };
+    use kube_informer::{
+        Action, CancellationToken, Controller, InformerFactory, InformerHandle, ReconcileRequest,
+        Scope,
+        list_watch::{Shard, ShardField},
+        retry_with_backoff,
+        sharding::{RingConfig, ShardRing},
+    };
+    use kube_testenv::TestEnv;
+    use serde_json::json;
+    use tests::{config_map, eventually, eventually_some_within, test_namespace};
+
+    const PARENTS: usize = 60;
+    const ORPHANS: usize = 5;
+    const REPLICAS: usize = 2;
+    const SLOTS: u16 = 8;
+
+    struct Replica {
+        ring: Arc<ShardRing>,
+        parents: InformerHandle<ConfigMap>,
+        children: InformerHandle<Secret>,
+        factory: InformerFactory,
+        controller: tokio::task::JoinHandle<Result<(), kube_informer::Error>>,
+        ring_task: tokio::task::JoinHandle<()>,
+    }
+
+    fn names<K: kube_client::Resource + Send + Sync + 'static>(
+        informer: &InformerHandle<K>,
+    ) -> BTreeSet<String> {
+        informer
+            .store()
+            .list()
+            .iter()
+            .filter_map(|o| o.meta().name.clone())
+            .collect()
+    }
+
+    fn child(name: &str, owner: Option<(&str, &str)>) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                owner_references: owner.map(|(parent, uid)| {
+                    vec![OwnerReference {
+                        api_version: "v1".into(),
+                        kind: "ConfigMap".into(),
+                        name: parent.into(),
+                        uid: uid.into(),
+                        controller: Some(true),
+                        ..OwnerReference::default()
+                    }]
+                }),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        }
+    }
+
+    /// The parent each cached child names.
+    fn owners(children: &InformerHandle<Secret>) -> BTreeSet<String> {
+        children
+            .store()
+            .list()
+            .iter()
+            .flat_map(|s| s.metadata.owner_references.clone().unwrap_or_default())
+            .map(|r| r.name)
+            .collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_owned_children_are_cached_beside_their_parent() {
+        let env = TestEnv::shared().await;
+        let (client, namespace) = test_namespace(env, "shard-owned").await;
+        let parents_api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        let children_api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+        let uids: BTreeMap<String, String> = futures::stream::iter(0..PARENTS)
+            .map(|i| {
+                let api = parents_api.clone();
+                async move {
+                    let name = format!("parent-{i:02}");
+                    let created = api
+                        .create(&PostParams::default(), &config_map(&name, &[]))
+                        .await
+                        .unwrap();
+                    (name, created.metadata.uid.unwrap())
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        for (parent, uid) in &uids {
+            let name = parent.replace("parent", "child");
+            children_api
+                .create(&PostParams::default(), &child(&name, Some((parent, uid))))
+                .await
+                .unwrap();
+        }
+        for i in 0..ORPHANS {
+            children_api
+                .create(&PostParams::default(), &child(&format!("orphan-{i}"), None))
+                .await
+                .unwrap();
+        }
+
+        let stop = CancellationToken::new();
+        let reconciled: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
+        let mut replicas = Vec::new();
+        for replica in 0..REPLICAS {
+            let config = RingConfig::new(&namespace, "owned", format!("replica-{replica}"))
+                .slots(SLOTS)
+                .lease_duration(Duration::from_secs(3))
+                .renew_deadline(Duration::from_secs(2))
+                .retry_period(Duration::from_millis(300));
+            let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
+            let factory = InformerFactory::new(client.clone());
+            let scope = Scope::namespace(&namespace);
+            let parents = factory
+                .informer::<ConfigMap>(scope.clone().shard(Shard::everything(ShardField::Uid)));
+            let children = factory
+                .informer::<Secret>(scope.shard(Shard::everything(ShardField::ControllerUid)));
+            let controller = Controller::new("owned", parents.clone())
+                .owns(children.clone())
+                .sharded(ring.clone());
+            factory.start(&stop);
+            let log = reconciled.clone();
+            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                log.lock()
+                    .unwrap()
+                    .push((replica, request.key().to_string()));
+                std::future::ready(Ok::<_, std::io::Error>(Action::done()))
+            };
+            let controller = tokio::spawn(controller.run(
+                reconcile,
+                retry_with_backoff(),
+                Arc::new(()),
+                stop.clone(),
+            ));
+            let ring_task = {
+                let (ring, stop) = (ring.clone(), stop.clone());
+                tokio::spawn(async move { ring.run(stop).await.unwrap() })
+            };
+            replicas.push(Replica {
+                ring,
+                parents,
+                children,
+                factory,
+                controller,
+                ring_task,
+            });
+        }
+
+        eventually_some_within(Duration::from_secs(60), "the ring settled", || {
+            let views: Vec<_> = replicas
+                .iter()
+                .map(|r| r.ring.view().borrow().clone())
+                .collect();
+            async move {
+                let held: usize = views.iter().map(|v| v.held.len()).sum();
+                let settled = held == usize::from(SLOTS)
+                    && views
+                        .iter()
+                        .all(|v| v.held == v.assigned && v.members.len() == REPLICAS);
+                settled.then_some(())
+            }
+        })
+        .await;
+        // Each replica caches the children of the parents it caches, and no orphan.
+        let all_parents: BTreeSet<String> = uids.keys().cloned().collect();
+        eventually("children cached beside their parents", || {
+            replicas
+                .iter()
+                .all(|r| owners(&r.children) == names(&r.parents))
+                && replicas
+                    .iter()
+                    .map(|r| names(&r.parents))
+                    .fold(BTreeSet::new(), |all, n| &all | &n)
+                    == all_parents
+        })
+        .await;
+        for replica in &replicas {
+            let cached = names(&replica.children);
+            assert!(
+                cached.len() < PARENTS,
+                "a share of the children: {}",
+                cached.len()
+            );
+            assert!(
+                !cached.iter().any(|n| n.starts_with("orphan")),
+                "no orphan cached"
+            );
+        }
+
+        // A change to every child reconciles its parent on the parent's replica alone.
+        reconciled.lock().unwrap().clear();
+        for parent in uids.keys() {
+            let patch = json!({ "metadata": { "labels": { "touched": "yes" } } });
+            children_api
+                .patch(
+                    &parent.replace("parent", "child"),
+                    &PatchParams::default(),
+                    &Patch::Merge(patch),
+                )
+                .await
+                .unwrap();
+        }
+        let parents_of: Vec<BTreeSet<String>> = replicas
+            .iter()
+            .map(|r| {
+                names(&r.parents)
+                    .into_iter()
+                    .map(|n| format!("{namespace}/{n}"))
+                    .collect()
+            })
+            .collect();
+        eventually("every parent reconciled for its child", || {
+            let log = reconciled.lock().unwrap();
+            log.iter()
+                .map(|(_, k)| k.clone())
+                .collect::<BTreeSet<_>>()
+                .len()
+                == PARENTS
+        })
+        .await;
+        for (replica, key) in reconciled.lock().unwrap().iter() {
+            assert!(
+                parents_of[*replica].contains(key),
+                "{key} reconciled by replica {replica}, which does not hold it"
+            );
+        }
+
+        // Adoption: a child given a parent on the other replica moves there.
+        let (from, to) = (&replicas[0], &replicas[1]);
+        let moved = names(&from.parents).into_iter().next().unwrap();
+        let new_parent = names(&to.parents).into_iter().next().unwrap();
+        let moved_child = moved.replace("parent", "child");
+        let mut adopted = child(&moved_child, Some((&new_parent, &uids[&new_parent])));
+        adopted.metadata.resource_version = children_api
+            .get(&moved_child)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version;
+        children_api
+            .replace(&moved_child, &PostParams::default(), &adopted)
+            .await
+            .unwrap();
+        eventually(
+            "the adopted child moved to its new parent's replica",
+            || {
+                !names(&from.children).contains(&moved_child)
+                    && names(&to.children).contains(&moved_child)
+            },
+        )
+        .await;
+
+        stop.cancel();
+        for replica in replicas {
+            replica.controller.await.unwrap().unwrap();
+            replica.ring_task.await.unwrap();
+            replica.factory.shutdown().await;
+        }
+    }
+}

@@ -32,6 +32,7 @@ pub use request::{
     Action, ErrorAction, Failure, ReconcileError, ReconcileRequest, SyncFuture, retry_up_to,
     retry_with_backoff, sync_by_key,
 };
+pub(crate) use source::Follower;
 use source::{Enqueue, Mapper, Source, key_of, remove_all};
 pub use worker::ControllerStats;
 use worker::Worker;
@@ -135,6 +136,8 @@ pub struct Controller<K> {
     stats: Arc<ControllerStats>,
     caches: Arc<Caches>,
     ring: Option<Arc<ShardRing>>,
+    /// The informers that follow the ring's shard: the primary's, then owned children's.
+    followers: Vec<source::Follower>,
 }
 
 impl<K> fmt::Debug for Controller<K> {
@@ -160,6 +163,7 @@ where
     /// A controller named `name` (logs, metrics, the queue) reconciling the objects of
     /// `primary`, an informer someone else runs (a factory, a manager).
     pub fn new(name: impl Into<String>, primary: InformerHandle<K>) -> Self {
+        let followers = vec![source::Follower::primary(primary.clone())];
         let caches = Arc::new(Caches::default());
         caches.register(primary.clone());
         Self {
@@ -179,6 +183,7 @@ where
             stats: Arc::default(),
             caches,
             ring: None,
+            followers,
         }
     }
 
@@ -253,6 +258,12 @@ where
     where
         C: Resource + Send + Sync + 'static,
     {
+        let mut controller = self;
+        if children.shard().is_some() {
+            controller
+                .followers
+                .push(source::Follower::children(children.clone()));
+        }
         let kind = K::kind(&()).into_owned();
         let api_version = K::api_version(&()).into_owned();
         let owner = move |child: &C| -> Vec<ObjectKey> {
@@ -269,7 +280,7 @@ where
                 })
                 .collect()
         };
-        self.mapped(children, Arc::new(owner), predicate)
+        controller.mapped(children, Arc::new(owner), predicate)
     }
 
     /// Reconciles the primaries `map` names for each changed object of `others` (for an
@@ -426,6 +437,18 @@ where
     /// over mid-reconcile; when this replica takes a slot, the slot's cached primaries are
     /// reconciled. Run the ring itself ([`ShardRing::run`]) beside the controller.
     ///
+    /// Children given to [`owns`](Self::owns) follow their parent when their informer was
+    /// built with a shard (say [`Shard::everything`] of [`ShardField::ControllerUid`]): it
+    /// then caches only the children whose controller owner is in this replica's shard.
+    /// The API server cannot select on an owner, so every child is still sent to every
+    /// replica and the informer keeps its own; the saving is the cache's memory, not the
+    /// traffic. Children of an informer built without a shard are all cached, and those
+    /// of other replicas' parents are dropped at the reconcile, as any key outside the
+    /// held slots is.
+    ///
+    /// [`Shard::everything`]: crate::list_watch::Shard::everything
+    /// [`ShardField::ControllerUid`]: crate::list_watch::ShardField::ControllerUid
+    ///
     /// [`RingView::shard`]: crate::sharding::RingView::shard
     /// [`SlotGuard`]: crate::sharding::SlotGuard
     #[must_use]
@@ -437,6 +460,12 @@ where
     /// The ring the controller is [sharded](Self::sharded) on, if any.
     pub fn ring(&self) -> Option<&Arc<ShardRing>> {
         self.ring.as_ref()
+    }
+
+    /// The informers that follow the ring: the primary's, and owned children's built with
+    /// a shard.
+    pub(crate) fn followers(&self) -> Vec<Follower> {
+        self.followers.clone()
     }
 
     /// Reconciles this many keys at once (at least one; default one).
@@ -557,6 +586,7 @@ where
             stats,
             caches,
             ring,
+            followers,
         } = self;
         if ring.is_some() && primary.shard().is_none() {
             return Err(Error::NotSharded);
@@ -637,7 +667,7 @@ where
         info!(controller = %name, workers, objects = primary.store().len(), "caches synced; starting workers");
 
         let follower = ring.clone().map(|ring| {
-            let follow = source::follow_ring(ring, primary.clone(), queue.clone());
+            let follow = source::follow_ring(ring, followers, primary.clone(), queue.clone());
             tokio::spawn(follow)
         });
         let worker = Arc::new(Worker {

@@ -19,7 +19,8 @@ use crate::{
         DeletedObject, Delivery, HandlerRegistration, HasSynced, InformerHandle, handler_fn,
     },
     key::ObjectKey,
-    sharding::{ShardRing, slot_of},
+    list_watch::ShardField,
+    sharding::{RingView, ShardRing, slot_of},
     workqueue::{Priority, RateLimitingQueue},
 };
 
@@ -204,11 +205,48 @@ pub(super) fn stream(keys: impl Stream<Item = ObjectKey> + Send + 'static) -> So
     })
 }
 
-/// Keeps a sharded controller's primary informer on the ring's shard, and queues the
-/// cached primaries of every slot the ring takes (their events came while another replica
-/// held them).
+/// An informer that follows a sharded controller's ring: the primary's takes the ring's
+/// shard of UIDs, owned children's the same slots of their controller owner's UID.
+#[derive(Clone)]
+pub(crate) struct Follower(Arc<dyn Fn(&RingView) + Send + Sync>);
+
+impl Follower {
+    pub(super) fn primary<K: Resource + Send + Sync + 'static>(
+        informer: InformerHandle<K>,
+    ) -> Self {
+        Self::of(informer, ShardField::Uid)
+    }
+
+    pub(super) fn children<C: Resource + Send + Sync + 'static>(
+        informer: InformerHandle<C>,
+    ) -> Self {
+        Self::of(informer, ShardField::ControllerUid)
+    }
+
+    fn of<O: Resource + Send + Sync + 'static>(
+        informer: InformerHandle<O>,
+        field: ShardField,
+    ) -> Self {
+        Self(Arc::new(move |view: &RingView| {
+            if let Some(shard) = view.shard_by(field)
+                && let Err(error) = informer.reshard(shard)
+            {
+                warn!(%error, ?field, "an informer cannot follow the ring");
+            }
+        }))
+    }
+
+    pub(crate) fn follow(&self, view: &RingView) {
+        (self.0)(view);
+    }
+}
+
+/// Keeps a sharded controller's informers on the ring's shard, and queues the cached
+/// primaries of every slot the ring takes (their events came while another replica held
+/// them; those not cached yet arrive with the relist, as adds).
 pub(super) async fn follow_ring<K>(
     ring: Arc<ShardRing>,
+    followers: Vec<Follower>,
     primary: InformerHandle<K>,
     queue: RateLimitingQueue<ObjectKey>,
 ) where
@@ -218,10 +256,8 @@ pub(super) async fn follow_ring<K>(
     let mut held = BTreeSet::new();
     loop {
         let current = view.borrow_and_update().clone();
-        if let Some(shard) = current.shard()
-            && let Err(error) = primary.reshard(shard)
-        {
-            warn!(%error, "the primary informer cannot follow the ring");
+        for follower in &followers {
+            follower.follow(&current);
         }
         let taken: BTreeSet<u16> = current.held.difference(&held).copied().collect();
         if !taken.is_empty() {

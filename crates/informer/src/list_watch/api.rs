@@ -474,7 +474,9 @@ fn with_shard(
     resource: &str,
     verb: Verb,
 ) -> Result<(), Error> {
-    let Some(shard) = shard else { return Ok(()) };
+    let Some(shard) = shard.filter(|s| s.field().server_side()) else {
+        return Ok(());
+    };
     let uri = req.uri().to_string();
     let separator = if uri.contains('?') { '&' } else { '?' };
     let uri = format!(

@@ -15,6 +15,14 @@ pub enum ShardField {
     Uid,
     /// `metadata.namespace`: a namespace's objects stay together.
     Namespace,
+    /// The `uid` of the object's controller owner reference (`controller: true`): an
+    /// object lands where its owner's [`Uid`](Self::Uid) does, so a sharded controller's
+    /// children are cached beside their parent. The API server cannot select on it, so
+    /// the informer applies it (every child is still sent, and only kept where its owner
+    /// is); an object without a controller owner belongs to no shard. Unlike a UID, it
+    /// can change (adoption, orphaning): an object whose owner moves it out of the shard
+    /// leaves the cache as a delete.
+    ControllerUid,
 }
 
 impl ShardField {
@@ -23,7 +31,20 @@ impl ShardField {
         match self {
             ShardField::Uid => "object.metadata.uid",
             ShardField::Namespace => "object.metadata.namespace",
+            ShardField::ControllerUid => "object.metadata.ownerReferences[controller].uid",
         }
+    }
+
+    /// Whether the API server can select on the field (KEP-5866 supports the UID and the
+    /// namespace); a shard on any other is applied by the informer alone.
+    pub fn server_side(self) -> bool {
+        matches!(self, ShardField::Uid | ShardField::Namespace)
+    }
+
+    /// Whether an object's value of the field can change, so an update can move it out
+    /// of a shard.
+    pub(crate) fn mutable(self) -> bool {
+        matches!(self, ShardField::ControllerUid)
     }
 }
 
@@ -127,6 +148,14 @@ impl Shard {
         (!ranges.is_empty()).then_some(Self { field, ranges })
     }
 
+    /// Every object with the field: the whole hash space.
+    pub fn everything(field: ShardField) -> Self {
+        Self {
+            field,
+            ranges: vec![HashRange::all()],
+        }
+    }
+
     /// The field hashed.
     pub fn field(&self) -> ShardField {
         self.field
@@ -165,6 +194,17 @@ impl Shard {
         let value = match self.field {
             ShardField::Uid => meta.uid.as_deref(),
             ShardField::Namespace => meta.namespace.as_deref(),
+            ShardField::ControllerUid => {
+                let owner = meta
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .find(|r| r.controller == Some(true));
+                match owner {
+                    Some(owner) => Some(owner.uid.as_str()),
+                    None => return false,
+                }
+            }
         };
         self.contains_value(value.unwrap_or_default())
     }
@@ -241,6 +281,45 @@ mod tests {
             }
         }
         assert_eq!(HashRange::part(3, 3), None);
+    }
+
+    #[test]
+    fn a_child_is_in_the_shard_of_its_controller_owner() {
+        use k8s_openapi::{
+            api::core::v1::Secret, apimachinery::pkg::apis::meta::v1::OwnerReference,
+        };
+        let owned = |uid: &str, controller| Secret {
+            metadata: kube_core::ObjectMeta {
+                owner_references: Some(vec![OwnerReference {
+                    uid: uid.to_owned(),
+                    controller: Some(controller),
+                    ..OwnerReference::default()
+                }]),
+                ..kube_core::ObjectMeta::default()
+            },
+            ..Secret::default()
+        };
+        let halves: Vec<Shard> = (0..2)
+            .map(|i| {
+                Shard::new(ShardField::ControllerUid, [HashRange::part(i, 2).unwrap()]).unwrap()
+            })
+            .collect();
+        for uid in ["a", "b", "c", "d", "e"] {
+            let by_uid = Shard::new(ShardField::Uid, halves[0].ranges().to_vec()).unwrap();
+            assert_eq!(
+                halves[0].contains(&owned(uid, true)),
+                by_uid.contains_value(uid)
+            );
+            assert_ne!(
+                halves[0].contains(&owned(uid, true)),
+                halves[1].contains(&owned(uid, true))
+            );
+        }
+        // No controller owner: in no shard, not even the whole space.
+        let everything = Shard::everything(ShardField::ControllerUid);
+        assert!(!everything.contains(&owned("a", false)));
+        assert!(!everything.contains(&Secret::default()));
+        assert!(!ShardField::ControllerUid.server_side());
     }
 
     #[test]

@@ -351,15 +351,13 @@ impl Manager {
             });
             return;
         };
-        let primary = controller.informer();
-        let store = primary.store();
+        let store = controller.store();
         self.rings
             .follow(&ring, name.clone(), Box::new(move || store.len()));
+        let followers = controller.followers();
         let initial: InitialShard = Box::new(move |view| {
-            if let Some(shard) = view.shard()
-                && let Err(error) = primary.reshard(shard)
-            {
-                warn!(%error, "the sharded informer cannot take its ring's shard");
+            for follower in &followers {
+                follower.follow(view);
             }
         });
         self.initial_shards.push((ring, initial));

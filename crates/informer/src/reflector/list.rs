@@ -32,7 +32,11 @@ where
         debug!(rv = ?resource_version, "listing");
         let limit = Some(self.config.page_size).filter(|l| *l > 0);
         let shard = self.current_shard();
-        let selector = shard.as_ref().map(Shard::selector);
+        // The selector the server is asked for: none for a field it cannot select on.
+        let selector = shard
+            .as_ref()
+            .filter(|s| s.field().server_side())
+            .map(Shard::selector);
         let mut options = ListOptions {
             limit,
             continue_token: None,

@@ -250,10 +250,19 @@ where
                 }
             };
             let rv = obj.meta().resource_version.clone();
-            // One from outside the shard (a server that does not apply it) is not ours and
-            // never was (the hashed fields do not change): nothing to store or delete, but
-            // its version still counts.
-            if self.in_shard(&obj) {
+            // One from outside the shard (a server that does not apply it) is not ours: on a
+            // field that cannot change it never was, so there is nothing to store or delete,
+            // but its version still counts. On one that can (a controller owner), an
+            // update may have moved it out: it leaves the cache, as a delete.
+            let inside = self.in_shard(&obj);
+            let moved_out = !inside
+                && initial.is_none()
+                && self.current_shard().is_some_and(|s| s.field().mutable());
+            if moved_out {
+                if let Ok((key, obj, _)) = self.prepare(obj, None) {
+                    self.store.delete(key, obj);
+                }
+            } else if inside {
                 let (key, obj, raw) = match self.prepare(obj, raw) {
                     Ok(prepared) => prepared,
                     Err(_) => {

@@ -190,9 +190,15 @@ impl RingView {
     /// (a slot's objects are cached before it is taken, and until it is let go). `None`
     /// when it has none.
     pub fn shard(&self) -> Option<Shard> {
+        self.shard_by(ShardField::Uid)
+    }
+
+    /// The same slots over another field: [`ShardField::ControllerUid`] gives the children
+    /// whose controller owner is in [`shard`](Self::shard).
+    pub fn shard_by(&self, field: ShardField) -> Option<Shard> {
         let slots: BTreeSet<u16> = self.assigned.union(&self.held).copied().collect();
         let ranges = merged_ranges(&slots, self.slots);
-        Shard::new(ShardField::Uid, ranges)
+        Shard::new(field, ranges)
     }
 }
 
