@@ -202,6 +202,25 @@ impl Manager {
     /// replicas take them at once), and serves its metrics. Give the ring to
     /// [`sharded_controller`](Self::sharded_controller).
     ///
+    /// ```no_run
+    /// use std::sync::Arc;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{Action, Manager, ReconcileRequest, Scope, retry_with_backoff, sharding::RingConfig};
+    ///
+    /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut manager = Manager::new(client);
+    /// // Every replica runs this with its own identity (say, its Pod's name).
+    /// let ring = manager.shard_ring(RingConfig::new("web", "config-maps", "replica-a"))?;
+    /// let controller =
+    ///     manager.sharded_controller::<ConfigMap>("config-maps", Scope::namespace("web"), &ring);
+    /// let reconcile = |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| async {
+    ///     Ok::<_, kube_client::Error>(Action::done())
+    /// };
+    /// manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+    /// manager.bind().await?.run(kube_informer::cancel_on_signals()).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # Errors
     ///
     /// [`RingError::Config`] for timings that cannot fence.
