@@ -8,7 +8,6 @@ pub(crate) fn now() -> MicroTime {
 }
 
 /// A write lost a race on the Lease's resourceVersion.
-#[cfg(feature = "leader-election")]
 pub(crate) fn is_conflict(err: &kube_client::Error) -> bool {
     matches!(err, kube_client::Error::Api(s) if s.code == 409)
 }

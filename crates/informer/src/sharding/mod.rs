@@ -4,9 +4,11 @@
 //!
 //! The space is cut into a fixed number of equal **slots** ([`RingConfig::slots`], 16 by
 //! default). Each replica holds a **member** Lease (`<ring>-member-<identity>`, labelled
-//! with the ring's name) and renews it every retry period; every replica lists the ring's
-//! Leases and takes the members whose record it has seen change within a lease duration
-//! as live. The slots are dealt out by sorted identity in equal contiguous runs (member
+//! with the ring's name) and renews it every retry period; every replica watches the
+//! ring's Leases (an informer on the label) and takes the members whose record it has seen
+//! change within a lease duration as live. A change of holder, a Lease created or deleted,
+//! and the moment a Lease it watches would expire each start a look at the ring at once,
+//! so a slot let go or expired is taken without waiting for the next retry period. The slots are dealt out by sorted identity in equal contiguous runs (member
 //! `j` of `N` gets the slots `s` with `s × N / M = j`), so every live replica computes the
 //! same assignment from the same members, and the most loaded replica has at most one slot
 //! more than the least (with 16 slots and 3 replicas: 6, 5 and 5, a 20 % spread).
@@ -56,9 +58,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    lease::{is_forbidden, now},
-    list_watch::{HashRange, Shard, ShardField, fnv1a_64},
+    informer::{InformerHandle, SharedInformer, handler_fn},
+    lease::{is_conflict, is_forbidden, now},
+    list_watch::{ApiListWatch, HashRange, Shard, ShardField, fnv1a_64},
 };
+
+/// How long after a watched Lease's expiry the ring looks again: past the instant, so the
+/// Lease has expired when it looks.
+const EXPIRY_MARGIN: Duration = Duration::from_millis(20);
 
 /// The label that marks a Lease as one of a ring's, with the ring's name.
 pub const RING_LABEL: &str = "sharding.kube-informer.dev/ring";
@@ -69,10 +76,17 @@ pub enum RingError {
     /// The timings or the slot count make no sense together.
     #[error("invalid ring configuration: {0}")]
     Config(&'static str),
-    /// The API server refused the ring's Leases (RBAC: `get`, `list`, `create`, `update`,
-    /// `delete` on `leases` in the ring's namespace).
+    /// The API server refused the ring's Leases (RBAC: `get`, `list`, `watch`, `create`,
+    /// `update`, `delete` on `leases` in the ring's namespace).
     #[error("the ring's Leases are forbidden: {0}")]
     Forbidden(#[source] kube_client::Error),
+    /// The informer on the ring's Leases could not sync (forbidden to list or watch them,
+    /// or the resource is unknown).
+    #[error("cannot watch the ring's Leases: {0}")]
+    Watch(#[source] crate::error::Error),
+    /// [`ShardRing::run`] was called on a ring already running (or that ran).
+    #[error("the ring is already running")]
+    AlreadyRunning,
 }
 
 /// A ring's name, namespace, this replica's identity, and its timings.
@@ -356,6 +370,33 @@ impl Observed {
         }
         entry.1
     }
+
+    fn forget(&mut self, name: &str) {
+        self.records.remove(name);
+    }
+
+    /// The next instant a Lease held by someone other than `me` would expire, as seen here.
+    fn next_expiry(&self, me: &str, default: Duration) -> Option<Instant> {
+        self.records
+            .values()
+            .filter_map(|(spec, seen)| {
+                let spec = spec.as_ref()?;
+                let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+                (holder != me).then(|| *seen + lease_duration_of(spec, default))
+            })
+            .filter(|expiry| *expiry > Instant::now())
+            .min()
+    }
+}
+
+fn lease_duration_of(spec: &LeaseSpec, default: Duration) -> Duration {
+    spec.lease_duration_seconds
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or(default, Duration::from_secs)
+}
+
+fn holder_of(lease: &Lease) -> Option<&str> {
+    lease.spec.as_ref()?.holder_identity.as_deref()
 }
 
 /// One replica's place in a shard ring; see the [module docs](self).
@@ -366,8 +407,13 @@ pub struct ShardRing {
     /// Slots this replica may admit reconciles on, with when each was last renewed.
     held: Mutex<BTreeMap<u16, Instant>>,
     in_flight: Arc<InFlight>,
-    observed: Mutex<Observed>,
+    observed: Arc<Mutex<Observed>>,
     counters: Counters,
+    /// The ring's Leases as this replica watches them; started by `run`.
+    leases: Mutex<Option<SharedInformer<Lease>>>,
+    cache: InformerHandle<Lease>,
+    /// Rings when a Lease changes holder, appears or goes.
+    changed: Arc<Notify>,
 }
 
 impl std::fmt::Debug for ShardRing {
@@ -393,8 +439,48 @@ impl ShardRing {
     pub fn new(client: Client, config: RingConfig) -> Result<Self, RingError> {
         config.validate()?;
         let slots = config.slots;
+        let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+        let leases = SharedInformer::builder(
+            ApiListWatch::new(api.clone()).labels(&format!("{RING_LABEL}={}", config.name)),
+        )
+        .decoded()
+        .build();
+        let observed: Arc<Mutex<Observed>> = Arc::default();
+        let changed = Arc::new(Notify::new());
+        let (on_add, on_update, on_delete) = (
+            (observed.clone(), changed.clone()),
+            (observed.clone(), changed.clone()),
+            (observed.clone(), changed.clone()),
+        );
+        // Renewals are observed as they arrive, so a member's or holder's expiry counts
+        // from its last renewal and not from this replica's next look.
+        let handler = handler_fn::<Lease>()
+            .on_add(move |lease, _| {
+                if let Some(name) = &lease.metadata.name {
+                    lock(&on_add.0).seen(name, lease.spec.as_ref());
+                }
+                on_add.1.notify_one();
+            })
+            .on_update(move |old, new, _| {
+                if let Some(name) = &new.metadata.name {
+                    lock(&on_update.0).seen(name, new.spec.as_ref());
+                }
+                if holder_of(old) != holder_of(new) {
+                    on_update.1.notify_one();
+                }
+            })
+            .on_delete(move |gone| {
+                if let Some(name) = &gone.object().metadata.name {
+                    lock(&on_delete.0).forget(name);
+                }
+                on_delete.1.notify_one();
+            });
+        // An informer not yet started takes handlers; its handler cannot be refused.
+        if let Err(error) = leases.handle().add_handler(handler) {
+            warn!(%error, "the ring's Lease handler was refused");
+        }
         Ok(Self {
-            api: Api::namespaced(client, &config.namespace),
+            api,
             view: watch::Sender::new(RingView {
                 slots,
                 ..RingView::default()
@@ -404,8 +490,11 @@ impl ShardRing {
                 counts: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
                 drained: Notify::new(),
             }),
-            observed: Mutex::new(Observed::default()),
+            observed,
             counters: Counters::new(),
+            cache: leases.handle(),
+            leases: Mutex::new(Some(leases)),
+            changed,
             config,
         })
     }
@@ -488,21 +577,44 @@ impl ShardRing {
     /// [`RingError::Forbidden`] when RBAC refuses the Leases; other API errors are logged
     /// and retried every retry period.
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), RingError> {
+        let informer = lock(&self.leases).take().ok_or(RingError::AlreadyRunning)?;
+        let watching = cancel.child_token();
+        let running = informer.spawn(watching.clone());
         info!(ring = %self.config.name, identity = %self.config.identity, slots = self.config.slots, "joining the shard ring");
+        let leases = running.handle();
+        let synced = tokio::select! {
+            () = cancel.cancelled() => Ok(()),
+            synced = leases.wait_synced_or_fatal() => synced,
+        };
+        if let Err(error) = synced {
+            running.stop().await;
+            return Err(RingError::Watch(error));
+        }
         while !cancel.is_cancelled() {
             if let Err(error) = self.round().await {
                 if is_forbidden(&error) {
                     self.leave().await;
+                    running.stop().await;
                     return Err(RingError::Forbidden(error));
                 }
                 warn!(ring = %self.config.name, %error, "shard ring round failed; retrying");
             }
+            // The next look: a retry period from now, or sooner when a Lease this replica
+            // watches would expire or one changes hands.
+            let mut wait = self.config.retry_period;
+            let next_expiry =
+                lock(&self.observed).next_expiry(&self.config.identity, self.config.lease_duration);
+            if let Some(expiry) = next_expiry {
+                wait = wait.min(expiry.saturating_duration_since(Instant::now()) + EXPIRY_MARGIN);
+            }
             tokio::select! {
                 () = cancel.cancelled() => break,
-                () = tokio::time::sleep(self.config.retry_period) => {}
+                () = tokio::time::sleep(wait) => {}
+                () = self.changed.notified() => {}
             }
         }
         self.leave().await;
+        running.stop().await;
         Ok(())
     }
 
@@ -510,12 +622,10 @@ impl ShardRing {
     /// take or let go of each slot.
     async fn round(&self) -> Result<(), kube_client::Error> {
         self.renew_member().await?;
-        let leases = self
-            .api
-            .list(&ListParams::default().labels(&format!("{RING_LABEL}={}", self.config.name)))
-            .await?;
-        let by_name: HashMap<String, Lease> = leases
-            .items
+        let by_name: HashMap<String, Arc<Lease>> = self
+            .cache
+            .store()
+            .list()
             .into_iter()
             .filter_map(|l| Some((l.metadata.name.clone()?, l)))
             .collect();
@@ -530,7 +640,7 @@ impl ShardRing {
         let assigned = assigned_slots(me, members.len().max(1), self.config.slots);
         for slot in 0..self.config.slots {
             let name = self.config.slot_lease(slot);
-            let lease = by_name.get(&name);
+            let lease = by_name.get(&name).map(|l| &**l);
             let holder = lease.and_then(|l| self.live_holder(&name, l));
             let mine = holder.as_deref() == Some(self.config.identity.as_str());
             match (mine, assigned.contains(&slot), holder.is_some()) {
@@ -551,7 +661,7 @@ impl ShardRing {
         Ok(())
     }
 
-    fn live_members(&self, leases: &HashMap<String, Lease>) -> Vec<String> {
+    fn live_members(&self, leases: &HashMap<String, Arc<Lease>>) -> Vec<String> {
         let prefix = format!("{}-member-", self.config.name);
         let mut members: BTreeSet<String> = leases
             .iter()
@@ -567,10 +677,7 @@ impl ShardRing {
         let spec = lease.spec.as_ref()?;
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
         let seen = lock(&self.observed).seen(name, Some(spec));
-        let duration = spec
-            .lease_duration_seconds
-            .and_then(|s| u64::try_from(s).ok())
-            .map_or(self.config.lease_duration, Duration::from_secs);
+        let duration = lease_duration_of(spec, self.config.lease_duration);
         (holder == self.config.identity || seen.elapsed() < duration).then_some(holder)
     }
 
@@ -628,21 +735,35 @@ impl ShardRing {
     /// Renews `slot`'s Lease as ours; whether the server took it.
     async fn renew_record(&self, slot: u16, lease: Option<&Lease>) -> bool {
         let Some(lease) = lease else { return false };
-        let mut renewed = lease.clone();
-        let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
-        renewed.spec = Some(self.spec(acquired));
         let name = self.config.slot_lease(slot);
-        match self
+        let renew = |lease: &Lease| {
+            let mut renewed = lease.clone();
+            let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
+            renewed.spec = Some(self.spec(acquired));
+            renewed
+        };
+        let error = match self
             .api
-            .replace(&name, &PostParams::default(), &renewed)
+            .replace(&name, &PostParams::default(), &renew(lease))
             .await
         {
-            Ok(_) => true,
-            Err(error) => {
-                debug!(ring = %self.config.name, slot, %error, "slot renewal failed");
-                false
-            }
+            Ok(_) => return true,
+            Err(error) => error,
+        };
+        // The watched copy may be a write behind: read the Lease, and renew it if it is
+        // still ours.
+        if is_conflict(&error)
+            && let Ok(current) = self.api.get(&name).await
+            && holder_of(&current) == Some(self.config.identity.as_str())
+        {
+            return self
+                .api
+                .replace(&name, &PostParams::default(), &renew(&current))
+                .await
+                .is_ok();
         }
+        debug!(ring = %self.config.name, slot, %error, "slot renewal failed");
+        false
     }
 
     /// Takes `slot` (its Lease is free or expired), with the Lease's resourceVersion.
