@@ -854,3 +854,138 @@ mod owned_children {
         }
     }
 }
+
+mod managed {
+    //! Leader election and sharding are alternatives per controller: of two managers with
+    //! leader election, both run their sharded controller (each on its share), and only
+    //! the leader runs the other one.
+
+    use std::{
+        collections::BTreeSet,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube_client::{
+        Api,
+        api::{ObjectMeta, PostParams},
+    };
+    use kube_informer::{
+        Action, CancellationToken, Manager, ReconcileRequest, Scope,
+        leader_election::LeaderElectionConfig, retry_with_backoff, sharding::RingConfig,
+    };
+    use kube_testenv::TestEnv;
+    use tests::{config_map, eventually, test_namespace};
+
+    const OBJECTS: usize = 40;
+
+    type Log = Arc<Mutex<Vec<(&'static str, String)>>>;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_controllers_run_on_every_replica_beside_a_leader_only_one() {
+        let env = TestEnv::shared().await;
+        let (client, namespace) = test_namespace(env, "shard-managed").await;
+        let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        for i in 0..OBJECTS {
+            config_maps
+                .create(
+                    &PostParams::default(),
+                    &config_map(&format!("cm-{i:02}"), &[]),
+                )
+                .await
+                .unwrap();
+        }
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some("leader-only".into()),
+                ..ObjectMeta::default()
+            },
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(client.clone(), &namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+
+        let sharded: Log = Arc::default();
+        let leading: Log = Arc::default();
+        let stop = CancellationToken::new();
+        let mut runs = Vec::new();
+        for identity in ["first", "second"] {
+            let election = LeaderElectionConfig::new(&namespace, "managers", identity).timing(
+                Duration::from_secs(4),
+                Duration::from_secs(2),
+                Duration::from_millis(500),
+            );
+            let mut manager = Manager::new(client.clone())
+                .probe_address(None)
+                .metrics_address(None)
+                .leader_election(election);
+            let ring = manager
+                .shard_ring(
+                    RingConfig::new(&namespace, "managed", identity)
+                        .slots(8)
+                        .lease_duration(Duration::from_secs(3))
+                        .renew_deadline(Duration::from_secs(2))
+                        .retry_period(Duration::from_millis(300)),
+                )
+                .unwrap();
+            let scope = Scope::namespace(&namespace);
+            let controller =
+                manager.sharded_controller::<ConfigMap>("sharded", scope.clone(), &ring);
+            let log = sharded.clone();
+            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                log.lock()
+                    .unwrap()
+                    .push((identity, request.key().to_string()));
+                std::future::ready(Ok::<_, std::io::Error>(Action::done()))
+            };
+            manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+            let controller = manager.controller::<Secret>("leader-only", scope);
+            let log = leading.clone();
+            let reconcile = move |request: ReconcileRequest<Secret>, _: Arc<()>, _| {
+                log.lock()
+                    .unwrap()
+                    .push((identity, request.key().to_string()));
+                std::future::ready(Ok::<_, std::io::Error>(Action::done()))
+            };
+            manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+            let bound = manager.bind().await.unwrap();
+            runs.push(tokio::spawn(bound.run(stop.clone())));
+        }
+
+        let keys: BTreeSet<String> = (0..OBJECTS)
+            .map(|i| format!("{namespace}/cm-{i:02}"))
+            .collect();
+        eventually(
+            "both replicas reconcile their share of every ConfigMap",
+            || {
+                let log = sharded.lock().unwrap();
+                let seen: BTreeSet<String> = log.iter().map(|(_, k)| k.clone()).collect();
+                let replicas: BTreeSet<&str> = log.iter().map(|(r, _)| *r).collect();
+                seen == keys && replicas.len() == 2
+            },
+        )
+        .await;
+        eventually("the leader reconciles the Secret", || {
+            !leading.lock().unwrap().is_empty()
+        })
+        .await;
+        let leaders: BTreeSet<&str> = leading.lock().unwrap().iter().map(|(r, _)| *r).collect();
+        assert_eq!(
+            leaders.len(),
+            1,
+            "only the leader runs the other controller: {leaders:?}"
+        );
+
+        stop.cancel();
+        for run in runs {
+            tokio::time::timeout(Duration::from_secs(60), run)
+                .await
+                .expect("the manager stops")
+                .unwrap()
+                .unwrap();
+        }
+    }
+}

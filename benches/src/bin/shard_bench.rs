@@ -7,6 +7,11 @@
 //! the time to sync, the objects cached, the resident memory once synced (VmRSS), and the
 //! bytes its sockets received (the TLS stream from the API server, from iproute2's `ss`).
 //! The largest replica of each layout is what a user provisions for.
+//!
+//! Then the handover: three replicas of a sharded controller of the Pods
+//! (`subject-ring`, a shard ring with the library's defaults) reconcile every Pod; one is
+//! killed with SIGKILL, and the time is taken until the others hold its slots and until
+//! they have reconciled every Pod it had (from each replica's record of its reconciles).
 
 use std::{
     fmt::Write as _,
@@ -18,8 +23,11 @@ use std::{
 use anyhow::{Context, bail};
 use benches::{machine, median, memory_of};
 use clap::{Parser, ValueEnum};
-use k8s_openapi::api::core::v1::Pod;
-use kube_client::Api;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::Pod};
+use kube_client::{Api, api::ListParams};
+use kube_informer::sharding::RING_LABEL;
 use kube_testenv::TestEnv;
 use serde::{Deserialize, Serialize};
 use tokio::{
@@ -59,6 +67,23 @@ struct Args {
     /// Where the per-replica results go, as JSON.
     #[arg(long, default_value = "target/shard-bench.json")]
     json: PathBuf,
+    /// Runs of the handover after a SIGKILL (0 skips it).
+    #[arg(long, default_value_t = 3)]
+    handover_runs: usize,
+    /// The ring's lease duration in the handover runs, in seconds (the library's default).
+    #[arg(long, default_value_t = 15.0)]
+    lease_seconds: f64,
+}
+
+/// One handover run: a replica of three killed.
+#[derive(Debug, Clone, Serialize)]
+struct Handover {
+    run: usize,
+    victim_pods: usize,
+    /// From the kill until no slot was held by the killed replica and every slot was held.
+    slots_moved_s: f64,
+    /// From the kill until the last of the killed replica's Pods was reconciled elsewhere.
+    reconciled_s: f64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -110,11 +135,15 @@ fn bytes_received(pid: u32) -> anyhow::Result<u64> {
 }
 
 fn subject_binary() -> anyhow::Result<PathBuf> {
+    sibling_binary("subject-shard")
+}
+
+fn sibling_binary(name: &str) -> anyhow::Result<PathBuf> {
     let me = std::env::current_exe()?;
-    let path = me.with_file_name("subject-shard");
+    let path = me.with_file_name(name);
     if !path.exists() {
         bail!(
-            "{} is missing: build it with `cargo build --release -p benches --bin subject-shard`",
+            "{} is missing: build it with `cargo build --release -p benches --bin {name}`",
             path.display()
         );
     }
@@ -253,6 +282,220 @@ fn report(args: &Args, replicas: &[Replica]) -> String {
     out
 }
 
+/// A replica's record of its reconciles, read as it grows.
+struct ReconcileLog {
+    path: PathBuf,
+    offset: usize,
+    /// Each key with when its reconciles ended.
+    ended: Vec<(String, i64)>,
+}
+
+#[derive(Deserialize)]
+struct LogLine {
+    key: String,
+    ended_ns: i64,
+}
+
+impl ReconcileLog {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            offset: 0,
+            ended: Vec::new(),
+        }
+    }
+
+    /// Reads the complete lines written since the last read.
+    fn read(&mut self) {
+        let Ok(bytes) = std::fs::read(&self.path) else {
+            return;
+        };
+        let Some(last_newline) = bytes[self.offset.min(bytes.len())..]
+            .iter()
+            .rposition(|b| *b == b'\n')
+        else {
+            return;
+        };
+        let end = self.offset + last_newline + 1;
+        for line in bytes[self.offset..end].split(|b| *b == b'\n') {
+            if let Ok(record) = serde_json::from_slice::<LogLine>(line) {
+                self.ended.push((record.key, record.ended_ns));
+            }
+        }
+        self.offset = end;
+    }
+}
+
+/// Whether the ring's slot Leases are held by `live` alone, in equal shares (16 slots).
+async fn ring_settled(leases: &Api<Lease>, ring: &str, live: &[String]) -> anyhow::Result<bool> {
+    let list = leases
+        .list(&ListParams::default().labels(&format!("{RING_LABEL}={ring}")))
+        .await?;
+    let mut held: BTreeMap<String, usize> = BTreeMap::new();
+    for lease in &list.items {
+        let name = lease.metadata.name.as_deref().unwrap_or_default();
+        if !name.starts_with(&format!("{ring}-slot-")) {
+            continue;
+        }
+        if let Some(holder) = lease.spec.as_ref().and_then(|s| s.holder_identity.clone()) {
+            *held.entry(holder).or_default() += 1;
+        }
+    }
+    let fair = 16 / live.len();
+    Ok(held.keys().cloned().collect::<Vec<_>>() == live
+        && held.values().all(|n| *n == fair || *n == fair + 1)
+        && held.values().sum::<usize>() == 16)
+}
+
+async fn handover_run(
+    env: &TestEnv,
+    namespace: &str,
+    pods: usize,
+    run: usize,
+    lease_seconds: f64,
+) -> anyhow::Result<Handover> {
+    let binary = sibling_binary("subject-ring")?;
+    let dir =
+        std::env::temp_dir().join(format!("shard-bench-handover-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let ring = format!("handover-{run}");
+    let identities: Vec<String> = (0..3).map(|i| format!("replica-{i}")).collect();
+    let mut children = Vec::new();
+    let mut logs = Vec::new();
+    for identity in &identities {
+        let log = dir.join(format!("{identity}.jsonl"));
+        let stderr = std::fs::File::create(dir.join(format!("{identity}.err")))?;
+        let child = Command::new(&binary)
+            .arg("--kubeconfig")
+            .arg(env.kubeconfig_path())
+            .args([
+                "--namespace",
+                namespace,
+                "--ring",
+                &ring,
+                "--identity",
+                identity,
+            ])
+            .args(["--lease-seconds", &lease_seconds.to_string()])
+            .arg("--reconcile-log")
+            .arg(&log)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        children.push(child);
+        logs.push(ReconcileLog::new(log));
+    }
+    let leases: Api<Lease> = Api::namespaced(env.client().await?, namespace);
+    let patience = Instant::now();
+    loop {
+        let mut keys = std::collections::HashSet::new();
+        for log in &mut logs {
+            log.read();
+            keys.extend(log.ended.iter().map(|(k, _)| k.clone()));
+        }
+        if keys.len() == pods && ring_settled(&leases, &ring, &identities).await? {
+            break;
+        }
+        if patience.elapsed() > Duration::from_secs(600) {
+            bail!(
+                "the ring did not reconcile every Pod and settle within 10 minutes (logs in {})",
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let victim_keys: std::collections::HashSet<String> =
+        logs[0].ended.iter().map(|(k, _)| k.clone()).collect();
+    let mut victim = children.remove(0);
+    victim.start_kill()?;
+    let killed_ns = benches::unix_nanos();
+    let killed = Instant::now();
+    victim.wait().await?;
+    info!(run, pods = victim_keys.len(), "killed a replica");
+    let survivors = &identities[1..];
+    let mut slots_moved = None;
+    let mut reconciled = std::collections::HashMap::new();
+    loop {
+        for log in &mut logs[1..] {
+            log.read();
+            for (key, ended) in &log.ended {
+                if *ended > killed_ns && victim_keys.contains(key) {
+                    let first = reconciled.entry(key.clone()).or_insert(*ended);
+                    *first = (*first).min(*ended);
+                }
+            }
+        }
+        if slots_moved.is_none() && ring_settled(&leases, &ring, survivors).await? {
+            slots_moved = Some(killed.elapsed());
+        }
+        if slots_moved.is_some() && reconciled.len() == victim_keys.len() {
+            break;
+        }
+        if killed.elapsed() > Duration::from_secs(300) {
+            bail!(
+                "{} of the killed replica's {} Pods reconciled elsewhere after 5 minutes (logs in {})",
+                reconciled.len(),
+                victim_keys.len(),
+                dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last = reconciled.values().copied().max().unwrap_or(killed_ns);
+    for mut child in children {
+        drop(child.stdin.take());
+        let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+        let _ = child.kill().await;
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Handover {
+        run,
+        victim_pods: victim_keys.len(),
+        slots_moved_s: slots_moved.unwrap_or_default().as_secs_f64(),
+        reconciled_s: (last - killed_ns) as f64 / 1e9,
+    })
+}
+
+fn handover_report(args: &Args, runs: &[Handover]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nHandover after a SIGKILL: 3 replicas of a sharded controller of the {} Pods (`subject-ring`), lease {} s (renew deadline {:.0} s, retry {:.0} s), {} runs.\n",
+        args.pods,
+        args.lease_seconds,
+        args.lease_seconds * 2.0 / 3.0,
+        args.lease_seconds * 2.0 / 15.0,
+        runs.len()
+    );
+    let _ = writeln!(
+        out,
+        "| run | killed replica's Pods | slots held by the others (s after kill) | its Pods reconciled by the others (s after kill) | target (lease + 2 s) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|");
+    for h in runs {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.2} | {:.2} | {:.0} |",
+            h.run,
+            h.victim_pods,
+            h.slots_moved_s,
+            h.reconciled_s,
+            args.lease_seconds + 2.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        "| median | | {:.2} | {:.2} | |",
+        median(runs.iter().map(|h| h.slots_moved_s).collect()),
+        median(runs.iter().map(|h| h.reconciled_s).collect())
+    );
+    out
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     benches::init_tracing("info,kube_client=off");
@@ -261,6 +504,9 @@ async fn main() -> anyhow::Result<()> {
         bail!("--runs and --pods must be at least 1, and every replica count too");
     }
     subject_binary()?;
+    if args.handover_runs > 0 {
+        sibling_binary("subject-ring")?;
+    }
     info!(gate = ?args.gate, "starting the control plane");
     let mut builder = TestEnv::builder();
     if args.gate == Gate::On {
@@ -301,5 +547,14 @@ async fn main() -> anyhow::Result<()> {
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&replicas)?)?;
     print!("{}", report(&args, &replicas));
+    if args.handover_runs > 0 {
+        let mut handovers = Vec::new();
+        for run in 0..args.handover_runs {
+            info!(run, "handover run");
+            handovers
+                .push(handover_run(&env, &namespace, args.pods, run, args.lease_seconds).await?);
+        }
+        print!("{}", handover_report(&args, &handovers));
+    }
     Ok(())
 }
