@@ -186,6 +186,24 @@ fn reconciled_at(
     (by_key.len() == keys.len()).then_some(by_key)
 }
 
+/// Waits until every key has been reconciled at `round`, and checks each was reconciled
+/// once, by one replica; returns who reconciled each.
+async fn reconciled_once(
+    dir: &Path,
+    keys: &BTreeSet<String>,
+    round: &str,
+) -> BTreeMap<String, Vec<String>> {
+    let what = format!("every update of round {round} reconciled");
+    let by_key = until(&what, dir, || reconciled_at(dir, keys, round)).await;
+    let twice: Vec<_> = by_key.iter().filter(|(_, by)| by.len() != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "round {round}: updates reconciled more than once: {:?}",
+        &twice[..twice.len().min(5)]
+    );
+    by_key
+}
+
 /// Whether the ring's slot Leases are held by `live` alone, in equal shares.
 async fn settled(client: &Client, namespace: &str, live: &[&Replica]) -> bool {
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace);
@@ -295,16 +313,7 @@ async fn three_replicas_a_kill_and_a_fourth(env: &TestEnv, prefix: &str, server_
 
     // An update is reconciled once, by one replica.
     label_all(&api, "2").await;
-    let round = until("every update reconciled", &dir, || {
-        reconciled_at(&dir, &keys, "2")
-    })
-    .await;
-    let twice: Vec<_> = round.iter().filter(|(_, by)| by.len() != 1).collect();
-    assert!(
-        twice.is_empty(),
-        "updates reconciled more than once: {:?}",
-        &twice[..twice.len().min(5)]
-    );
+    let round = reconciled_once(&dir, &keys, "2").await;
     let shares: BTreeMap<&str, usize> = round.values().fold(BTreeMap::new(), |mut m, by| {
         *m.entry(by[0].as_str()).or_default() += 1;
         m
@@ -345,18 +354,7 @@ async fn three_replicas_a_kill_and_a_fourth(env: &TestEnv, prefix: &str, server_
     .await;
     // Settled: each update is again reconciled once, and the new replica has a share.
     label_all(&api, "5").await;
-    let round = until(
-        "every update reconciled with the fourth replica",
-        &dir,
-        || reconciled_at(&dir, &keys, "5"),
-    )
-    .await;
-    let twice: Vec<_> = round.iter().filter(|(_, by)| by.len() != 1).collect();
-    assert!(
-        twice.is_empty(),
-        "updates reconciled more than once: {:?}",
-        &twice[..twice.len().min(5)]
-    );
+    let round = reconciled_once(&dir, &keys, "5").await;
     assert!(
         round.values().flatten().any(|replica| replica == "d"),
         "the new replica has a share"

@@ -160,6 +160,30 @@ async fn shard_with_the_gate_off_the_informer_selects_each_shard() {
     );
 }
 
+/// Waits until every slot of `slots` is held, each replica holding what it is dealt and
+/// seeing all of them as members.
+async fn ring_settled(rings: &[&kube_informer::sharding::ShardRing], slots: usize) {
+    let views = || -> Vec<_> { rings.iter().map(|r| r.view().borrow().clone()).collect() };
+    tests::eventually_some_within(
+        std::time::Duration::from_secs(60),
+        "the ring settled",
+        || {
+            let views = views();
+            async move {
+                let held: usize = views.iter().map(|v| v.held.len()).sum();
+                let settled = held == slots
+                    && views.iter().all(|v| {
+                        v.held == v.assigned
+                            && v.warming.is_empty()
+                            && v.members.len() == rings.len()
+                    });
+                settled.then_some(())
+            }
+        },
+    )
+    .await;
+}
+
 mod ring {
     //! The shard ring on real Leases: every slot dealt to exactly one live replica, and
     //! handed over when a replica leaves, dies or joins, never admitted by two at once.
@@ -272,9 +296,26 @@ mod ring {
 
         // A replica that dies (its task aborted mid-term, nothing released) stops
         // admitting at its renew deadline; the other takes its slots once they expire.
+        let dying = view(&r1).held;
         let killed = Instant::now();
         r1.task.abort();
+        // Before its Leases expire, the survivor sees it silent and caches its slots.
+        eventually_some_within(
+            Duration::from_secs(30),
+            "the dead replica's slots warming",
+            || {
+                let survivor = view(&r0);
+                let warm = survivor.members.len() == 2 && survivor.warming == dying;
+                async move { warm.then_some(()) }
+            },
+        )
+        .await;
+        assert!(
+            view(&r0).shard().is_some_and(|s| s.ranges().len() == 1),
+            "the survivor caches the whole space while it warms the dead one's slots"
+        );
         settled(&[&r0], "the survivor takes the dead replica's slots").await;
+        assert!(view(&r0).warming.is_empty(), "nothing left to warm");
         let handover = killed.elapsed();
         assert!(
             handover >= Duration::from_secs(2),
@@ -478,21 +519,8 @@ mod sharded_controller {
             async move { done.then_some(()) }
         })
         .await;
-        eventually_some_within(Duration::from_secs(60), "the ring settled", || {
-            let views: Vec<_> = rings
-                .iter()
-                .map(|(ring, ..)| ring.view().borrow().clone())
-                .collect();
-            async move {
-                let held: usize = views.iter().map(|v| v.held.len()).sum();
-                let settled = held == 12
-                    && views
-                        .iter()
-                        .all(|v| v.held == v.assigned && v.members.len() == REPLICAS);
-                settled.then_some(())
-            }
-        })
-        .await;
+        let all: Vec<&ShardRing> = rings.iter().map(|(ring, ..)| &**ring).collect();
+        super::ring_settled(&all, 12).await;
 
         // An update of every object is reconciled by exactly one replica each.
         futures::stream::iter(0..OBJECTS)
@@ -602,7 +630,7 @@ mod owned_children {
     };
     use kube_testenv::TestEnv;
     use serde_json::json;
-    use tests::{config_map, eventually, eventually_some_within, test_namespace};
+    use tests::{config_map, eventually, test_namespace};
 
     const PARENTS: usize = 60;
     const ORPHANS: usize = 5;
@@ -742,27 +770,18 @@ mod owned_children {
             });
         }
 
-        eventually_some_within(Duration::from_secs(60), "the ring settled", || {
-            let views: Vec<_> = replicas
-                .iter()
-                .map(|r| r.ring.view().borrow().clone())
-                .collect();
-            async move {
-                let held: usize = views.iter().map(|v| v.held.len()).sum();
-                let settled = held == usize::from(SLOTS)
-                    && views
-                        .iter()
-                        .all(|v| v.held == v.assigned && v.members.len() == REPLICAS);
-                settled.then_some(())
-            }
-        })
-        .await;
+        let rings: Vec<&ShardRing> = replicas.iter().map(|r| &*r.ring).collect();
+        super::ring_settled(&rings, SLOTS.into()).await;
         // Each replica caches the children of the parents it caches, and no orphan.
         let all_parents: BTreeSet<String> = uids.keys().cloned().collect();
         eventually("children cached beside their parents", || {
-            replicas
-                .iter()
-                .all(|r| owners(&r.children) == names(&r.parents))
+            let shares: Vec<BTreeSet<String>> =
+                replicas.iter().map(|r| names(&r.parents)).collect();
+            // Each cache has left the whole space it started on for its share.
+            shares[0].is_disjoint(&shares[1])
+                && replicas
+                    .iter()
+                    .all(|r| owners(&r.children) == names(&r.parents))
                 && replicas
                     .iter()
                     .map(|r| names(&r.parents))

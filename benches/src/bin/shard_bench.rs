@@ -52,7 +52,7 @@ struct Args {
     /// Pods in the namespace.
     #[arg(long, default_value_t = 10_000)]
     pods: usize,
-    /// Runs of each layout.
+    /// Runs of each layout (0 runs the handover alone).
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Replica counts to run, beside the unsharded default.
@@ -500,8 +500,10 @@ fn handover_report(args: &Args, runs: &[Handover]) -> String {
 async fn main() -> anyhow::Result<()> {
     benches::init_tracing("info,kube_client=off");
     let args = Args::parse();
-    if args.runs == 0 || args.pods == 0 || args.replicas.contains(&0) {
-        bail!("--runs and --pods must be at least 1, and every replica count too");
+    if (args.runs == 0 && args.handover_runs == 0) || args.pods == 0 || args.replicas.contains(&0) {
+        bail!(
+            "--pods must be at least 1, and every replica count too; --runs 0 needs handover runs"
+        );
     }
     subject_binary()?;
     if args.handover_runs > 0 {
@@ -546,7 +548,9 @@ async fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&replicas)?)?;
-    print!("{}", report(&args, &replicas));
+    if args.runs > 0 {
+        print!("{}", report(&args, &replicas));
+    }
     if args.handover_runs > 0 {
         let mut handovers = Vec::new();
         for run in 0..args.handover_runs {

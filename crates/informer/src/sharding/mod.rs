@@ -27,6 +27,10 @@
 //! [`RingView`] says what a replica is assigned and what it holds; an informer follows
 //! [`RingView::shard`] (assigned and held, so a slot's objects are cached before it is
 //! taken), and a controller reconciles an object only under a [`SlotGuard`] for its slot.
+//! A member that has not renewed within the renew deadline has stopped reconciling and is
+//! likely gone: the others cache the slots its leaving would deal them
+//! ([`RingView::warming`]) while its Leases run out, so a replica killed outright hands
+//! over to caches that are already warm.
 //! [`ShardRing::stats`] counts the slots taken, released and lost, and how long each
 //! handover took from the membership change that caused it; a [`Manager`] serves them on
 //! `/metrics`.
@@ -177,6 +181,12 @@ impl RingConfig {
         Ok(())
     }
 
+    /// How long a member may go without renewing before others start caching its slots:
+    /// its renew deadline, past which it has stopped reconciling them itself.
+    fn silence(&self) -> Duration {
+        self.renew_deadline
+    }
+
     fn member_lease(&self, identity: &str) -> String {
         format!("{}-member-{identity}", self.name)
     }
@@ -195,14 +205,18 @@ pub struct RingView {
     pub assigned: BTreeSet<u16>,
     /// Slots this replica holds: the ones it may reconcile.
     pub held: BTreeSet<u16>,
+    /// Slots this replica would be dealt if the members that have not renewed within their
+    /// renew deadline (so have stopped reconciling) left: cached ahead, so a replica that
+    /// died hands over to warm caches when its Leases expire.
+    pub warming: BTreeSet<u16>,
     /// Slots in the ring.
     pub slots: u16,
 }
 
 impl RingView {
-    /// The objects this replica should cache: those of the slots it is assigned or holds
-    /// (a slot's objects are cached before it is taken, and until it is let go). `None`
-    /// when it has none.
+    /// The objects this replica should cache: those of the slots it is assigned, holds or
+    /// is warming (a slot's objects are cached before it is taken, and until it is let
+    /// go). `None` when it has none.
     pub fn shard(&self) -> Option<Shard> {
         self.shard_by(ShardField::Uid)
     }
@@ -210,7 +224,13 @@ impl RingView {
     /// The same slots over another field: [`ShardField::ControllerUid`] gives the children
     /// whose controller owner is in [`shard`](Self::shard).
     pub fn shard_by(&self, field: ShardField) -> Option<Shard> {
-        let slots: BTreeSet<u16> = self.assigned.union(&self.held).copied().collect();
+        let slots: BTreeSet<u16> = self
+            .assigned
+            .iter()
+            .chain(&self.held)
+            .chain(&self.warming)
+            .copied()
+            .collect();
         let ranges = merged_ranges(&slots, self.slots);
         Shard::new(field, ranges)
     }
@@ -375,16 +395,22 @@ impl Observed {
         self.records.remove(name);
     }
 
-    /// The next instant a Lease held by someone other than `me` would expire, as seen here.
-    fn next_expiry(&self, me: &str, default: Duration) -> Option<Instant> {
+    /// The next instant a Lease held by someone other than `me` would go silent (`silence`
+    /// without a renewal) or expire, as seen here.
+    fn next_deadline(&self, me: &str, default: Duration, silence: Duration) -> Option<Instant> {
+        let now = Instant::now();
         self.records
             .values()
             .filter_map(|(spec, seen)| {
                 let spec = spec.as_ref()?;
                 let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
-                (holder != me).then(|| *seen + lease_duration_of(spec, default))
+                let expiry = *seen + lease_duration_of(spec, default);
+                let silent = *seen + silence;
+                if holder == me {
+                    return None;
+                }
+                [silent, expiry].into_iter().filter(|t| *t > now).min()
             })
-            .filter(|expiry| *expiry > Instant::now())
             .min()
     }
 }
@@ -600,11 +626,14 @@ impl ShardRing {
                 warn!(ring = %self.config.name, %error, "shard ring round failed; retrying");
             }
             // The next look: a retry period from now, or sooner when a Lease this replica
-            // watches would expire or one changes hands.
+            // watches would go silent or expire, or one changes hands.
             let mut wait = self.config.retry_period;
-            let next_expiry =
-                lock(&self.observed).next_expiry(&self.config.identity, self.config.lease_duration);
-            if let Some(expiry) = next_expiry {
+            let next_deadline = lock(&self.observed).next_deadline(
+                &self.config.identity,
+                self.config.lease_duration,
+                self.config.silence(),
+            );
+            if let Some(expiry) = next_deadline {
                 wait = wait.min(expiry.saturating_duration_since(Instant::now()) + EXPIRY_MARGIN);
             }
             tokio::select! {
@@ -633,11 +662,21 @@ impl ShardRing {
         if self.view.borrow().members != members {
             *lock(&self.counters.membership_changed) = Some(Instant::now());
         }
-        let me = members
+        let assigned = self.dealt(&members);
+        // Members silent for a while are likely gone: cache what their leaving would deal
+        // this replica now, so their slots are warm when their Leases expire.
+        let renewing: Vec<String> = members
             .iter()
-            .position(|m| m == &self.config.identity)
-            .unwrap_or(0);
-        let assigned = assigned_slots(me, members.len().max(1), self.config.slots);
+            .filter(|m| !self.silent(m))
+            .cloned()
+            .collect();
+        let warming: BTreeSet<u16> = if renewing.len() < members.len() {
+            let mut warming = self.dealt(&renewing);
+            warming.retain(|slot| !assigned.contains(slot));
+            warming
+        } else {
+            BTreeSet::new()
+        };
         for slot in 0..self.config.slots {
             let name = self.config.slot_lease(slot);
             let lease = by_name.get(&name).map(|l| &**l);
@@ -657,8 +696,30 @@ impl ShardRing {
             }
         }
         self.fence();
-        self.publish(members, assigned);
+        self.publish(members, assigned, warming);
         Ok(())
+    }
+
+    /// The slots this replica is dealt among `members` (sorted).
+    fn dealt(&self, members: &[String]) -> BTreeSet<u16> {
+        let me = members
+            .iter()
+            .position(|m| m == &self.config.identity)
+            .unwrap_or(0);
+        assigned_slots(me, members.len().max(1), self.config.slots)
+    }
+
+    /// Whether `member` (another replica) has not renewed its Lease for the silence
+    /// this replica takes as a sign it is gone.
+    fn silent(&self, member: &str) -> bool {
+        if member == self.config.identity {
+            return false;
+        }
+        let name = self.config.member_lease(member);
+        lock(&self.observed)
+            .records
+            .get(&name)
+            .is_some_and(|(_, seen)| seen.elapsed() >= self.config.silence())
     }
 
     fn live_members(&self, leases: &HashMap<String, Arc<Lease>>) -> Vec<String> {
@@ -853,12 +914,13 @@ impl ShardRing {
         });
     }
 
-    fn publish(&self, members: Vec<String>, assigned: BTreeSet<u16>) {
+    fn publish(&self, members: Vec<String>, assigned: BTreeSet<u16>, warming: BTreeSet<u16>) {
         let held = lock(&self.held).keys().copied().collect();
         let view = RingView {
             members,
             assigned,
             held,
+            warming,
             slots: self.config.slots,
         };
         self.view.send_if_modified(|current| {
@@ -897,7 +959,7 @@ impl ShardRing {
         if let Err(error) = self.api.delete(&member, &DeleteParams::default()).await {
             debug!(ring = %self.config.name, %error, "could not delete the member Lease; it expires");
         }
-        self.publish(Vec::new(), BTreeSet::new());
+        self.publish(Vec::new(), BTreeSet::new(), BTreeSet::new());
         info!(ring = %self.config.name, identity = %self.config.identity, "left the shard ring");
     }
 }
