@@ -198,7 +198,7 @@ mod ring {
     use kube_client::{Api, Client};
     use kube_informer::{
         CancellationToken,
-        sharding::{RingConfig, RingView, ShardRing, slot_of},
+        sharding::{RingConfig, RingView, ShardRing, dealt_slots, slot_of},
     };
     use kube_testenv::TestEnv;
     use tests::{eventually_some_within, test_namespace};
@@ -327,11 +327,13 @@ mod ring {
         );
 
         // A fourth joins: the slots are dealt again between the two live replicas. A
-        // reconcile running on r0 keeps its slot (the last, which r3 is dealt) with r0
-        // until it ends; r0 admits no new one on it meanwhile.
+        // reconcile running on r0 keeps its slot (one r3 is dealt) with r0 until it ends;
+        // r0 admits no new one on it meanwhile.
+        let pair = ["r0".to_owned(), "r3".to_owned()];
+        let busy_slot = *dealt_slots(&pair, "r3", SLOTS).first().unwrap();
         let uid = (0u64..)
             .map(|i| format!("{:016x}", i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
-            .find(|uid| slot_of(uid, SLOTS) == SLOTS - 1)
+            .find(|uid| slot_of(uid, SLOTS) == busy_slot)
             .unwrap();
         let running = r0.ring.admit(&uid).expect("r0 holds every slot");
         let r3 = start("r3");
@@ -339,13 +341,13 @@ mod ring {
             Duration::from_secs(30),
             "r3 takes all of its share but the busy slot",
             || {
-                let (v3, busy) = (view(&r3), r0.ring.admitting().contains(&(SLOTS - 1)));
+                let (v3, busy) = (view(&r3), r0.ring.admitting().contains(&busy_slot));
                 async move {
                     let rest: BTreeSet<u16> = v3
                         .assigned
                         .iter()
                         .copied()
-                        .filter(|s| *s != SLOTS - 1)
+                        .filter(|s| *s != busy_slot)
                         .collect();
                     (v3.members.len() == 2 && v3.held == rest && !rest.is_empty() && !busy)
                         .then_some(())
@@ -355,7 +357,7 @@ mod ring {
         .await;
         let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
         let busy = leases
-            .get(&format!("test-ring-slot-{}", SLOTS - 1))
+            .get(&format!("test-ring-slot-{busy_slot}"))
             .await
             .unwrap();
         let holder = busy.spec.and_then(|s| s.holder_identity);

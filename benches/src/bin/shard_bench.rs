@@ -305,24 +305,27 @@ impl ReconcileLog {
         }
     }
 
-    /// Reads the complete lines written since the last read.
+    /// Reads the complete lines written since the last read (only those bytes).
     fn read(&mut self) {
-        let Ok(bytes) = std::fs::read(&self.path) else {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
             return;
         };
-        let Some(last_newline) = bytes[self.offset.min(bytes.len())..]
-            .iter()
-            .rposition(|b| *b == b'\n')
-        else {
+        let mut bytes = Vec::new();
+        if file.seek(SeekFrom::Start(self.offset as u64)).is_err()
+            || file.read_to_end(&mut bytes).is_err()
+        {
+            return;
+        }
+        let Some(last_newline) = bytes.iter().rposition(|b| *b == b'\n') else {
             return;
         };
-        let end = self.offset + last_newline + 1;
-        for line in bytes[self.offset..end].split(|b| *b == b'\n') {
+        for line in bytes[..=last_newline].split(|b| *b == b'\n') {
             if let Ok(record) = serde_json::from_slice::<LogLine>(line) {
                 self.ended.push((record.key, record.ended_ns));
             }
         }
-        self.offset = end;
+        self.offset += last_newline + 1;
     }
 }
 
@@ -419,10 +422,14 @@ async fn handover_run(
     let survivors = &identities[1..];
     let mut slots_moved = None;
     let mut reconciled = std::collections::HashMap::new();
+    // How many of each survivor's records have been looked at.
+    let mut looked = vec![0; logs.len()];
     loop {
-        for log in &mut logs[1..] {
+        for (log, looked) in logs.iter_mut().zip(&mut looked).skip(1) {
             log.read();
-            for (key, ended) in &log.ended {
+            let new = &log.ended[*looked..];
+            *looked = log.ended.len();
+            for (key, ended) in new {
                 if *ended > killed_ns && victim_keys.contains(key) {
                     let first = reconciled.entry(key.clone()).or_insert(*ended);
                     *first = (*first).min(*ended);
@@ -451,7 +458,7 @@ async fn handover_run(
         let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
         let _ = child.kill().await;
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    info!(logs = %dir.display(), "handover run done");
     Ok(Handover {
         run,
         victim_pods: victim_keys.len(),

@@ -8,10 +8,17 @@
 //! ring's Leases (an informer on the label) and takes the members whose record it has seen
 //! change within a lease duration as live. A change of holder, a Lease created or deleted,
 //! and the moment a Lease it watches would expire each start a look at the ring at once,
-//! so a slot let go or expired is taken without waiting for the next retry period. The slots are dealt out by sorted identity in equal contiguous runs (member
-//! `j` of `N` gets the slots `s` with `s × N / M = j`), so every live replica computes the
-//! same assignment from the same members, and the most loaded replica has at most one slot
-//! more than the least (with 16 slots and 3 replicas: 6, 5 and 5, a 20 % spread).
+//! so a slot let go or expired is taken without waiting for the next retry period.
+//!
+//! The slots are dealt by rendezvous hashing with equal capacities: each slot ranks the
+//! members by a hash of (member, slot) and goes to the first of them with room, each
+//! member having room for `M / N` slots (the first `M mod N` members by sorted identity
+//! one more). Every live replica computes the same deal from the same members; the most
+//! loaded replica has at most one slot more than the least (16 slots on 3 replicas: 6, 5
+//! and 5, a 20 % spread of slots; objects spread as their UIDs hash). A member leaving
+//! frees only its own slots, which spread over the others by their ranking, and a member
+//! joining takes slots from all of them, so a change moves few slots besides the ones it
+//! must (contiguous runs would shift every run after the change).
 //!
 //! Ownership is a second Lease per slot (`<ring>-slot-<n>`): its holder is the one replica
 //! that may reconcile the slot's objects. A replica takes a slot it is assigned only when
@@ -259,10 +266,63 @@ fn merged_ranges(slots: &BTreeSet<u16>, count: u16) -> Vec<HashRange> {
         .collect()
 }
 
-/// The slots member `index` of `members` is dealt: equal contiguous runs.
-fn assigned_slots(index: usize, members: usize, slots: u16) -> BTreeSet<u16> {
-    (0..slots)
-        .filter(|&s| usize::from(s) * members / usize::from(slots) == index)
+/// The owner of each of `slots` among `members` (sorted), as indexes into `members`: by
+/// rendezvous hashing with equal capacities (see the [module docs](self)).
+fn deal(members: &[String], slots: u16) -> Vec<usize> {
+    let count = members.len().max(1);
+    let base = usize::from(slots) / count;
+    let extra = usize::from(slots) % count;
+    let capacity = |member: usize| base + usize::from(member < extra);
+    let member_hashes: Vec<u64> = members.iter().map(|m| fnv1a_64(m.as_bytes())).collect();
+    let mut load = vec![0; count];
+    let mut owners = Vec::with_capacity(usize::from(slots));
+    for slot in 0..slots {
+        let mut ranked: Vec<usize> = (0..members.len()).collect();
+        ranked.sort_by_key(|&m| std::cmp::Reverse((mix(member_hashes[m], slot), m)));
+        // The capacities add up to the slots, so someone always has room.
+        let owner = ranked
+            .into_iter()
+            .find(|&m| load[m] < capacity(m))
+            .unwrap_or(0);
+        if let Some(load) = load.get_mut(owner) {
+            *load += 1;
+        }
+        owners.push(owner);
+    }
+    owners
+}
+
+/// A well-spread 64-bit score of a member for a slot (the member's FNV-1a hash and the
+/// slot, through MurmurHash3's finaliser).
+fn mix(member: u64, slot: u16) -> u64 {
+    let mut x = member ^ u64::from(slot).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+/// The slots `me` is dealt of `slots` when `members` (sorted, `me` among them) are the
+/// ring's live members: what every member computes (see the [module docs](self)). Empty
+/// when `me` is not a member.
+///
+/// ```
+/// use kube_informer::sharding::dealt_slots;
+///
+/// let members = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+/// let sizes: Vec<usize> = members.iter().map(|m| dealt_slots(&members, m, 16).len()).collect();
+/// assert_eq!(sizes, [6, 5, 5]);
+/// ```
+pub fn dealt_slots(members: &[String], me: &str, slots: u16) -> BTreeSet<u16> {
+    let Some(index) = members.iter().position(|m| m == me) else {
+        return BTreeSet::new();
+    };
+    deal(members, slots)
+        .into_iter()
+        .zip(0..slots)
+        .filter(|(owner, _)| *owner == index)
+        .map(|(_, slot)| slot)
         .collect()
 }
 
@@ -702,11 +762,7 @@ impl ShardRing {
 
     /// The slots this replica is dealt among `members` (sorted).
     fn dealt(&self, members: &[String]) -> BTreeSet<u16> {
-        let me = members
-            .iter()
-            .position(|m| m == &self.config.identity)
-            .unwrap_or(0);
-        assigned_slots(me, members.len().max(1), self.config.slots)
+        dealt_slots(members, &self.config.identity, self.config.slots)
     }
 
     /// Whether `member` (another replica) has not renewed its Lease for the silence
@@ -968,13 +1024,74 @@ impl ShardRing {
 mod tests {
     use super::*;
 
+    fn members(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
     #[test]
-    fn slots_are_dealt_in_equal_runs() {
-        let dealt: Vec<_> = (0..3).map(|m| assigned_slots(m, 3, 16)).collect();
+    fn slots_are_dealt_evenly_to_every_member() {
+        let three = members(&["a", "b", "c"]);
+        let dealt: Vec<_> = three.iter().map(|m| dealt_slots(&three, m, 16)).collect();
         let sizes: Vec<_> = dealt.iter().map(BTreeSet::len).collect();
         assert_eq!(sizes, [6, 5, 5]);
         let all: BTreeSet<u16> = dealt.iter().flatten().copied().collect();
         assert_eq!(all, (0..16).collect());
+        assert!(dealt_slots(&three, "stranger", 16).is_empty());
+    }
+
+    #[test]
+    fn a_change_of_members_moves_few_slots_besides_its_own() {
+        // Over many rings of 4 members and 16 slots: a member leaving frees its own slots,
+        // which spread over the survivors, and moves about one more on average (capacities
+        // shift); a member joining takes its share and moves about one or two more.
+        const RINGS: usize = 200;
+        let (mut left_extra, mut left_max, mut spread) = (0, 0, 0);
+        let (mut joined_extra, mut joined_max) = (0, 0);
+        for ring in 0..RINGS {
+            let names: Vec<String> = (0..4).map(|i| format!("replica-{ring}-{i}")).collect();
+            let before = deal(&names, 16);
+            let survivors: Vec<String> = names[1..].to_vec();
+            let after = deal(&survivors, 16);
+            let owner_after = |s: usize| survivors[after[s]].as_str();
+            let extra = (0..16)
+                .filter(|&s| before[s] != 0 && names[before[s]] != owner_after(s))
+                .count();
+            let heirs: BTreeSet<&str> = (0..16)
+                .filter(|&s| before[s] == 0)
+                .map(owner_after)
+                .collect();
+            (left_extra, left_max) = (left_extra + extra, left_max.max(extra));
+            spread += usize::from(heirs.len() >= 2);
+
+            let mut joined = names.clone();
+            joined.push(format!("replica-{ring}-joiner"));
+            joined.sort();
+            let with_joiner = deal(&joined, 16);
+            let owner = |s: usize| joined[with_joiner[s]].as_str();
+            let taken = (0..16).filter(|&s| owner(s).ends_with("joiner")).count();
+            assert!(
+                taken >= 3,
+                "ring {ring}: the joiner has its share ({taken})"
+            );
+            let extra = (0..16)
+                .filter(|&s| !owner(s).ends_with("joiner") && owner(s) != names[before[s]])
+                .count();
+            (joined_extra, joined_max) = (joined_extra + extra, joined_max.max(extra));
+        }
+        assert!(
+            left_extra * 2 <= RINGS * 3,
+            "leaving: {left_extra} extra moves"
+        );
+        assert!(left_max <= 4, "leaving: at most {left_max} extra moves");
+        assert!(
+            spread * 10 >= RINGS * 9,
+            "a leaver's slots spread: {spread} of {RINGS}"
+        );
+        assert!(
+            joined_extra <= RINGS * 2,
+            "joining: {joined_extra} extra moves"
+        );
+        assert!(joined_max <= 5, "joining: at most {joined_max} extra moves");
     }
 
     #[test]
