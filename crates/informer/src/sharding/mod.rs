@@ -887,22 +887,39 @@ impl ShardRing {
     async fn take_slot(&self, slot: u16, lease: Option<&Lease>) {
         let name = self.config.slot_lease(slot);
         let sent = Instant::now();
-        let taken = match lease {
+        let take = |lease: &Lease| {
+            let mut taken = lease.clone();
+            taken.spec = Some(self.spec(None));
+            taken
+        };
+        let mut taken = match lease {
             Some(lease) => {
-                let mut taken = lease.clone();
-                taken.spec = Some(self.spec(None));
                 self.api
-                    .replace(&name, &PostParams::default(), &taken)
+                    .replace(&name, &PostParams::default(), &take(lease))
                     .await
             }
             None => {
                 let lease = Lease {
-                    metadata: self.labelled(name),
+                    metadata: self.labelled(name.clone()),
                     spec: Some(self.spec(None)),
                 };
                 self.api.create(&PostParams::default(), &lease).await
             }
         };
+        // The watched copy may be a write behind (or the Lease exists but was not seen
+        // yet): read it, and take it if it is still free or expired as this replica sees
+        // it. A record that changed counts as renewed from now, so a live holder is never
+        // overtaken this way; a conflict and AlreadyExists are both 409.
+        if let Err(error) = &taken
+            && is_conflict(error)
+            && let Ok(current) = self.api.get(&name).await
+            && self.live_holder(&name, &current).is_none()
+        {
+            taken = self
+                .api
+                .replace(&name, &PostParams::default(), &take(&current))
+                .await;
+        }
         match taken {
             Ok(_) => {
                 lock(&self.held).insert(slot, sent);
