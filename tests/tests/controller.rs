@@ -401,6 +401,15 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
         r#"controller_own_write_waits_total{controller="managed"} 0"#.to_owned(),
         r#"controller_own_write_timeouts_total{controller="managed"} 0"#.to_owned(),
         r#"controller_own_write_wait_seconds_count{controller="managed"} 0"#.to_owned(),
+        format!(
+            r#"informer_handler_waiting{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector="",handler="managed"}} 0"#
+        ),
+        format!(
+            r#"informer_handler_delivered_total{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector="",handler="managed"}} 3"#
+        ),
+        format!(
+            r#"informer_handler_processing_seconds_count{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector="",handler="managed"}} 3"#
+        ),
     ] {
         assert!(body.contains(&line), "{line} in:\n{body}");
     }

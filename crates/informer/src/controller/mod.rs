@@ -611,6 +611,7 @@ where
         );
         let enqueue = Enqueue {
             queue: queue.clone(),
+            controller: Arc::from(name.as_str()),
         };
         let mut registered = Vec::new();
         let mut syncs = Vec::new();

@@ -64,6 +64,8 @@ pub(super) fn remove_all(registered: Vec<Registration>) {
 #[derive(Clone)]
 pub(super) struct Enqueue {
     pub(super) queue: RateLimitingQueue<ObjectKey>,
+    /// The controller's name, which its handlers are named after.
+    pub(super) controller: Arc<str>,
 }
 
 impl Enqueue {
@@ -131,6 +133,7 @@ where
     K: Resource + Send + Sync + 'static,
 {
     Box::new(move |enqueue: Enqueue, grace| {
+        let name = enqueue.controller.to_string();
         let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
         let handler = handler_fn::<K>()
             .on_add(move |obj, delivery| on_add.keys(key_of(&**obj), priority(delivery)))
@@ -146,7 +149,7 @@ where
                     on_delete.keys([key], Priority::Normal);
                 }
             });
-        let registration = primary.add_handler(handler)?;
+        let registration = primary.add_named_handler(name, handler)?;
         let synced = registration_synced(primary, &registration, grace);
         Ok(Registered {
             registration: Registration::Handler(registration),
@@ -166,6 +169,11 @@ where
     O: Resource + Send + Sync + 'static,
 {
     Box::new(move |enqueue: Enqueue, grace| {
+        let kind = std::any::type_name::<O>()
+            .rsplit("::")
+            .next()
+            .unwrap_or("objects");
+        let name = format!("{}/{kind}", enqueue.controller);
         let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
         let (map_add, map_update, map_delete) = (map.clone(), map.clone(), map);
         let handler = handler_fn::<O>()
@@ -180,7 +188,7 @@ where
             .on_delete(move |deleted| {
                 on_delete.keys(map_delete(deleted.object()), Priority::Normal)
             });
-        let registration = informer.add_handler(handler)?;
+        let registration = informer.add_named_handler(name, handler)?;
         let synced = registration_synced(informer, &registration, grace);
         Ok(Registered {
             registration: Registration::Handler(registration),

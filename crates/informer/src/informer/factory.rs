@@ -19,7 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::{
-    InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, sync::HasSynced,
+    InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, lag::HandlerStats,
+    sync::HasSynced,
 };
 use crate::{
     error::Error,
@@ -248,6 +249,7 @@ trait Syncing: HasSynced {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
     fn objects(&self) -> usize;
     fn working_set(&self) -> WorkingSetStats;
+    fn handler_stats(&self) -> Vec<HandlerStats>;
     fn last_sync_resource_version(&self) -> Option<String>;
     fn stats(&self) -> ReflectorStats;
     fn as_any(&self) -> &dyn Any;
@@ -266,6 +268,10 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
         self.store().working_set()
     }
 
+    fn handler_stats(&self) -> Vec<HandlerStats> {
+        InformerHandle::handler_stats(self)
+    }
+
     fn last_sync_resource_version(&self) -> Option<String> {
         InformerHandle::last_sync_resource_version(self)
     }
@@ -280,7 +286,7 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
 }
 
 /// One informer of a factory, as [`InformerFactory::informers`] reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct InformerStatus {
     /// The resource's plural name.
@@ -302,6 +308,8 @@ pub struct InformerStatus {
     pub shard_mode: Option<ShardMode>,
     /// Its cache's decoded working set (see [`WorkingSet`](crate::WorkingSet)).
     pub working_set: WorkingSetStats,
+    /// How far behind each of its event handlers is.
+    pub handlers: Vec<HandlerStats>,
 }
 
 #[derive(Default)]
@@ -570,6 +578,7 @@ impl InformerFactory {
                 lists: e.synced.stats().lists(),
                 shard_mode: e.synced.stats().shard_mode(),
                 working_set: e.synced.working_set(),
+                handlers: e.synced.handler_stats(),
             })
             .collect()
     }

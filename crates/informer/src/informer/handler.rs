@@ -8,11 +8,14 @@ use std::{
 };
 
 use kube_core::Resource;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use super::sync::HasSynced;
+use super::{
+    lag::{HandlerStats, Inbox, Lag},
+    sync::HasSynced,
+};
 use crate::key::ObjectKey;
 
 /// How an event reached a handler: the initial list's replay, a change just observed, or a
@@ -321,7 +324,7 @@ impl<K> Clone for Notification<K> {
 /// The task of one handler: drains its buffer in order until removed or stopped.
 pub(super) async fn run_listener<K: 'static>(
     handler: Box<dyn EventHandler<K>>,
-    mut rx: mpsc::UnboundedReceiver<Notification<K>>,
+    mut rx: Inbox<K>,
     synced: watch::Sender<bool>,
     cancel: CancellationToken,
 ) {
@@ -334,6 +337,7 @@ pub(super) async fn run_listener<K: 'static>(
                 None => break,
             },
         };
+        let started = tokio::time::Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| match &note {
             Notification::Add { obj, delivery } => handler.on_add(obj, *delivery),
             Notification::Update { old, new, delivery } => handler.on_update(old, new, *delivery),
@@ -342,6 +346,7 @@ pub(super) async fn run_listener<K: 'static>(
                 synced.send_replace(true);
             }
         }));
+        rx.done(&note, started.elapsed());
         if result.is_err() {
             error!("event handler panicked; continuing with the next event");
         }
@@ -354,11 +359,26 @@ pub(super) async fn run_listener<K: 'static>(
 pub struct HandlerRegistration {
     synced: watch::Receiver<bool>,
     remover: Box<dyn Fn() + Send + Sync>,
+    lag: Arc<Lag>,
 }
 
 impl HandlerRegistration {
-    pub(super) fn new(synced: watch::Receiver<bool>, remover: Box<dyn Fn() + Send + Sync>) -> Self {
-        Self { synced, remover }
+    pub(super) fn new(
+        synced: watch::Receiver<bool>,
+        remover: Box<dyn Fn() + Send + Sync>,
+        lag: Arc<Lag>,
+    ) -> Self {
+        Self {
+            synced,
+            remover,
+            lag,
+        }
+    }
+
+    /// How far behind the handler is: events waiting, the oldest's age, events delivered,
+    /// time spent (see [`HandlerStats`]).
+    pub fn stats(&self) -> HandlerStats {
+        self.lag.stats()
     }
 
     /// True once the handler has processed the initial adds (the initial list, or for a

@@ -6,6 +6,7 @@ mod builder;
 mod divergence;
 mod factory;
 mod handler;
+mod lag;
 mod processor;
 mod sync;
 
@@ -22,7 +23,7 @@ use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
 use tokio::{
     runtime::Handle,
-    sync::{Notify, mpsc, watch},
+    sync::{Notify, watch},
     task::JoinHandle,
 };
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -47,6 +48,7 @@ pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn,
     HandlerRegistration, KeyHandler, handler_fn, key_handler,
 };
+pub use lag::{HANDLER_BACKLOG_WARNING, HandlerStats};
 pub use sync::{HasSynced, wait_for_cache_sync};
 
 /// An informer that has not run yet: a reflector, an indexed store and any number of event
@@ -524,7 +526,31 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     ///
     /// [`Error::InformerStopped`] once the informer has stopped: the handler would never run.
     pub fn add_handler(&self, handler: impl EventHandler<K>) -> Result<HandlerRegistration, Error> {
-        self.register(handler, self.inner.resync)
+        self.register(None, handler, self.inner.resync)
+    }
+
+    /// [`add_handler`](Self::add_handler), under a name its
+    /// [lag](Self::handler_stats) is reported by (on a manager's `/metrics` too).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InformerStopped`] once the informer has stopped.
+    pub fn add_named_handler(
+        &self,
+        name: impl Into<String>,
+        handler: impl EventHandler<K>,
+    ) -> Result<HandlerRegistration, Error> {
+        self.register(Some(name.into()), handler, self.inner.resync)
+    }
+
+    /// How far behind each registered handler is: events waiting in its buffer, the age of
+    /// the oldest, events delivered, and the time spent in it. Each handler's buffer is
+    /// unbounded (a slow handler delays no other); a backlog past [`HANDLER_BACKLOG_WARNING`]
+    /// events is logged, again each time it doubles, and once it drains.
+    ///
+    /// [`HANDLER_BACKLOG_WARNING`]: crate::HANDLER_BACKLOG_WARNING
+    pub fn handler_stats(&self) -> Vec<HandlerStats> {
+        self.inner.processor.handler_stats()
     }
 
     /// Registers a handler with a resync period of its own (client-go's
@@ -541,11 +567,12 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         handler: impl EventHandler<K>,
         period: Duration,
     ) -> Result<HandlerRegistration, Error> {
-        self.register(handler, resync_period(period))
+        self.register(None, handler, resync_period(period))
     }
 
     fn register(
         &self,
+        name: Option<String>,
         handler: impl EventHandler<K>,
         resync: Option<Duration>,
     ) -> Result<HandlerRegistration, Error> {
@@ -554,10 +581,9 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
             return Err(Error::InformerStopped);
         }
         let processor = &self.inner.processor;
-        let (tx, rx) = mpsc::unbounded_channel();
         let (synced_tx, synced_rx) = watch::channel(false);
         let own_token = CancellationToken::new();
-        let id = processor.add_listener(tx, resync);
+        let (id, rx, lag) = processor.add_listener(name, resync);
         let task = run_listener(Box::new(handler), rx, synced_tx, own_token.clone()).boxed();
         match &mut *lifecycle {
             Lifecycle::NotStarted { pending } => pending.push(task),
@@ -580,6 +606,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                     p.remove_listener(id);
                 }
             }),
+            lag,
         ))
     }
 }
@@ -681,7 +708,7 @@ mod tests {
         testing::{FakeListWatch, gone},
     };
     use k8s_openapi::api::core::v1::ConfigMap;
-    use tokio::sync::mpsc::UnboundedReceiver;
+    use tokio::sync::mpsc::{self, UnboundedReceiver};
 
     type Fake = FakeListWatch<ConfigMap>;
 
@@ -735,6 +762,86 @@ mod tests {
     fn sorted(mut v: Vec<Ev>) -> Vec<Ev> {
         v.sort_by_key(|e| format!("{e:?}"));
         v
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stuck_handler_s_lag_rises_and_falls_and_no_other_handler_waits() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const EVENTS: usize = 2_000;
+        let fake = Fake::new("configmaps");
+        let informer = SharedInformer::builder(fake.clone()).build();
+        let fast_seen = Arc::new(AtomicUsize::new(0));
+        let seen = fast_seen.clone();
+        let fast = informer
+            .handle()
+            .add_named_handler(
+                "fast",
+                handler_fn().on_add(move |_: &Arc<ConfigMap>, _| {
+                    seen.fetch_add(1, Ordering::Relaxed);
+                }),
+            )
+            .unwrap();
+        // The slow handler blocks its task on its first event until released.
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let released = Mutex::new(Some(released));
+        let slow = informer
+            .handle()
+            .add_named_handler(
+                "slow",
+                handler_fn().on_add(move |_: &Arc<ConfigMap>, _| {
+                    if let Some(wait) = lock(&released).take() {
+                        let _ = wait.recv();
+                    }
+                }),
+            )
+            .unwrap();
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        for i in 0..EVENTS {
+            fake.add(cm(&format!("cm-{i}")));
+        }
+        // The fast handler gets every event while the slow one is stuck on its first.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while fast_seen.load(Ordering::Relaxed) < EVENTS {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the fast handler is not held back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let stuck = slow.stats();
+        assert_eq!(stuck.name, "slow");
+        assert!(stuck.waiting >= EVENTS as u64, "{stuck:?}");
+        assert!(
+            stuck.oldest_waiting >= Duration::from_millis(20),
+            "{stuck:?}"
+        );
+        assert_eq!(fast.stats().waiting, 0);
+        let names: Vec<String> = informer
+            .handler_stats()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(names, ["fast", "slow"]);
+
+        release.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while slow.stats().waiting > 0 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the slow handler catches up");
+        let caught_up = slow.stats();
+        assert_eq!(caught_up.oldest_waiting, Duration::ZERO);
+        assert!(caught_up.delivered >= EVENTS as u64);
+        assert!(
+            caught_up.processing_total >= Duration::from_millis(20),
+            "{caught_up:?}"
+        );
+        let in_buckets = caught_up.processing_buckets.last().map_or(0, |b| b.1);
+        assert_eq!(in_buckets, caught_up.delivered, "every event in a bucket");
+        informer.stop().await;
     }
 
     #[tokio::test(start_paused = true)]

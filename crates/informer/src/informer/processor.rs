@@ -12,12 +12,13 @@ use std::{
 
 use kube_core::Resource;
 use tokio::{
-    sync::{Notify, mpsc, watch},
+    sync::{Notify, watch},
     time::Instant,
 };
 use tracing::debug;
 
 use super::handler::{DeletedFinalStateUnknown, DeletedObject, Delivery, Notification};
+use super::lag::{HandlerStats, Inbox, Lag, Outbox, buffer};
 use crate::{
     error::Error,
     key::ObjectKey,
@@ -59,7 +60,7 @@ enum Applied {
 
 struct Listener<K> {
     id: u64,
-    tx: mpsc::UnboundedSender<Notification<K>>,
+    tx: Outbox<K>,
     initial_done: bool,
     resync: Option<Resync>,
 }
@@ -273,10 +274,12 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
     /// often (see [`resync_due`](Self::resync_due)).
     pub(super) fn add_listener(
         &self,
-        tx: mpsc::UnboundedSender<Notification<K>>,
+        name: Option<String>,
         resync: Option<Duration>,
-    ) -> u64 {
+    ) -> (u64, Inbox<K>, Arc<Lag>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let lag = Lag::new(name.unwrap_or_else(|| format!("handler-{id}")));
+        let (tx, inbox) = buffer(lag.clone());
         let mut dist = lock(&self.dist);
         let initial_done = dist.synced;
         for obj in self.store.iter() {
@@ -303,7 +306,16 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         if wake {
             self.resync_changed.notify_one();
         }
-        id
+        (id, inbox, lag)
+    }
+
+    /// Each registered handler's lag.
+    pub(super) fn handler_stats(&self) -> Vec<HandlerStats> {
+        lock(&self.dist)
+            .listeners
+            .iter()
+            .map(|l| l.tx.stats())
+            .collect()
     }
 
     /// Adds an index, with no write in between (it holds the distributor's lock).

@@ -20,7 +20,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    events::Recorder, informer::InformerFactory, list_watch::ShardMode, sharding::ShardRing,
+    events::Recorder,
+    informer::{HandlerStats, InformerFactory},
+    list_watch::ShardMode,
+    sharding::ShardRing,
 };
 
 pub(super) const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
@@ -176,6 +179,7 @@ impl Collector for InformerCollector {
         let hot_misses: Family<InformerLabels, Counter> = Family::default();
         let hot_evictions: Family<InformerLabels, Counter> = Family::default();
         let shard_by_server: Family<InformerLabels, Gauge> = Family::default();
+        let mut handlers: Vec<(HandlerLabels, HandlerStats)> = Vec::new();
         for state in self.factory.informers() {
             let labels = InformerLabels {
                 resource: state.resource,
@@ -210,6 +214,16 @@ impl Collector for InformerCollector {
             hot_hits.get_or_create(&labels).inc_by(hot.hits);
             hot_misses.get_or_create(&labels).inc_by(hot.misses);
             hot_evictions.get_or_create(&labels).inc_by(hot.evictions);
+            for handler in &state.handlers {
+                let labels = HandlerLabels {
+                    resource: labels.resource.clone(),
+                    namespace: labels.namespace.clone(),
+                    label_selector: labels.label_selector.clone(),
+                    field_selector: labels.field_selector.clone(),
+                    handler: handler.name.clone(),
+                };
+                handlers.push((labels, handler.clone()));
+            }
         }
         let gauges = [
             (
@@ -276,8 +290,72 @@ impl Collector for InformerCollector {
         for (name, help, family) in counters {
             encode_family(&mut encoder, name, help, &family)?;
         }
-        Ok(())
+        encode_handlers(&mut encoder, &handlers)
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandlerLabels {
+    resource: String,
+    namespace: String,
+    label_selector: String,
+    field_selector: String,
+    handler: String,
+}
+
+/// Each event handler's lag: `informer_handler_waiting`, `_oldest_waiting_seconds`,
+/// `_delivered_total` and the histogram `_processing_seconds`.
+fn encode_handlers(
+    encoder: &mut DescriptorEncoder<'_>,
+    handlers: &[(HandlerLabels, HandlerStats)],
+) -> Result<(), std::fmt::Error> {
+    let waiting: Family<HandlerLabels, Gauge> = Family::default();
+    let oldest: Family<HandlerLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    let delivered: Family<HandlerLabels, Counter> = Family::default();
+    for (labels, stats) in handlers {
+        waiting
+            .get_or_create(labels)
+            .set(i64::try_from(stats.waiting).unwrap_or(i64::MAX));
+        oldest
+            .get_or_create(labels)
+            .set(stats.oldest_waiting.as_secs_f64());
+        delivered.get_or_create(labels).inc_by(stats.delivered);
+    }
+    encode_family(
+        encoder,
+        "informer_handler_waiting",
+        "Events waiting in an event handler's buffer, the one it is handling included",
+        &waiting,
+    )?;
+    encode_family(
+        encoder,
+        "informer_handler_oldest_waiting_seconds",
+        "How long the oldest event waiting for an event handler has waited",
+        &oldest,
+    )?;
+    encode_family(
+        encoder,
+        "informer_handler_delivered",
+        "Events an event handler has finished handling",
+        &delivered,
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "informer_handler_processing_seconds",
+        "Time an event handler took over each event",
+        None,
+        prometheus_client::metrics::MetricType::Histogram,
+    )?;
+    for (labels, stats) in handlers {
+        metric
+            .encode_family(labels)?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                stats.processing_total.as_secs_f64(),
+                stats.delivered,
+                &stats.processing_buckets,
+                None,
+            )?;
+    }
+    Ok(())
 }
 
 fn encode_family<L, M>(
