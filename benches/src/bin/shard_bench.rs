@@ -224,7 +224,7 @@ async fn run_layout(
     Ok(replicas_out)
 }
 
-fn report(args: &Args, replicas: &[Replica]) -> String {
+fn report(args: &Args, replicas: &[Replica], idle_rss: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -236,9 +236,9 @@ fn report(args: &Args, replicas: &[Replica]) -> String {
     );
     let _ = writeln!(
         out,
-        "| layout | objects per replica (max) | sync (s, slowest) | RSS (MiB, largest) | received (MiB, largest) | RSS / unsharded | received / unsharded | shard applied by |"
+        "| layout | objects per replica (max) | sync (s, slowest) | RSS (MiB, largest) | received (MiB, largest) | RSS / unsharded | cache RSS / unsharded's | received / unsharded | shard applied by |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
     let layouts: Vec<usize> = std::iter::once(0)
         .chain(args.replicas.iter().copied())
         .collect();
@@ -270,12 +270,13 @@ fn report(args: &Args, replicas: &[Replica]) -> String {
         let read = largest(layout, |r| r.read_mib);
         let _ = writeln!(
             out,
-            "| {name} | {:.0} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {mode} |",
+            "| {name} | {:.0} | {:.2} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} | {mode} |",
             largest(layout, |r| r.objects as f64),
             largest(layout, |r| r.synced_ms / 1e3),
             rss,
             read,
             rss / base_rss,
+            (rss - idle_rss) / (base_rss - idle_rss),
             read / base_read,
         );
     }
@@ -551,12 +552,25 @@ async fn main() -> anyhow::Result<()> {
             replicas.extend(done);
         }
     }
+    // The same subject over an empty namespace: what a replica costs before its cache.
+    let mut idle = Vec::new();
+    if args.runs > 0 {
+        let empty = env.create_namespace("shard-bench-idle").await?;
+        for run in 0..args.runs {
+            let done = run_layout(&env, &empty, 0, run).await?;
+            idle.extend(done.iter().map(|r| r.rss_mib));
+        }
+    }
+    let idle_rss = median(idle);
     if let Some(dir) = args.json.parent() {
         std::fs::create_dir_all(dir)?;
     }
     std::fs::write(&args.json, serde_json::to_string_pretty(&replicas)?)?;
     if args.runs > 0 {
-        print!("{}", report(&args, &replicas));
+        print!("{}", report(&args, &replicas, idle_rss));
+        println!(
+            "\nAn idle replica (the same subject over an empty namespace): {idle_rss:.1} MiB RSS; \"cache RSS\" is a replica's RSS above it."
+        );
     }
     if args.handover_runs > 0 {
         let mut handovers = Vec::new();
