@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::{
-    InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder, lag::HandlerStats,
-    sync::HasSynced,
+    InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder,
+    listener::HandlerStats, sync::HasSynced,
 };
 use crate::{
     error::Error,

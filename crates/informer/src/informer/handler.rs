@@ -1,21 +1,10 @@
 //! Event handlers: what a [`SharedInformer`](crate::SharedInformer) tells its users.
 //! The full documentation is on [`EventHandler`].
 
-use std::{
-    fmt,
-    panic::{AssertUnwindSafe, catch_unwind},
-    sync::Arc,
-};
+use std::{fmt, sync::Arc};
 
 use kube_core::Resource;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::error;
 
-use super::{
-    lag::{HandlerStats, Inbox, Lag},
-    sync::HasSynced,
-};
 use crate::key::ObjectKey;
 
 /// How an event reached a handler: the initial list's replay, a change just observed, or a
@@ -137,8 +126,11 @@ impl<K> fmt::Debug for DeletedObject<K> {
 /// informer only appends to the buffers, so a slow handler delays neither the reflector nor
 /// the other handlers (it only grows its own buffer). Objects are shared `Arc`s, never copied
 /// per handler. Handler methods are synchronous and run on the tokio runtime: keep them quick
-/// (enqueue a key and return) and never block in them; do slow work in workqueue workers. A
-/// panic in a handler is caught and logged, and the handler goes on with the next event.
+/// (enqueue a key and return) and never block in them; do slow work in workqueue workers (a
+/// handler that must wait does it in `tokio::task::block_in_place`, or it holds up the tasks
+/// queued on its worker too). How far behind each handler is shows in
+/// [`HandlerRegistration::stats`](crate::HandlerRegistration::stats). A panic in a handler is
+/// caught and logged, and the handler goes on with the next event.
 pub trait EventHandler<K>: Send + Sync + 'static {
     /// An object appeared: [`Delivery::InitialList`] for the objects of the initial list
     /// (or, for a handler added late, the objects already cached when it was added),
@@ -318,104 +310,5 @@ impl<K> Clone for Notification<K> {
             Notification::Delete(d) => Notification::Delete(d.clone()),
             Notification::Synced => Notification::Synced,
         }
-    }
-}
-
-/// The task of one handler: drains its buffer in order until removed or stopped.
-pub(super) async fn run_listener<K: 'static>(
-    handler: Box<dyn EventHandler<K>>,
-    mut rx: Inbox<K>,
-    synced: watch::Sender<bool>,
-    cancel: CancellationToken,
-) {
-    loop {
-        let note = tokio::select! {
-            biased;
-            () = cancel.cancelled() => break,
-            n = rx.recv() => match n {
-                Some(n) => n,
-                None => break,
-            },
-        };
-        let started = tokio::time::Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| match &note {
-            Notification::Add { obj, delivery } => handler.on_add(obj, *delivery),
-            Notification::Update { old, new, delivery } => handler.on_update(old, new, *delivery),
-            Notification::Delete(d) => handler.on_delete(d),
-            Notification::Synced => {
-                synced.send_replace(true);
-            }
-        }));
-        rx.done(&note, started.elapsed());
-        if result.is_err() {
-            error!("event handler panicked; continuing with the next event");
-        }
-    }
-}
-
-/// Handle on a registered handler (client-go's `ResourceEventHandlerRegistration`).
-///
-/// Dropping it keeps the handler registered; call [`remove`](Self::remove) to unregister.
-pub struct HandlerRegistration {
-    synced: watch::Receiver<bool>,
-    remover: Box<dyn Fn() + Send + Sync>,
-    lag: Arc<Lag>,
-}
-
-impl HandlerRegistration {
-    pub(super) fn new(
-        synced: watch::Receiver<bool>,
-        remover: Box<dyn Fn() + Send + Sync>,
-        lag: Arc<Lag>,
-    ) -> Self {
-        Self {
-            synced,
-            remover,
-            lag,
-        }
-    }
-
-    /// How far behind the handler is: events waiting, the oldest's age, events delivered,
-    /// time spent (see [`HandlerStats`]).
-    pub fn stats(&self) -> HandlerStats {
-        self.lag.stats()
-    }
-
-    /// True once the handler has processed the initial adds (the initial list, or for a
-    /// handler added late, the objects cached when it was added).
-    pub fn has_synced(&self) -> bool {
-        *self.synced.borrow()
-    }
-
-    /// Waits until [`has_synced`](Self::has_synced) (forever if the informer never syncs or
-    /// the handler was removed first).
-    pub async fn wait_synced(&self) {
-        let mut rx = self.synced.clone();
-        if rx.wait_for(|s| *s).await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
-
-    /// Unregisters the handler: it receives nothing more and its task ends.
-    pub fn remove(self) {
-        (self.remover)();
-    }
-}
-
-impl HasSynced for HandlerRegistration {
-    fn has_synced(&self) -> bool {
-        HandlerRegistration::has_synced(self)
-    }
-
-    fn synced_receiver(&self) -> watch::Receiver<bool> {
-        self.synced.clone()
-    }
-}
-
-impl fmt::Debug for HandlerRegistration {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HandlerRegistration")
-            .field("has_synced", &self.has_synced())
-            .finish()
     }
 }

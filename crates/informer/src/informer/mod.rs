@@ -6,7 +6,7 @@ mod builder;
 mod divergence;
 mod factory;
 mod handler;
-mod lag;
+mod listener;
 mod processor;
 mod sync;
 
@@ -43,12 +43,12 @@ pub use divergence::{DivergenceCheck, DivergenceStats, Drift, OutdatedObject, Re
 pub use factory::{
     FactoryDefaults, FactoryScope, InformerFactory, InformerStatus, Scope, TypedResource,
 };
-use handler::run_listener;
 pub use handler::{
-    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn,
-    HandlerRegistration, KeyHandler, handler_fn, key_handler,
+    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, KeyHandler,
+    handler_fn, key_handler,
 };
-pub use lag::{HANDLER_BACKLOG_WARNING, HandlerStats};
+use listener::run_listener;
+pub use listener::{HANDLER_BACKLOG_WARNING, HandlerRegistration, HandlerStats};
 pub use sync::{HasSynced, wait_for_cache_sync};
 
 /// An informer that has not run yet: a reflector, an indexed store and any number of event
@@ -790,7 +790,11 @@ mod tests {
                 "slow",
                 handler_fn().on_add(move |_: &Arc<ConfigMap>, _| {
                     if let Some(wait) = lock(&released).take() {
-                        let _ = wait.recv();
+                        // Off the runtime's worker, as a handler that blocks must be: a
+                        // worker blocked outright also holds the tasks queued behind it.
+                        tokio::task::block_in_place(|| {
+                            let _ = wait.recv();
+                        });
                     }
                 }),
             )

@@ -18,7 +18,7 @@ use tokio::{
 use tracing::debug;
 
 use super::handler::{DeletedFinalStateUnknown, DeletedObject, Delivery, Notification};
-use super::lag::{HandlerStats, Inbox, Lag, Outbox, buffer};
+use super::listener::{HandlerStats, Inbox, Lag, Outbox, buffer};
 use crate::{
     error::Error,
     key::ObjectKey,

@@ -1,7 +1,10 @@
-//! How far behind each event handler is: events waiting in its buffer, the age of the
-//! oldest, events delivered, and how long it took over them.
+//! A registered event handler: its buffer, the task that drains it, its registration,
+//! and how far behind it is (events waiting, the age of the oldest, events delivered, and
+//! how long it took over them).
 
 use std::{
+    fmt,
+    panic::{AssertUnwindSafe, catch_unwind},
     sync::{
         Arc, OnceLock,
         atomic::{AtomicU64, Ordering},
@@ -9,10 +12,17 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::mpsc, time::Instant};
-use tracing::{info, warn};
+use tokio::{
+    sync::{mpsc, watch},
+    time::Instant,
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
 
-use super::handler::Notification;
+use super::{
+    handler::{EventHandler, Notification},
+    sync::HasSynced,
+};
 
 /// Waiting events past which a handler's backlog is logged; the log repeats each time the
 /// backlog doubles, and once when it has drained below half this.
@@ -233,5 +243,104 @@ impl<K> Inbox<K> {
         if !matches!(note, Notification::Synced) {
             self.lag.delivered(took);
         }
+    }
+}
+
+/// The task of one handler: drains its buffer in order until removed or stopped.
+pub(super) async fn run_listener<K: 'static>(
+    handler: Box<dyn EventHandler<K>>,
+    mut rx: Inbox<K>,
+    synced: watch::Sender<bool>,
+    cancel: CancellationToken,
+) {
+    loop {
+        let note = tokio::select! {
+            biased;
+            () = cancel.cancelled() => break,
+            n = rx.recv() => match n {
+                Some(n) => n,
+                None => break,
+            },
+        };
+        let started = tokio::time::Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| match &note {
+            Notification::Add { obj, delivery } => handler.on_add(obj, *delivery),
+            Notification::Update { old, new, delivery } => handler.on_update(old, new, *delivery),
+            Notification::Delete(d) => handler.on_delete(d),
+            Notification::Synced => {
+                synced.send_replace(true);
+            }
+        }));
+        rx.done(&note, started.elapsed());
+        if result.is_err() {
+            error!("event handler panicked; continuing with the next event");
+        }
+    }
+}
+
+/// Handle on a registered handler (client-go's `ResourceEventHandlerRegistration`).
+///
+/// Dropping it keeps the handler registered; call [`remove`](Self::remove) to unregister.
+pub struct HandlerRegistration {
+    synced: watch::Receiver<bool>,
+    remover: Box<dyn Fn() + Send + Sync>,
+    lag: Arc<Lag>,
+}
+
+impl HandlerRegistration {
+    pub(super) fn new(
+        synced: watch::Receiver<bool>,
+        remover: Box<dyn Fn() + Send + Sync>,
+        lag: Arc<Lag>,
+    ) -> Self {
+        Self {
+            synced,
+            remover,
+            lag,
+        }
+    }
+
+    /// How far behind the handler is: events waiting, the oldest's age, events delivered,
+    /// time spent (see [`HandlerStats`]).
+    pub fn stats(&self) -> HandlerStats {
+        self.lag.stats()
+    }
+
+    /// True once the handler has processed the initial adds (the initial list, or for a
+    /// handler added late, the objects cached when it was added).
+    pub fn has_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// Waits until [`has_synced`](Self::has_synced) (forever if the informer never syncs or
+    /// the handler was removed first).
+    pub async fn wait_synced(&self) {
+        let mut rx = self.synced.clone();
+        if rx.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Unregisters the handler: it receives nothing more and its task ends.
+    pub fn remove(self) {
+        (self.remover)();
+    }
+}
+
+impl HasSynced for HandlerRegistration {
+    fn has_synced(&self) -> bool {
+        HandlerRegistration::has_synced(self)
+    }
+
+    fn synced_receiver(&self) -> watch::Receiver<bool> {
+        self.synced.clone()
+    }
+}
+
+impl fmt::Debug for HandlerRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerRegistration")
+            .field("has_synced", &self.has_synced())
+            .finish()
     }
 }
