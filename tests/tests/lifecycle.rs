@@ -9,12 +9,11 @@ use std::{
     time::Duration,
 };
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube_client::{Api, api::PostParams};
+use kube_client::Api;
 use kube_informer::{CancellationToken, InformerFactory, Scope, handler_fn};
 use kube_testenv::TestEnv;
-use tests::{config_map, eventually, test_namespace};
+use tests::{config_map, create_all, eventually, test_namespace};
 
 const OBJECTS: usize = 300;
 
@@ -56,19 +55,10 @@ async fn lifecycle_a_stuck_handler_s_lag_rises_and_falls_and_no_other_handler_wa
     informer.wait_synced().await;
 
     let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    futures::stream::iter(0..OBJECTS)
-        .for_each_concurrent(16, |i| {
-            let api = api.clone();
-            async move {
-                api.create(
-                    &PostParams::default(),
-                    &config_map(&format!("cm-{i:03}"), &[]),
-                )
-                .await
-                .unwrap();
-            }
-        })
-        .await;
+    let objects = (0..OBJECTS)
+        .map(|i| config_map(&format!("cm-{i:03}"), &[]))
+        .collect();
+    create_all(&api, objects).await;
     eventually("the fast handler has every object", || {
         fast_seen.load(Ordering::Relaxed) == OBJECTS
     })

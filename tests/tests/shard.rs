@@ -407,7 +407,7 @@ mod sharded_controller {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube_client::{
         Api,
-        api::{Patch, PatchParams, PostParams},
+        api::{Patch, PatchParams},
     };
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
@@ -439,19 +439,10 @@ mod sharded_controller {
         let env = TestEnv::shared().await;
         let (client, namespace) = test_namespace(env, "shard-controller").await;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        futures::stream::iter(0..OBJECTS)
-            .for_each_concurrent(32, |i| {
-                let api = api.clone();
-                async move {
-                    api.create(
-                        &PostParams::default(),
-                        &config_map(&format!("cm-{i:03}"), &[]),
-                    )
-                    .await
-                    .unwrap();
-                }
-            })
-            .await;
+        let objects = (0..OBJECTS)
+            .map(|i| config_map(&format!("cm-{i:03}"), &[]))
+            .collect();
+        tests::create_all(&api, objects).await;
 
         let log: Log = Arc::default();
         let stop = CancellationToken::new();
@@ -908,15 +899,10 @@ mod managed {
         let env = TestEnv::shared().await;
         let (client, namespace) = test_namespace(env, "shard-managed").await;
         let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        for i in 0..OBJECTS {
-            config_maps
-                .create(
-                    &PostParams::default(),
-                    &config_map(&format!("cm-{i:02}"), &[]),
-                )
-                .await
-                .unwrap();
-        }
+        let objects = (0..OBJECTS)
+            .map(|i| config_map(&format!("cm-{i:02}"), &[]))
+            .collect();
+        tests::create_all(&config_maps, objects).await;
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some("leader-only".into()),

@@ -24,7 +24,7 @@ use crate::{
     error::error_chain,
     events::{Recorder, Reporter},
     informer::{FactoryScope, InformerFactory, Scope, TypedResource},
-    list_watch::{HashRange, Shard, ShardField},
+    list_watch::{Shard, ShardField},
     sharding::{RingConfig, RingError, RingView, ShardRing},
     task::join_within,
     workqueue::PrometheusMetrics,
@@ -257,11 +257,7 @@ impl Manager {
         K::Scope: FactoryScope,
     {
         // Replaced by the ring's shard before the informer lists (see `run`).
-        let everything = Shard::new(ShardField::Uid, [HashRange::all()]);
-        let scope = match everything {
-            Some(shard) => scope.shard(shard),
-            None => scope,
-        };
+        let scope = scope.shard(Shard::everything(ShardField::Uid));
         Controller::new(name, self.factory.informer::<K>(scope)).sharded(ring.clone())
     }
 
