@@ -408,6 +408,9 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
             r#"informer_handler_delivered_total{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector="",handler="managed"}} 3"#
         ),
         format!(
+            r#"informer_handler_coalesced_total{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector="",handler="managed"}} 0"#
+        ),
+        format!(
             r#"informer_handler_processing_seconds_count{{resource="configmaps",namespace="{namespace}",label_selector="",field_selector="",handler="managed"}} 3"#
         ),
     ] {

@@ -1,7 +1,8 @@
 //! Informers over time on a real API server: how far behind each event handler is, as a
-//! handler that stops and resumes shows it.
+//! handler that stops and resumes shows it, and how much a stuck one may hold.
 
 use std::{
+    collections::BTreeMap,
     sync::{
         Arc, Mutex,
         atomic::{AtomicUsize, Ordering},
@@ -9,11 +10,18 @@ use std::{
     time::Duration,
 };
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube_client::Api;
-use kube_informer::{CancellationToken, InformerFactory, Scope, handler_fn};
+use kube_client::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use kube_informer::{
+    CancellationToken, HANDLER_COALESCE_AFTER, InformerFactory, Scope, handler_fn,
+};
 use kube_testenv::TestEnv;
-use tests::{config_map, create_all, eventually, test_namespace};
+use serde_json::json;
+use tests::{config_map, create_all, eventually, name, rv, server_state, test_namespace};
 
 const OBJECTS: usize = 300;
 
@@ -88,6 +96,129 @@ async fn lifecycle_a_stuck_handler_s_lag_rises_and_falls_and_no_other_handler_wa
     assert_eq!(caught_up.oldest_waiting, Duration::ZERO);
     assert_eq!(caught_up.delivered, OBJECTS as u64);
     assert!(caught_up.processing_total > Duration::ZERO);
+    stop.cancel();
+    factory.shutdown().await;
+}
+
+/// `name -> resourceVersion` of the last event a handler saw of each object.
+type LastSeen = Arc<Mutex<BTreeMap<String, String>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_a_stuck_handler_holds_a_bounded_buffer_while_10_000_events_arrive() {
+    const OBJECTS: usize = 100;
+    const ROUNDS: usize = 100;
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lifecycle-bound").await;
+    let factory = InformerFactory::new(client.clone());
+    let informer = factory.informer::<ConfigMap>(Scope::namespace(&namespace));
+    let recording = |last_seen: &LastSeen, events: Arc<AtomicUsize>| {
+        let (on_add, on_update) = (last_seen.clone(), last_seen.clone());
+        let counted = events.clone();
+        handler_fn()
+            .on_add(move |cm: &Arc<ConfigMap>, _| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                on_add.lock().unwrap().insert(name(&**cm), rv(&**cm));
+            })
+            .on_update(move |_, cm: &Arc<ConfigMap>, _| {
+                events.fetch_add(1, Ordering::Relaxed);
+                on_update.lock().unwrap().insert(name(&**cm), rv(&**cm));
+            })
+    };
+    let following = LastSeen::default();
+    let following_events = Arc::new(AtomicUsize::new(0));
+    informer
+        .add_named_handler("following", recording(&following, following_events.clone()))
+        .unwrap();
+    // The stuck handler waits on its first event until released, then records like the
+    // other.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Mutex::new(Some(released));
+    let stuck_seen = LastSeen::default();
+    let stuck_recording = recording(&stuck_seen, Arc::new(AtomicUsize::new(0)));
+    let stuck = informer
+        .add_named_handler(
+            "stuck",
+            handler_fn()
+                .on_add(move |cm: &Arc<ConfigMap>, delivery| {
+                    let wait = released.lock().unwrap().take();
+                    if let Some(wait) = wait {
+                        tokio::task::block_in_place(|| {
+                            let _ = wait.recv();
+                        });
+                    }
+                    kube_informer::EventHandler::on_add(&stuck_recording, cm, delivery);
+                })
+                .on_update({
+                    let stuck_seen = stuck_seen.clone();
+                    move |_, cm: &Arc<ConfigMap>, _| {
+                        stuck_seen.lock().unwrap().insert(name(&**cm), rv(&**cm));
+                    }
+                }),
+        )
+        .unwrap();
+    let stop = CancellationToken::new();
+    factory.start(&stop);
+    informer.wait_synced().await;
+
+    // 100 objects created, then each updated 100 times: 10,100 events.
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let objects = (0..OBJECTS)
+        .map(|i| config_map(&format!("cm-{i:03}"), &[]))
+        .collect();
+    create_all(&api, objects).await;
+    let patches = (0..ROUNDS).flat_map(|round| (0..OBJECTS).map(move |i| (round, i)));
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        futures::stream::iter(patches)
+            .map(|(round, i)| {
+                let api = api.clone();
+                async move {
+                    let patch = json!({ "data": { "round": round.to_string() } });
+                    api.patch(
+                        &format!("cm-{i:03}"),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                }
+            })
+            .buffer_unordered(32)
+            .try_for_each(|_| async { Ok(()) }),
+    )
+    .await
+    .expect("10,000 updates within ten minutes")
+    .expect("the updates are accepted");
+    let server = server_state(&api).await;
+    eventually("the following handler has seen every final state", || {
+        *following.lock().unwrap() == server
+    })
+    .await;
+
+    // Every event reached the stuck handler's buffer, but it holds at most the stated
+    // bound: the threshold plus three per object.
+    let events = following_events.load(Ordering::Relaxed) as u64;
+    assert!(
+        events >= (OBJECTS * (ROUNDS + 1)) as u64 - 10,
+        "{events} events"
+    );
+    let held = stuck.stats();
+    assert_eq!(held.delivered, 0, "{held:?}");
+    assert_eq!(held.waiting + held.coalesced, events, "{held:?}");
+    assert!(
+        held.waiting <= HANDLER_COALESCE_AFTER + 3 * OBJECTS as u64,
+        "{held:?}"
+    );
+
+    // Released, it catches up with fewer deliveries than events, and ends on the same
+    // state as the handler that kept up.
+    release.send(()).unwrap();
+    eventually("the stuck handler catches up", || {
+        stuck.stats().waiting == 0
+    })
+    .await;
+    assert_eq!(*stuck_seen.lock().unwrap(), server);
+    let caught_up = stuck.stats();
+    assert_eq!(caught_up.delivered, held.waiting, "{caught_up:?}");
     stop.cancel();
     factory.shutdown().await;
 }

@@ -70,10 +70,11 @@ pub use controller::{
 pub use error::{BoxError, Error, StreamingRefusal, Verb};
 pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, DivergenceCheck, DivergenceStats, Drift,
-    EventHandler, FactoryDefaults, FactoryScope, HANDLER_BACKLOG_WARNING, HandlerFn,
-    HandlerRegistration, HandlerStats, HasSynced, InformerBuilder, InformerFactory, InformerHandle,
-    InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject, Repair, RunningInformer, Scope,
-    SharedInformer, TypedResource, handler_fn, key_handler, wait_for_cache_sync,
+    EventHandler, FactoryDefaults, FactoryScope, HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER,
+    HandlerFn, HandlerRegistration, HandlerStats, HasSynced, InformerBuilder, InformerFactory,
+    InformerHandle, InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject, Repair,
+    RunningInformer, Scope, SharedInformer, TypedResource, handler_fn, key_handler,
+    wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use list_watch::LazyObject;

@@ -98,6 +98,7 @@ impl<K> fmt::Debug for DeletedObject<K> {
     }
 }
 
+/// [`HANDLER_COALESCE_AFTER`]: crate::HANDLER_COALESCE_AFTER
 /// Receives an informer's events (client-go's `ResourceEventHandler`). All methods default to
 /// doing nothing.
 ///
@@ -122,15 +123,19 @@ impl<K> fmt::Debug for DeletedObject<K> {
 /// Implement [`EventHandler`] or build one from closures with [`handler_fn`]. For the usual
 /// controller wiring (every event puts the object's key on a workqueue) use [`key_handler`].
 ///
-/// Each registered handler gets its own unbounded FIFO buffer and its own tokio task: the
-/// informer only appends to the buffers, so a slow handler delays neither the reflector nor
-/// the other handlers (it only grows its own buffer). Objects are shared `Arc`s, never copied
+/// Each registered handler gets its own FIFO buffer and its own tokio task: the informer
+/// only appends to the buffers, so a slow handler delays neither the reflector nor the other
+/// handlers (it only grows its own buffer). Past [`HANDLER_COALESCE_AFTER`] waiting events a
+/// buffer coalesces per object, so a handler far behind gets each object's newest state
+/// rather than every step, and a stuck one cannot take the process's memory. Objects are shared `Arc`s, never copied
 /// per handler. Handler methods are synchronous and run on the tokio runtime: keep them quick
 /// (enqueue a key and return) and never block in them; do slow work in workqueue workers (a
 /// handler that must wait does it in `tokio::task::block_in_place`, or it holds up the tasks
 /// queued on its worker too). How far behind each handler is shows in
 /// [`HandlerRegistration::stats`](crate::HandlerRegistration::stats). A panic in a handler is
 /// caught and logged, and the handler goes on with the next event.
+///
+/// [`HANDLER_COALESCE_AFTER`]: crate::HANDLER_COALESCE_AFTER
 pub trait EventHandler<K>: Send + Sync + 'static {
     /// An object appeared: [`Delivery::InitialList`] for the objects of the initial list
     /// (or, for a handler added late, the objects already cached when it was added),

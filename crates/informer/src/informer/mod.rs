@@ -48,7 +48,9 @@ pub use handler::{
     handler_fn, key_handler,
 };
 use listener::run_listener;
-pub use listener::{HANDLER_BACKLOG_WARNING, HandlerRegistration, HandlerStats};
+pub use listener::{
+    HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER, HandlerRegistration, HandlerStats,
+};
 pub use sync::{HasSynced, wait_for_cache_sync};
 
 /// An informer that has not run yet: a reflector, an indexed store and any number of event
@@ -544,11 +546,14 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     }
 
     /// How far behind each registered handler is: events waiting in its buffer, the age of
-    /// the oldest, events delivered, and the time spent in it. Each handler's buffer is
-    /// unbounded (a slow handler delays no other); a backlog past [`HANDLER_BACKLOG_WARNING`]
-    /// events is logged, again each time it doubles, and once it drains.
+    /// the oldest, events delivered or coalesced, and the time spent in it. Each handler has
+    /// a buffer of its own (a slow handler delays no other), which coalesces per object past
+    /// [`HANDLER_COALESCE_AFTER`] events, so a stuck handler holds at most a few events per
+    /// object; a backlog past [`HANDLER_BACKLOG_WARNING`] events is logged, again each time
+    /// it doubles, and once it drains.
     ///
     /// [`HANDLER_BACKLOG_WARNING`]: crate::HANDLER_BACKLOG_WARNING
+    /// [`HANDLER_COALESCE_AFTER`]: crate::HANDLER_COALESCE_AFTER
     pub fn handler_stats(&self) -> Vec<HandlerStats> {
         self.inner.processor.handler_stats()
     }

@@ -75,7 +75,7 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-impl<K> Processor<K> {
+impl<K: Resource> Processor<K> {
     fn broadcast(dist: &mut Distributor<K>, notes: &[Notification<K>]) {
         if notes.is_empty() {
             return;
@@ -87,7 +87,9 @@ impl<K> Processor<K> {
             }
         }
     }
+}
 
+impl<K> Processor<K> {
     pub(super) fn remove_listener(&self, id: u64) {
         lock(&self.dist).listeners.retain(|l| l.id != id);
     }

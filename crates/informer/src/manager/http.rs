@@ -304,7 +304,7 @@ struct HandlerLabels {
 }
 
 /// Each event handler's lag: `informer_handler_waiting`, `_oldest_waiting_seconds`,
-/// `_delivered_total` and the histogram `_processing_seconds`.
+/// `_delivered_total`, `_coalesced_total` and the histogram `_processing_seconds`.
 fn encode_handlers(
     encoder: &mut DescriptorEncoder<'_>,
     handlers: &[(HandlerLabels, HandlerStats)],
@@ -312,6 +312,7 @@ fn encode_handlers(
     let waiting: Family<HandlerLabels, Gauge> = Family::default();
     let oldest: Family<HandlerLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
     let delivered: Family<HandlerLabels, Counter> = Family::default();
+    let coalesced: Family<HandlerLabels, Counter> = Family::default();
     for (labels, stats) in handlers {
         waiting
             .get_or_create(labels)
@@ -320,6 +321,7 @@ fn encode_handlers(
             .get_or_create(labels)
             .set(stats.oldest_waiting.as_secs_f64());
         delivered.get_or_create(labels).inc_by(stats.delivered);
+        coalesced.get_or_create(labels).inc_by(stats.coalesced);
     }
     encode_family(
         encoder,
@@ -338,6 +340,12 @@ fn encode_handlers(
         "informer_handler_delivered",
         "Events an event handler has finished handling",
         &delivered,
+    )?;
+    encode_family(
+        encoder,
+        "informer_handler_coalesced",
+        "Events merged into an event of the same object already waiting, because the event handler was behind",
+        &coalesced,
     )?;
     let mut metric = encoder.encode_descriptor(
         "informer_handler_processing_seconds",

@@ -93,8 +93,8 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 ///   `informer_lists_total`, `informer_watch_restarts_total`, and the cache's working set:
 ///   `informer_working_set_bytes`, `_objects`, `_hits_total`, `_misses_total`,
 ///   `_evictions_total`), each event handler's lag (`informer_handler_waiting`,
-///   `informer_handler_oldest_waiting_seconds`, `informer_handler_delivered_total`, the
-///   histogram `informer_handler_processing_seconds`; a controller's handlers are named
+///   `informer_handler_oldest_waiting_seconds`, `informer_handler_delivered_total`,
+///   `informer_handler_coalesced_total`, the histogram `informer_handler_processing_seconds`; a controller's handlers are named
 ///   after it), and whatever is added to the [`registry`](Self::registry). Both
 ///   bind to loopback unless told otherwise, and read request headers within 10 s.
 /// - **Controllers** ([`controller`](Self::controller), [`add_controller`](Self::add_controller))
