@@ -1,5 +1,6 @@
 //! Informers over time on a real API server: how far behind each event handler is, as a
-//! handler that stops and resumes shows it, and how much a stuck one may hold.
+//! handler that stops and resumes shows it, and how much a stuck one may hold; informers
+//! a factory stops once nothing uses them.
 
 use std::{
     collections::BTreeMap,
@@ -11,17 +12,20 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate};
 use kube_client::{
     Api,
     api::{Patch, PatchParams},
 };
 use kube_informer::{
-    CancellationToken, HANDLER_COALESCE_AFTER, InformerFactory, Scope, handler_fn,
+    Action, CancellationToken, Controller, FactoryDefaults, HANDLER_COALESCE_AFTER,
+    InformerFactory, ReconcileRequest, Scope, handler_fn, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
-use tests::{config_map, create_all, eventually, name, rv, server_state, test_namespace};
+use tests::{
+    config_map, create_all, eventually, eventually_some, name, rv, server_state, test_namespace,
+};
 
 const OBJECTS: usize = 300;
 
@@ -221,4 +225,83 @@ async fn lifecycle_a_stuck_handler_holds_a_bounded_buffer_while_10_000_events_ar
     assert_eq!(caught_up.delivered, held.waiting, "{caught_up:?}");
     stop.cancel();
     factory.shutdown().await;
+}
+
+/// Watches of `resource` the API server is serving now (its `apiserver_longrunning_requests`
+/// gauge, summed over scopes).
+async fn watches_served(client: &kube_client::Client, resource: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client
+        .request_text(request)
+        .await
+        .expect("the API server's metrics");
+    let resource = format!(r#"resource="{resource}""#);
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("apiserver_longrunning_requests{"))
+        .filter(|line| line.contains(&resource) && line.contains(r#"verb="WATCH""#))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_the_last_controller_gone_its_informer_stops_and_its_watch_closes() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lifecycle-unused").await;
+    // Nothing else in this test binary watches PodTemplates.
+    let before = watches_served(&client, "podtemplates").await;
+    let grace = Duration::from_secs(1);
+    let factory = InformerFactory::with_defaults(
+        client.clone(),
+        FactoryDefaults::default().stop_unused_after(grace),
+    );
+    let templates = factory.informer::<PodTemplate>(Scope::namespace(&namespace));
+    let controller = Controller::new("template-user", templates);
+    let stop = CancellationToken::new();
+    factory.start(&stop);
+    let stop_controller = CancellationToken::new();
+    let reconciled = Arc::new(AtomicUsize::new(0));
+    let count = reconciled.clone();
+    let run = tokio::spawn(controller.run(
+        move |_: ReconcileRequest<PodTemplate>, _: Arc<()>, _| {
+            count.fetch_add(1, Ordering::Relaxed);
+            async { Ok::<_, std::io::Error>(Action::done()) }
+        },
+        retry_with_backoff(),
+        Arc::new(()),
+        stop_controller.clone(),
+    ));
+    within_factory_synced(&factory).await;
+    eventually_some("the informer's watch on the API server", || async {
+        (watches_served(&client, "podtemplates").await == before + 1).then_some(())
+    })
+    .await;
+    let users = factory.informers()[0].users;
+    assert!(users >= 2, "the controller's handle and handler: {users}");
+
+    // The controller goes: its handle, store and handler with it.
+    stop_controller.cancel();
+    run.await.unwrap().unwrap();
+    eventually("the informer unused", || {
+        factory.informers().first().is_none_or(|i| i.users == 0)
+    })
+    .await;
+    eventually("the factory stops and forgets it", || factory.is_empty()).await;
+    eventually_some("its watch closed on the API server", || async {
+        (watches_served(&client, "podtemplates").await == before).then_some(())
+    })
+    .await;
+    assert_eq!(
+        reconciled.load(Ordering::Relaxed),
+        0,
+        "nothing to reconcile"
+    );
+    stop.cancel();
+    factory.shutdown().await;
+}
+
+async fn within_factory_synced(factory: &InformerFactory) {
+    tests::within("the factory's informers to sync", factory.wait_synced())
+        .await
+        .expect("the informers sync");
 }

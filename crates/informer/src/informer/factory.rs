@@ -16,7 +16,7 @@ use kube_client::{Api, Client};
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{debug, info};
 
 use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder,
@@ -26,7 +26,7 @@ use crate::{
     error::Error,
     list_watch::{ApiListWatch, Shard, ShardMode},
     reflector::ReflectorStats,
-    store::{WorkingSet, WorkingSetStats},
+    store::{Usage, WeakUsage, WorkingSet, WorkingSetStats},
 };
 
 /// A transform of every object's metadata, whatever its type.
@@ -41,6 +41,26 @@ pub struct FactoryDefaults {
     resync_period: Option<Duration>,
     metadata_transform: Option<MetadataTransform>,
     working_set: Option<WorkingSet>,
+    unused: UnusedInformers,
+}
+
+/// What a factory does with an informer nothing uses any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum UnusedInformers {
+    /// Stops it once it has been unused this long.
+    StopAfter(Duration),
+    /// Keeps it running until the factory shuts down.
+    Keep,
+}
+
+/// How long an unused informer runs on by default: long enough for a controller that is
+/// restarted in place, or a handler replaced by another, to find it still synced.
+const UNUSED_GRACE: Duration = Duration::from_secs(30);
+
+impl Default for UnusedInformers {
+    fn default() -> Self {
+        Self::StopAfter(UNUSED_GRACE)
+    }
 }
 
 impl FactoryDefaults {
@@ -69,6 +89,22 @@ impl FactoryDefaults {
         self
     }
 
+    /// How long an informer nothing uses any more keeps running before the factory stops
+    /// it and lets its cache go (30 s by default). See [`InformerFactory`] for what counts
+    /// as a use.
+    #[must_use]
+    pub fn stop_unused_after(mut self, grace: Duration) -> Self {
+        self.unused = UnusedInformers::StopAfter(grace);
+        self
+    }
+
+    /// Informers run until the factory shuts down, used or not (client-go's factories).
+    #[must_use]
+    pub fn keep_unused(mut self) -> Self {
+        self.unused = UnusedInformers::Keep;
+        self
+    }
+
     /// Every object is stored without `metadata.managedFields`, usually the largest part of
     /// an object and one a controller never reads (see
     /// [`strip_managed_fields`](crate::strip_managed_fields)).
@@ -84,6 +120,7 @@ impl Debug for FactoryDefaults {
             .field("resync_period", &self.resync_period)
             .field("metadata_transform", &self.metadata_transform.is_some())
             .field("working_set", &self.working_set)
+            .field("unused", &self.unused)
             .finish()
     }
 }
@@ -237,10 +274,55 @@ impl<K: Resource + Send + Sync + 'static> Started for RunningInformer<K> {
 /// An informer not started yet, whatever its type.
 type Starter = Box<dyn FnOnce(CancellationToken) -> Box<dyn Started> + Send>;
 
-/// A registered informer: its handle, whatever its type, and its resource's name.
+/// A registered informer: its handle, whatever its type, its resource's name, and who uses
+/// it.
 struct Registered {
     synced: Arc<dyn Syncing>,
     resource: String,
+    /// Tells this informer from a later one of the same type and scope.
+    serial: u64,
+    /// The shares handed out; dead once every one is dropped.
+    users: WeakUsage,
+    /// Counts the times the informer went from unused to used.
+    generation: u64,
+}
+
+/// The key of an informer in a factory's registry.
+type RegistryKey = (TypeId, Scope);
+
+/// Dropped with the last share in an informer's use: schedules its stop.
+struct LastUser {
+    factory: std::sync::Weak<Inner>,
+    key: RegistryKey,
+    serial: u64,
+    generation: u64,
+}
+
+impl Drop for LastUser {
+    fn drop(&mut self) {
+        let Some(inner) = self.factory.upgrade() else {
+            return;
+        };
+        let UnusedInformers::StopAfter(grace) = inner.defaults.unused else {
+            return;
+        };
+        // Dropped outside a runtime (after it shut down), nothing is left to stop.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let key = self.key.clone();
+        let (serial, generation) = (self.serial, self.generation);
+        drop(inner);
+        let factory = self.factory.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(grace).await;
+            if let Some(inner) = factory.upgrade() {
+                InformerFactory { inner }
+                    .stop_unused(&key, serial, generation, grace)
+                    .await;
+            }
+        });
+    }
 }
 
 /// An informer's handle, whatever its type: its sync, its size, and the handle itself
@@ -310,14 +392,20 @@ pub struct InformerStatus {
     pub working_set: WorkingSetStats,
     /// How far behind each of its event handlers is.
     pub handlers: Vec<HandlerStats>,
+    /// The uses held of it: handles the factory returned, stores and listers taken from
+    /// them, handlers registered through them. At zero, it is stopped after the grace
+    /// period (see [`InformerFactory`]).
+    pub users: usize,
 }
 
 #[derive(Default)]
 struct Lifecycle {
     /// Set by `start`: informers registered later start at once.
     cancel: Option<CancellationToken>,
-    pending: Vec<Starter>,
-    running: Vec<Box<dyn Started>>,
+    /// By serial.
+    pending: Vec<(u64, Starter)>,
+    /// By serial.
+    running: Vec<(u64, Box<dyn Started>)>,
 }
 
 /// One informer per resource type and [`Scope`], shared by every controller that asks
@@ -329,6 +417,19 @@ struct Lifecycle {
 /// is safe (a handler added to a running informer gets its cached objects first);
 /// [`wait_synced`](Self::wait_synced) waits for all of them; [`shutdown`](Self::shutdown)
 /// stops them and waits until they have.
+///
+/// # Informers that nobody uses
+///
+/// The factory counts the uses of each informer: every [`InformerHandle`] it returned
+/// (and its clones), every [`Store`](crate::Store) or [`Lister`](crate::Lister) taken from
+/// one, and every handler registered through one until it is
+/// [removed](crate::HandlerRegistration::remove). A controller holds all three while it
+/// runs and lets go when it ends. When the last use is dropped, the informer keeps running
+/// for a grace period (30 s; [`FactoryDefaults::stop_unused_after`]), so a controller
+/// restarted in place finds it synced. If nothing asks for it within the grace period, the
+/// factory stops it, closing its watch, and drops it from its registry, which releases its
+/// cache; a later [`informer`](Self::informer) call builds a new one.
+/// [`FactoryDefaults::keep_unused`] keeps every informer until shutdown, as client-go does.
 ///
 /// ```no_run
 /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
@@ -357,8 +458,9 @@ pub struct InformerFactory {
 struct Inner {
     client: Client,
     defaults: FactoryDefaults,
-    registry: DashMap<(TypeId, Scope), Registered>,
+    registry: DashMap<RegistryKey, Registered>,
     lifecycle: Mutex<Lifecycle>,
+    next_serial: std::sync::atomic::AtomicU64,
 }
 
 impl Debug for InformerFactory {
@@ -402,6 +504,7 @@ impl InformerFactory {
                 defaults,
                 registry: DashMap::new(),
                 lifecycle: Mutex::default(),
+                next_serial: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -438,21 +541,85 @@ impl InformerFactory {
     {
         let key = (TypeId::of::<K>(), scope);
         let entry = match self.inner.registry.entry(key) {
-            Entry::Occupied(entry) => return downcast::<K>(entry.get().synced.as_any()),
+            Entry::Occupied(mut entry) => {
+                let key = entry.key().clone();
+                let registered = entry.get_mut();
+                let usage = match registered.users.upgrade() {
+                    Some(usage) => usage,
+                    None => {
+                        // Used again within its grace period: its stop is called off.
+                        registered.generation += 1;
+                        self.usage(key, registered)
+                    }
+                };
+                return downcast::<K>(registered.synced.as_any()).in_use(usage);
+            }
             Entry::Vacant(entry) => entry,
         };
-        let scope = &entry.key().1;
-        let informer = self.build::<K>(scope, Box::new(customize));
+        let key = entry.key().clone();
+        let informer = self.build::<K>(&key.1, Box::new(customize));
         let handle = informer.handle();
         let resource = format!("{}", K::plural(&()));
-        debug!(%resource, ?scope, "informer registered");
-        entry.insert(Registered {
+        debug!(%resource, scope = ?key.1, "informer registered");
+        let serial = self
+            .inner
+            .next_serial
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut registered = Registered {
             synced: Arc::new(handle.clone()),
             resource,
-        });
+            serial,
+            users: Usage::new(()).downgrade(),
+            generation: 0,
+        };
+        let usage = self.usage(key, &mut registered);
+        entry.insert(registered);
         // Started outside the registry's shard lock.
-        self.start_or_hold(Box::new(move |cancel| Box::new(informer.spawn(cancel))));
-        handle
+        self.start_or_hold(
+            serial,
+            Box::new(move |cancel| Box::new(informer.spawn(cancel))),
+        );
+        handle.in_use(usage)
+    }
+
+    /// A first share in `registered`'s use, after none was left.
+    fn usage(&self, key: RegistryKey, registered: &mut Registered) -> Usage {
+        let usage = Usage::new(LastUser {
+            factory: Arc::downgrade(&self.inner),
+            key,
+            serial: registered.serial,
+            generation: registered.generation,
+        });
+        registered.users = usage.downgrade();
+        usage
+    }
+
+    /// Stops the informer `serial` if it has not been used again since generation
+    /// `generation` went unused.
+    async fn stop_unused(&self, key: &RegistryKey, serial: u64, generation: u64, grace: Duration) {
+        let Some((_, registered)) = self.inner.registry.remove_if(key, |_, registered| {
+            registered.serial == serial && registered.generation == generation
+        }) else {
+            return;
+        };
+        info!(
+            resource = %registered.resource,
+            scope = ?key.1,
+            unused_for = ?grace,
+            "stopping an informer nothing uses any more"
+        );
+        let running = {
+            let mut lifecycle = self.lifecycle();
+            lifecycle.pending.retain(|(pending, _)| *pending != serial);
+            lifecycle
+                .running
+                .iter()
+                .position(|(running, _)| *running == serial)
+                .map(|at| lifecycle.running.swap_remove(at).1)
+        };
+        if let Some(running) = running {
+            running.stop().await;
+        }
     }
 
     fn build<K>(&self, scope: &Scope, customize: Customize<K>) -> SharedInformer<K>
@@ -488,14 +655,14 @@ impl InformerFactory {
         customize(builder).build()
     }
 
-    fn start_or_hold(&self, starter: Starter) {
+    fn start_or_hold(&self, serial: u64, starter: Starter) {
         let mut lifecycle = self.lifecycle();
         match lifecycle.cancel.clone() {
             Some(cancel) => {
                 let running = starter(cancel);
-                lifecycle.running.push(running);
+                lifecycle.running.push((serial, running));
             }
-            None => lifecycle.pending.push(starter),
+            None => lifecycle.pending.push((serial, starter)),
         }
     }
 
@@ -517,9 +684,9 @@ impl InformerFactory {
         let cancel = cancel.child_token();
         lifecycle.cancel = Some(cancel.clone());
         let pending = std::mem::take(&mut lifecycle.pending);
-        for starter in pending {
+        for (serial, starter) in pending {
             let running = starter(cancel.clone());
-            lifecycle.running.push(running);
+            lifecycle.running.push((serial, running));
         }
     }
 
@@ -557,7 +724,7 @@ impl InformerFactory {
             }
             std::mem::take(&mut lifecycle.running)
         };
-        for informer in running {
+        for (_, informer) in running {
             informer.stop().await;
         }
     }
@@ -579,6 +746,7 @@ impl InformerFactory {
                 shard_mode: e.synced.stats().shard_mode(),
                 working_set: e.synced.working_set(),
                 handlers: e.synced.handler_stats(),
+                users: e.users.count(),
             })
             .collect()
     }
@@ -639,5 +807,90 @@ mod tests {
             1,
             "only the creating call customizes"
         );
+    }
+
+    /// Lets the spawned stop tasks run on the paused clock.
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn users(factory: &InformerFactory) -> Vec<usize> {
+        factory.informers().iter().map(|i| i.users).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_informer_is_stopped_once_unused_for_its_grace_period() {
+        let grace = Duration::from_secs(30);
+        let factory = factory();
+        let scope = || Scope::namespace("a");
+        let handle = factory.informer::<ConfigMap>(scope());
+        let store = handle.store();
+        let registration = handle
+            .add_handler(crate::handler_fn::<ConfigMap>())
+            .unwrap();
+        assert_eq!(
+            users(&factory),
+            [3],
+            "the handle, its store and its handler"
+        );
+
+        drop(handle);
+        drop(store);
+        tokio::time::sleep(grace * 2).await;
+        settle().await;
+        assert_eq!(factory.len(), 1, "a registered handler keeps it in use");
+        assert_eq!(users(&factory), [1]);
+
+        // Unused, then asked for again within the grace period: the same informer.
+        registration.remove();
+        settle().await;
+        assert_eq!(users(&factory), [0]);
+        tokio::time::sleep(grace / 2).await;
+        let customized = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let called = customized.clone();
+        let again = factory.informer_with::<ConfigMap>(scope(), move |b| {
+            called.store(true, std::sync::atomic::Ordering::SeqCst);
+            b
+        });
+        assert!(!customized.load(std::sync::atomic::Ordering::SeqCst));
+        tokio::time::sleep(grace).await;
+        settle().await;
+        assert_eq!(factory.len(), 1, "the earlier stop was called off");
+
+        // Unused for the whole grace period: stopped and forgotten.
+        drop(again);
+        tokio::time::sleep(grace - Duration::from_secs(1)).await;
+        settle().await;
+        assert_eq!(factory.len(), 1, "not before the grace period ends");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        settle().await;
+        assert!(factory.is_empty());
+        assert!(factory.lifecycle().pending.is_empty());
+        let rebuilt = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let called = rebuilt.clone();
+        let _new = factory.informer_with::<ConfigMap>(scope(), move |b| {
+            called.store(true, std::sync::atomic::Ordering::SeqCst);
+            b
+        });
+        assert!(
+            rebuilt.load(std::sync::atomic::Ordering::SeqCst),
+            "a new one"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_factory_told_to_keep_unused_informers_keeps_them() {
+        let config = Config::new("http://127.0.0.1:9".parse().unwrap());
+        let factory = InformerFactory::with_defaults(
+            Client::try_from(config).unwrap(),
+            FactoryDefaults::default().keep_unused(),
+        );
+        drop(factory.informer::<ConfigMap>(Scope::all()));
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        settle().await;
+        assert_eq!(factory.len(), 1);
+        assert_eq!(users(&factory), [0]);
     }
 }

@@ -33,7 +33,7 @@ use crate::{
     error::Error,
     list_watch::{ListWatch, Shard},
     reflector::{ReflectorStats, ShardCell, Synced, SyncedVersion},
-    store::{Lister, Store},
+    store::{Lister, Store, Usage},
 };
 use processor::{Processor, lock};
 
@@ -130,6 +130,9 @@ pub struct SharedInformer<K> {
 /// runs, and after it stopped (its store keeps the last state; new handlers are refused).
 pub struct InformerHandle<K> {
     inner: Arc<Inner<K>>,
+    /// For a handle a factory handed out: its share in the informer's use, passed on to the
+    /// stores and handlers it gives.
+    usage: Option<Usage>,
 }
 
 /// A running informer, from [`SharedInformer::spawn`]. Dereferences to its
@@ -148,6 +151,17 @@ impl<K> Clone for InformerHandle<K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+            usage: self.usage.clone(),
+        }
+    }
+}
+
+impl<K> InformerHandle<K> {
+    /// This handle, counted as a use of the informer (see [`InformerFactory`]).
+    pub(crate) fn in_use(&self, usage: Usage) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            usage: Some(usage),
         }
     }
 }
@@ -392,12 +406,19 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 divergence,
                 reshard,
             }),
+            usage: None,
         }
     }
 
-    /// The informer's cache, read-only.
+    /// The informer's cache, read-only. From a factory's handle, the store counts as a use
+    /// of the informer for as long as it or a clone of it is held (see
+    /// [`InformerFactory`]).
     pub fn store(&self) -> Store<K> {
-        self.inner.processor.store.store()
+        self.inner
+            .processor
+            .store
+            .store()
+            .in_use(self.usage.clone())
     }
 
     /// A typed lister over the cache.
@@ -589,7 +610,16 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         let (synced_tx, synced_rx) = watch::channel(false);
         let own_token = CancellationToken::new();
         let (id, rx, lag) = processor.add_listener(name, resync);
-        let task = run_listener(Box::new(handler), rx, synced_tx, own_token.clone()).boxed();
+        let listener = run_listener(Box::new(handler), rx, synced_tx, own_token.clone());
+        // A registered handler uses the informer until it is removed (also while its task
+        // has not been spawned yet) or its task ends.
+        let usage = Arc::new(Mutex::new(self.usage.clone()));
+        let task_usage = usage.clone();
+        let task = async move {
+            let _usage = task_usage;
+            listener.await;
+        }
+        .boxed();
         match &mut *lifecycle {
             Lifecycle::NotStarted { pending } => pending.push(task),
             Lifecycle::Running {
@@ -610,6 +640,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 if let Some(p) = weak.upgrade() {
                     p.remove_listener(id);
                 }
+                lock(&usage).take();
             }),
             lag,
         ))

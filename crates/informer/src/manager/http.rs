@@ -179,6 +179,7 @@ impl Collector for InformerCollector {
         let hot_misses: Family<InformerLabels, Counter> = Family::default();
         let hot_evictions: Family<InformerLabels, Counter> = Family::default();
         let shard_by_server: Family<InformerLabels, Gauge> = Family::default();
+        let users: Family<InformerLabels, Gauge> = Family::default();
         let mut handlers: Vec<(HandlerLabels, HandlerStats)> = Vec::new();
         for state in self.factory.informers() {
             let labels = InformerLabels {
@@ -191,6 +192,9 @@ impl Collector for InformerCollector {
                 .get_or_create(&labels)
                 .set(i64::try_from(state.objects).unwrap_or(i64::MAX));
             synced.get_or_create(&labels).set(i64::from(state.synced));
+            users
+                .get_or_create(&labels)
+                .set(i64::try_from(state.users).unwrap_or(i64::MAX));
             // etcd's revisions are integers; a server whose versions are not has no gauge.
             if let Some(rv) = state
                 .last_sync_resource_version
@@ -255,6 +259,11 @@ impl Collector for InformerCollector {
                 "informer_shard_server_side",
                 "Whether the API server applied the informer's shard (1) or the informer did (0)",
                 shard_by_server,
+            ),
+            (
+                "informer_users",
+                "Handles, stores and handlers holding the informer in use; at 0 it stops after a grace period",
+                users,
             ),
         ];
         let counters = [

@@ -89,7 +89,8 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 ///   `127.0.0.1:8080`): `/metrics` in the OpenMetrics text format, with the workqueue
 ///   metrics ([`workqueue_metrics`](Self::workqueue_metrics)), the reconcile metrics
 ///   ([`controller_metrics`](Self::controller_metrics)), the informers' gauges and counters
-///   (`informer_objects`, `informer_synced`, `informer_last_sync_resource_version`,
+///   (`informer_objects`, `informer_synced`, `informer_users`,
+///   `informer_last_sync_resource_version`,
 ///   `informer_lists_total`, `informer_watch_restarts_total`, and the cache's working set:
 ///   `informer_working_set_bytes`, `_objects`, `_hits_total`, `_misses_total`,
 ///   `_evictions_total`), each event handler's lag (`informer_handler_waiting`,

@@ -19,6 +19,7 @@ mod property_tests;
 mod relist;
 mod selector;
 mod slot;
+mod usage;
 mod working_set;
 
 use crate::{
@@ -35,6 +36,7 @@ pub use lister::Lister;
 pub(crate) use relist::StoreChange;
 pub use selector::{Operator, Requirement, Selector, SelectorError};
 use slot::{Compact, Keeping, Packer, Slot, Taken};
+pub(crate) use usage::{Usage, WeakUsage};
 use working_set::Hot;
 pub use working_set::{WorkingSet, WorkingSetStats};
 
@@ -133,6 +135,8 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
 /// reflector), and read critical sections are short, so one lock does not limit throughput.
 pub struct Store<K> {
     shared: Arc<Shared<K>>,
+    /// Keeps the informer feeding this cache running, for a store a factory handed out.
+    usage: Option<Usage>,
 }
 
 struct Shared<K> {
@@ -211,7 +215,16 @@ impl<K> Clone for Store<K> {
     fn clone(&self) -> Self {
         Self {
             shared: self.shared.clone(),
+            usage: self.usage.clone(),
         }
+    }
+}
+
+impl<K> Store<K> {
+    /// This store, counted as a use of the informer that feeds it.
+    pub(crate) fn in_use(mut self, usage: Option<Usage>) -> Self {
+        self.usage = usage;
+        self
     }
 }
 
@@ -782,6 +795,7 @@ impl<K: Resource> Writer<K> {
                 hot: parking_lot::Mutex::new(Hot::new(working_set)),
                 field_sets: FieldSetMemo::default(),
             }),
+            usage: None,
         };
         Self {
             store,
