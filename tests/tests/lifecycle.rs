@@ -1,6 +1,7 @@
 //! Informers over time on a real API server: how far behind each event handler is, as a
 //! handler that stops and resumes shows it, and how much a stuck one may hold; informers
-//! a factory stops once nothing uses them.
+//! a factory stops once nothing uses them; an informer whose CRD is deleted and recreated;
+//! warm restarts from a snapshot of the cache.
 
 use std::{
     collections::BTreeMap,
@@ -12,20 +13,27 @@ use std::{
 };
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, PodTemplate};
+use k8s_openapi::{
+    api::core::v1::{ConfigMap, PodTemplate, Secret},
+    apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+};
 use kube_client::{
     Api,
-    api::{Patch, PatchParams},
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    core::CustomResourceExt,
 };
 use kube_informer::{
     Action, CancellationToken, Controller, FactoryDefaults, HANDLER_COALESCE_AFTER,
-    InformerFactory, ReconcileRequest, Scope, handler_fn, retry_with_backoff,
+    InformerFactory, InformerHealth, ReconcileRequest, Scope, SharedInformer, handler_fn,
+    list_watch::ApiListWatch, reflector::WarmRestart, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
 use tests::{
-    config_map, create_all, eventually, eventually_some, name, rv, server_state, test_namespace,
+    Recording, cache_state, config_map, create_all, eventually, eventually_some, name, rv,
+    server_state, test_namespace, within,
 };
+use traefik_operator::crd::{TraefikService, TraefikServiceSpec};
 
 const OBJECTS: usize = 300;
 
@@ -304,4 +312,327 @@ async fn within_factory_synced(factory: &InformerFactory) {
     tests::within("the factory's informers to sync", factory.wait_synced())
         .await
         .expect("the informers sync");
+}
+
+/// Creates `crd` and waits until its resource is served.
+async fn install(
+    crds: &Api<CustomResourceDefinition>,
+    crd: &CustomResourceDefinition,
+    served: &Api<TraefikService>,
+) {
+    let name = crd.metadata.name.clone().unwrap();
+    eventually_some("the CRD created", || async {
+        match crds.create(&PostParams::default(), crd).await {
+            Ok(_) => Some(()),
+            // The previous one may still be going.
+            Err(kube_client::Error::Api(status)) if status.code == 409 => None,
+            Err(error) => panic!("creating the CRD {name}: {error}"),
+        }
+    })
+    .await;
+    eventually_some("its resource served", || async {
+        served.list(&ListParams::default()).await.ok().map(|_| ())
+    })
+    .await;
+}
+
+fn traefik_service(name: &str) -> TraefikService {
+    TraefikService::new(
+        name,
+        TraefikServiceSpec {
+            entrypoint: "web".into(),
+            url: "http://backend.example:8080".into(),
+            rule: None,
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_again() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lifecycle-crd").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = TraefikService::crd();
+    let crd_name = crd.metadata.name.clone().unwrap();
+    let services: Api<TraefikService> = Api::namespaced(client.clone(), &namespace);
+    install(&crds, &crd, &services).await;
+    services
+        .create(&PostParams::default(), &traefik_service("before"))
+        .await
+        .unwrap();
+
+    // A controller on the factory's informer, with the default configuration.
+    let factory = InformerFactory::new(client.clone());
+    let informer = factory.informer::<TraefikService>(Scope::namespace(&namespace));
+    let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+    let record = seen.clone();
+    let stop = CancellationToken::new();
+    factory.start(&stop);
+    let run = tokio::spawn(Controller::new("gadgets", informer.clone()).run(
+        move |request: ReconcileRequest<TraefikService>, _: Arc<()>, _| {
+            let present = matches!(request, ReconcileRequest::Present(_));
+            let name = request.key().name().to_owned();
+            record.lock().unwrap().push((name, present));
+            async { Ok::<_, std::io::Error>(Action::done()) }
+        },
+        retry_with_backoff(),
+        Arc::new(()),
+        stop.clone(),
+    ));
+    let reconciled =
+        |name: &str, present: bool| seen.lock().unwrap().contains(&(name.to_owned(), present));
+    eventually("the first object reconciled", || reconciled("before", true)).await;
+    assert_eq!(informer.health(), InformerHealth::Synced);
+
+    // The CRD deleted: the server deletes its objects, then stops serving it.
+    crds.delete(&crd_name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually_some("the CRD gone", || async {
+        crds.get_opt(&crd_name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let since = eventually_some("the informer to say its resource is missing", || async {
+        match informer.health() {
+            InformerHealth::ResourceMissing { since } => Some(since),
+            _ => None,
+        }
+    })
+    .await;
+    // Retried, and still the same report: it said so once.
+    let errors = informer.reflector_stats().errors();
+    eventually("two more retries", || {
+        informer.reflector_stats().errors() >= errors + 2
+    })
+    .await;
+    assert_eq!(informer.health(), InformerHealth::ResourceMissing { since });
+    assert!(!run.is_finished(), "the controller keeps running");
+
+    // The CRD back, with a new object: the informer resumes and the controller reconciles.
+    install(&crds, &crd, &services).await;
+    services
+        .create(&PostParams::default(), &traefik_service("after"))
+        .await
+        .unwrap();
+    eventually("the new object reconciled", || reconciled("after", true)).await;
+    // The old one's deletion came as an event before the watch closed, or from the relist.
+    eventually("the deleted object reconciled", || {
+        reconciled("before", false)
+    })
+    .await;
+    assert_eq!(informer.health(), InformerHealth::Synced);
+    let cached: Vec<String> = informer.store().iter().map(|s| tests::name(&*s)).collect();
+    assert_eq!(cached, ["after"]);
+
+    stop.cancel();
+    run.await.unwrap().unwrap();
+    factory.shutdown().await;
+    crds.delete(&crd_name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// LIST requests the API server has answered for `resource` (its `apiserver_request_total`
+/// counter, summed over scopes and codes).
+async fn lists_served(client: &kube_client::Client, resource: &str) -> u64 {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client
+        .request_text(request)
+        .await
+        .expect("the API server's metrics");
+    let resource = format!(r#"resource="{resource}""#);
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("apiserver_request_total{"))
+        .filter(|line| line.contains(&resource) && line.contains(r#"verb="LIST""#))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The informer of `api`'s objects with a warm restart at `snapshot`, recorded.
+fn warm_informer<K: Warm>(
+    api: &Api<K>,
+    snapshot: &std::path::Path,
+) -> (Recording<ApiListWatch<K>>, SharedInformer<K>) {
+    let lw = Recording::new(ApiListWatch::new(api.clone()));
+    let informer = SharedInformer::builder(lw.clone())
+        .warm_restart(WarmRestart::at(snapshot))
+        .build();
+    (lw, informer)
+}
+
+/// What the warm restart tests cache: ConfigMaps, and Secrets where the API server's own
+/// count of LISTs must see no other test's.
+trait Warm: kube_informer::TypedResource<Scope = k8s_openapi::NamespaceResourceScope> + Unpin {
+    fn named(name: &str) -> Self;
+}
+
+impl Warm for ConfigMap {
+    fn named(name: &str) -> Self {
+        config_map(name, &[])
+    }
+}
+
+impl Warm for Secret {
+    fn named(name: &str) -> Self {
+        let mut secret = Secret::default();
+        secret.metadata.name = Some(name.to_owned());
+        secret.string_data = Some([("k".to_owned(), "v".to_owned())].into());
+        secret
+    }
+}
+
+async fn create_named<K: Warm>(api: &Api<K>, names: Vec<String>) {
+    within(
+        "creating the objects",
+        futures::stream::iter(names)
+            .map(|name| {
+                let api = api.clone();
+                async move { api.create(&PostParams::default(), &K::named(&name)).await }
+            })
+            .buffer_unordered(16)
+            .try_for_each(|_| async { Ok(()) }),
+    )
+    .await
+    .expect("the objects are created");
+}
+
+/// `name -> resourceVersion` of what the API server lists now.
+async fn listed<K: Warm>(api: &Api<K>) -> BTreeMap<String, String> {
+    api.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (name(o), rv(o)))
+        .collect()
+}
+
+/// Changes made while the informer is down: a third of the objects updated, a third deleted,
+/// as many new ones created.
+async fn change_while_down<K: Warm>(api: &Api<K>, objects: usize) {
+    for i in 0..objects / 3 {
+        let patch = json!({ "metadata": { "labels": { "while-down": "yes" } } });
+        api.patch(
+            &format!("o-{i:03}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+        api.delete(
+            &format!("o-{:03}", objects / 3 + i),
+            &DeleteParams::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let created = (0..objects / 3).map(|i| format!("new-{i:03}")).collect();
+    create_named(api, created).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_a_warm_restart_after_10_s_of_changes_resumes_without_a_list() {
+    const OBJECTS: usize = 150;
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "lifecycle-warm").await;
+    // Secrets: no other test of this binary lists them, so the API server's count of
+    // LISTs is this test's.
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    create_named(&api, (0..OBJECTS).map(|i| format!("o-{i:03}")).collect()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("secrets.snapshot");
+
+    let (_, informer) = warm_informer(&api, &snapshot);
+    let informer = informer.spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    assert_eq!(informer.store().len(), OBJECTS);
+    informer.stop().await;
+    let stopped = std::time::Instant::now();
+    assert!(snapshot.exists(), "the snapshot is written at stop");
+
+    // Ten seconds down, with updates, deletes and creates meanwhile.
+    change_while_down(&api, OBJECTS).await;
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(stopped.elapsed())).await;
+
+    let lists_before = lists_served(&client, "secrets").await;
+    let (lw, informer) = warm_informer(&api, &snapshot);
+    let added = Arc::new(AtomicUsize::new(0));
+    let count = added.clone();
+    informer
+        .add_handler(handler_fn().on_add(move |_: &Arc<Secret>, _| {
+            count.fetch_add(1, Ordering::Relaxed);
+        }))
+        .unwrap();
+    let informer = informer.spawn(CancellationToken::new());
+    within("the warm restart to catch up", informer.wait_synced()).await;
+    let server = listed(&api).await;
+    assert_eq!(
+        cache_state(&informer),
+        server,
+        "the cache equals a fresh list"
+    );
+
+    // No full list of any kind: the resumed watch, and one consistent read of one object
+    // for the current version; no streaming list either.
+    let calls = lw.calls();
+    assert_eq!(calls.lists.len(), 1, "{:?}", calls.lists);
+    assert_eq!(calls.lists[0].options.limit, Some(1));
+    assert!(
+        calls.watches.iter().all(|w| !w.send_initial_events),
+        "{:?}",
+        calls.watches
+    );
+    assert_eq!(informer.reflector_stats().lists(), 0);
+    // The API server agrees: that read and this test's own `listed` above.
+    assert_eq!(lists_served(&client, "secrets").await, lists_before + 2);
+    // Every object reached the handler once as an add: the snapshot's and the new ones.
+    assert_eq!(added.load(Ordering::Relaxed), OBJECTS + OBJECTS / 3);
+    informer.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_a_warm_restart_past_a_compaction_relists_to_the_same_cache() {
+    const OBJECTS: usize = 90;
+    // Its own control plane: the API server restarts, which would disturb other tests.
+    let env = TestEnv::builder().start().await.unwrap();
+    let (client, namespace) = test_namespace(&env, "lifecycle-compacted").await;
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    create_named(&api, (0..OBJECTS).map(|i| format!("o-{i:03}")).collect()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("configmaps.snapshot");
+    let (_, informer) = warm_informer(&api, &snapshot);
+    let informer = informer.spawn(CancellationToken::new());
+    within("the first sync", informer.wait_synced()).await;
+    informer.stop().await;
+
+    // Changes, then etcd compacted past the snapshot's version and the API server
+    // restarted: its watch cache's history starts after the snapshot too.
+    change_while_down(&api, OBJECTS).await;
+    env.compact_etcd().await.unwrap();
+    env.restart_apiserver().await.unwrap();
+
+    let client = env.client().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let (lw, informer) = warm_informer(&api, &snapshot);
+    let informer = informer.spawn(CancellationToken::new());
+    within("the relist", informer.wait_synced()).await;
+    let server = listed(&api).await;
+    assert_eq!(
+        cache_state(&informer),
+        server,
+        "the same cache as a fresh list"
+    );
+    let calls = lw.calls();
+    let resumed = calls.watches.first().expect("the resumed watch");
+    assert!(!resumed.send_initial_events && !resumed.resource_version.is_empty());
+    assert!(
+        informer.reflector_stats().lists() >= 1,
+        "the snapshot was too old: a full list replaced it"
+    );
+    informer.stop().await;
 }

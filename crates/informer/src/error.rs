@@ -189,6 +189,20 @@ pub enum Error {
     #[error("the informer was built without a shard")]
     NotSharded,
 
+    /// A snapshot was asked of an informer built without a warm restart.
+    #[error("the informer was built without a warm restart")]
+    NoWarmRestart,
+
+    /// A warm restart's snapshot could not be written.
+    #[error("writing the snapshot {}: {source}", path.display())]
+    Snapshot {
+        /// Where it was to be written.
+        path: std::path::PathBuf,
+        /// Why it was not.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A divergence check was asked of an informer built without one.
     #[error("the informer was built without a divergence check")]
     NoDivergenceCheck,
@@ -338,6 +352,13 @@ impl Error {
     /// caller must relist from `""`.
     pub fn is_resource_version_too_large(&self) -> bool {
         matches!(self, Error::ResourceVersionTooLarge { .. })
+    }
+
+    /// True for a 404 Not Found answered to a list or watch: the server does not serve the
+    /// resource (a CRD deleted, or not installed yet; an API group turned off). A list of a
+    /// namespace that does not exist is no such error: it is empty.
+    pub fn is_resource_missing(&self) -> bool {
+        matches!(self, Error::Api { status, .. } if status.code == 404)
     }
 
     /// True for a 403 Forbidden.

@@ -72,8 +72,8 @@ pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, DivergenceCheck, DivergenceStats, Drift,
     EventHandler, FactoryDefaults, FactoryScope, HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER,
     HandlerFn, HandlerRegistration, HandlerStats, HasSynced, InformerBuilder, InformerFactory,
-    InformerHandle, InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject, Repair,
-    RunningInformer, Scope, SharedInformer, TypedResource, handler_fn, key_handler,
+    InformerHandle, InformerHealth, InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject,
+    Repair, RunningInformer, Scope, SharedInformer, TypedResource, handler_fn, key_handler,
     wait_for_cache_sync,
 };
 pub use key::ObjectKey;

@@ -10,7 +10,7 @@ use tokio::sync::{Notify, watch};
 use tracing::warn;
 
 use super::{
-    HandleParts, InformerHandle, Reshard, SharedInformer,
+    HandleParts, InformerHandle, Reshard, SharedInformer, SnapshotWriter,
     divergence::{Divergence, DivergenceCheck},
     processor::{Processor, Sink},
 };
@@ -22,8 +22,9 @@ use crate::{
     error::Error,
     list_watch::{ListWatch, Shard},
     reflector::{
-        BackoffConfig, ErrorHook, ListMode, Reflector, ReflectorConfig, ReflectorStats, ShardCell,
-        SyncedVersion,
+        BackoffConfig, ErrorHook, ListMode, ReadSnapshot, Reflector, ReflectorConfig,
+        ReflectorStats, ShardCell, SyncedVersion, WarmRestart, WriteSnapshot, read_snapshot,
+        snapshot_selection, write_snapshot,
     },
     store::{IndexFn, TransformFn, WorkingSet, Writer},
 };
@@ -39,6 +40,15 @@ pub struct InformerBuilder<K, L> {
     storage: Storage<K>,
     working_set: WorkingSet,
     divergence: Option<Divergence>,
+    warm_restart: Option<WarmRestartParts<K>>,
+}
+
+/// A warm restart, with the snapshot's reader and writer for `K` (taken where `K`'s serde
+/// bounds are known).
+struct WarmRestartParts<K> {
+    warm: WarmRestart,
+    read: ReadSnapshot<K>,
+    write: WriteSnapshot<K>,
 }
 
 /// How the informer's store keeps objects.
@@ -73,6 +83,35 @@ where
     K: Resource + Serialize + DeserializeOwned + Send + Sync + 'static,
     L: ListWatch<K>,
 {
+    /// Keeps a snapshot of the cache at `warm.path()`, written when the informer stops (and
+    /// every [`WarmRestart::every`]), and starts from it: the watch resumes from the
+    /// snapshot's resourceVersion instead of a full list, and the informer syncs once that
+    /// watch has caught up with the server. A snapshot that is missing, corrupt, of another
+    /// format or selection, or too old for the server's history, gives an ordinary full
+    /// list. See [`WarmRestart`] for what is kept and how catching up is known.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use k8s_openapi::api::core::v1::Pod;
+    /// use kube_informer::{SharedInformer, reflector::WarmRestart};
+    ///
+    /// # fn doc(client: kube_client::Client) {
+    /// let pods: kube_client::Api<Pod> = kube_client::Api::all(client);
+    /// let informer = SharedInformer::builder(pods)
+    ///     .warm_restart(WarmRestart::at("/var/cache/my-controller/pods.snapshot").every(Duration::from_secs(300)))
+    ///     .build();
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn warm_restart(mut self, warm: WarmRestart) -> Self {
+        self.warm_restart = Some(WarmRestartParts {
+            warm,
+            read: read_snapshot::<K>,
+            write: write_snapshot::<K>,
+        });
+        self
+    }
+
     /// Default options over `list_watch`.
     pub(super) fn new(list_watch: L) -> Self {
         Self {
@@ -85,6 +124,7 @@ where
             storage: Storage::compact(),
             working_set: WorkingSet::default(),
             divergence: None,
+            warm_restart: None,
         }
     }
 
@@ -324,6 +364,15 @@ where
         let version = SyncedVersion::default();
         let stats = ReflectorStats::default();
         let sharded = self.config.shard.is_some();
+        let snapshot = self.warm_restart.map(|parts| {
+            let selection = snapshot_selection::<K>(
+                &self.list_watch.resource(),
+                self.list_watch.namespace().as_deref(),
+                &self.list_watch.selectors(),
+                &format!("{:?}", self.config.shard),
+            );
+            (parts, selection)
+        });
         let mut reflector = Reflector::new(self.list_watch, Sink(processor.clone()), self.config)
             .with_synced_version(version.clone())
             .with_stats(stats.clone());
@@ -344,6 +393,14 @@ where
             }
             false => None,
         };
+        if let Some((parts, selection)) = &snapshot {
+            let (path, selection, read) =
+                (parts.warm.path().to_owned(), selection.clone(), parts.read);
+            reflector = reflector.with_restore(Box::new(move || read(&path, &selection)));
+        }
+        let snapshot = snapshot.map(|(parts, selection)| {
+            SnapshotWriter::new(parts.warm, selection, parts.write, processor.clone())
+        });
         let user_hook = self.error_hook;
         reflector = reflector.with_error_hook(Arc::new(move |error: &Error| {
             if let Some(permanent) = error.permanent_copy() {
@@ -362,6 +419,7 @@ where
             resync: self.resync,
             divergence: self.divergence.map(Arc::new),
             reshard,
+            snapshot,
         });
         SharedInformer::new_unstarted(handle, Box::new(move |token| reflector.run(token).boxed()))
     }

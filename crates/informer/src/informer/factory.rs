@@ -20,7 +20,7 @@ use tracing::{debug, info};
 
 use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder,
-    listener::HandlerStats, sync::HasSynced,
+    health::InformerHealth, listener::HandlerStats, sync::HasSynced,
 };
 use crate::{
     error::Error,
@@ -328,6 +328,7 @@ impl Drop for LastUser {
 /// An informer's handle, whatever its type: its sync, its size, and the handle itself
 /// (downcast by type).
 trait Syncing: HasSynced {
+    fn health(&self) -> InformerHealth;
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>>;
     fn objects(&self) -> usize;
     fn working_set(&self) -> WorkingSetStats;
@@ -340,6 +341,10 @@ trait Syncing: HasSynced {
 impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
     fn wait_synced_or_fatal(&self) -> Pin<Box<dyn Future<Output = Result<(), Error>> + Send + '_>> {
         Box::pin(InformerHandle::wait_synced_or_fatal(self))
+    }
+
+    fn health(&self) -> InformerHealth {
+        InformerHandle::health(self)
     }
 
     fn objects(&self) -> usize {
@@ -379,6 +384,8 @@ pub struct InformerStatus {
     pub objects: usize,
     /// Whether it has synced.
     pub synced: bool,
+    /// Syncing, synced, or without its resource (see [`InformerHealth`]).
+    pub health: InformerHealth,
     /// The resourceVersion the cache last synced to.
     pub last_sync_resource_version: Option<String>,
     /// Watches opened after the first one (see [`ReflectorStats::watch_restarts`]).
@@ -740,6 +747,7 @@ impl InformerFactory {
                 scope: e.key().1.clone(),
                 objects: e.synced.objects(),
                 synced: e.synced.has_synced(),
+                health: e.synced.health(),
                 last_sync_resource_version: e.synced.last_sync_resource_version(),
                 watch_restarts: e.synced.stats().watch_restarts(),
                 lists: e.synced.stats().lists(),

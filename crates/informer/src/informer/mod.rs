@@ -6,6 +6,7 @@ mod builder;
 mod divergence;
 mod factory;
 mod handler;
+mod health;
 mod listener;
 mod processor;
 mod sync;
@@ -32,7 +33,7 @@ use tracing::{debug, info, warn};
 use crate::{
     error::Error,
     list_watch::{ListWatch, Shard},
-    reflector::{ReflectorStats, ShardCell, Synced, SyncedVersion},
+    reflector::{ReflectorStats, ShardCell, Synced, SyncedVersion, WarmRestart, WriteSnapshot},
     store::{Lister, Store, Usage},
 };
 use processor::{Processor, lock};
@@ -47,6 +48,7 @@ pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, KeyHandler,
     handler_fn, key_handler,
 };
+pub use health::InformerHealth;
 use listener::run_listener;
 pub use listener::{
     HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER, HandlerRegistration, HandlerStats,
@@ -177,6 +179,7 @@ struct Inner<K> {
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
     reshard: Option<Reshard>,
+    snapshot: Option<SnapshotWriter<K>>,
 }
 
 /// What the builder hands a new handle.
@@ -189,6 +192,83 @@ struct HandleParts<K> {
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
     reshard: Option<Reshard>,
+    snapshot: Option<SnapshotWriter<K>>,
+}
+
+/// Writes a warm restart's snapshot of the cache.
+struct SnapshotWriter<K> {
+    warm: WarmRestart,
+    selection: String,
+    write: WriteSnapshot<K>,
+    processor: Arc<Processor<K>>,
+}
+
+impl<K> Clone for SnapshotWriter<K> {
+    fn clone(&self) -> Self {
+        Self {
+            warm: self.warm.clone(),
+            selection: self.selection.clone(),
+            write: self.write,
+            processor: self.processor.clone(),
+        }
+    }
+}
+
+impl<K: Resource + Send + Sync + 'static> SnapshotWriter<K> {
+    fn new(
+        warm: WarmRestart,
+        selection: String,
+        write: WriteSnapshot<K>,
+        processor: Arc<Processor<K>>,
+    ) -> Self {
+        Self {
+            warm,
+            selection,
+            write,
+            processor,
+        }
+    }
+
+    /// Writes the snapshot now, on a blocking thread: its size, or `None` while a full list
+    /// is being applied (the cache is then no state of the server's).
+    async fn write(&self) -> Result<Option<usize>, Error> {
+        let this = self.clone();
+        let path = self.warm.path().to_owned();
+        tokio::task::spawn_blocking(move || {
+            let Some((version, objects)) = this.processor.kept() else {
+                return Ok(None);
+            };
+            (this.write)(this.warm.path(), &this.selection, &version, &objects)
+                .map(Some)
+                .map_err(|source| Error::Snapshot {
+                    path: this.warm.path().to_owned(),
+                    source,
+                })
+        })
+        .await
+        .unwrap_or_else(|join| {
+            Err(Error::Snapshot {
+                path,
+                source: std::io::Error::other(join.to_string()),
+            })
+        })
+    }
+
+    /// Writes it, and logs how that went.
+    async fn write_logged(&self, when: &'static str) {
+        let started = tokio::time::Instant::now();
+        match self.write().await {
+            Ok(Some(bytes)) => info!(
+                path = %self.warm.path().display(),
+                bytes,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                when,
+                "wrote the cache's snapshot for a warm restart"
+            ),
+            Ok(None) => debug!(when, "no snapshot written: a full list was being applied"),
+            Err(error) => warn!(%error, when, "the cache's snapshot was not written"),
+        }
+    }
 }
 
 /// What changes a sharded informer's shard: the reflector's cell, and the trigger that
@@ -317,11 +397,28 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
                     }
                 }));
             }
+            if let Some(snapshot) = inner.snapshot.clone()
+                && let Some(interval) = snapshot.warm.interval()
+            {
+                let synced = inner.synced.clone();
+                tracker.spawn(every(interval, token.clone(), move || {
+                    let (snapshot, synced) = (snapshot.clone(), *synced.borrow());
+                    async move {
+                        if synced {
+                            snapshot.write_logged("periodic").await;
+                        }
+                    }
+                }));
+            }
             tracker.spawn(starter(token.clone()));
             token.cancelled().await;
             *lock(&inner.lifecycle) = Lifecycle::Stopped;
             tracker.close();
             tracker.wait().await;
+            // Every task has stopped: the cache is the state at its version, and stays so.
+            if let Some(snapshot) = &inner.snapshot {
+                snapshot.write_logged("stop").await;
+            }
             debug!("informer stopped");
         }
     }
@@ -391,6 +488,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
             resync,
             divergence,
             reshard,
+            snapshot,
         } = parts;
         Self {
             inner: Arc::new(Inner {
@@ -405,6 +503,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 resync,
                 divergence,
                 reshard,
+                snapshot,
             }),
             usage: None,
         }
@@ -438,6 +537,27 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         f: impl Fn(&K) -> Vec<String> + Send + Sync + 'static,
     ) -> Result<(), Error> {
         self.inner.processor.add_indexer(name, Arc::new(f))
+    }
+
+    /// Writes the [warm restart](crate::reflector::WarmRestart)'s snapshot of the cache now
+    /// (it is also written when the informer stops). Returns its size in bytes, or `None`
+    /// when the cache is no state of the server's (a full list is being applied).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoWarmRestart`] for an informer built without one; [`Error::Snapshot`]
+    /// when the file cannot be written.
+    pub async fn write_snapshot(&self) -> Result<Option<usize>, Error> {
+        match &self.inner.snapshot {
+            Some(snapshot) => snapshot.write().await,
+            None => Err(Error::NoWarmRestart),
+        }
+    }
+
+    /// What the informer is doing: syncing, synced, or without its resource (see
+    /// [`InformerHealth`]).
+    pub fn health(&self) -> InformerHealth {
+        InformerHealth::of(self.has_synced(), self.inner.stats.resource_missing_since())
     }
 
     /// True once the first full list is in the store.
@@ -881,6 +1001,260 @@ mod tests {
         );
         let in_buckets = caught_up.processing_buckets.last().map_or(0, |b| b.1);
         assert_eq!(in_buckets, caught_up.delivered, "every event in a bucket");
+        informer.stop().await;
+    }
+
+    /// The warnings logged on this thread, by message.
+    #[derive(Clone, Default)]
+    struct Warnings(Arc<Mutex<Vec<String>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if *event.metadata().level() == tracing::Level::WARN {
+                let mut message = String::new();
+                event.record(
+                    &mut |field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
+                        if field.name() == "message" {
+                            message = format!("{value:?}");
+                        }
+                    },
+                );
+                lock(&self.0).push(message);
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_resource_gone_is_said_once_retried_at_the_backoff_s_pace_and_resumed() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let warnings = Warnings::default();
+        let _logs =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+        let fake = Fake::new("widgets.example.dev");
+        fake.add(cm("a"));
+        let informer = SharedInformer::builder(fake.clone()).build();
+        let (_reg, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        assert_eq!(rx.recv().await, Some(Ev::Add("a".into(), true)));
+        assert_eq!(informer.health(), InformerHealth::Synced);
+
+        // The CRD deleted: its objects first, then the resource.
+        fake.delete(Some("ns"), "a");
+        assert_eq!(rx.recv().await, Some(Ev::Delete("a".into(), false)));
+        fake.set_resource_missing(true);
+        let before = fake.calls();
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        let since = match informer.health() {
+            InformerHealth::ResourceMissing { since } => since,
+            other => panic!("expected the resource missing, got {other:?}"),
+        };
+        let calls = fake.calls();
+        let attempts = calls.lists + calls.watches - before.lists - before.watches;
+        // The default backoff: from 0.8 s, doubling, to 30 s, each up to 25% shorter.
+        assert!(
+            (10..=45).contains(&attempts),
+            "{attempts} lists and watches in 10 minutes"
+        );
+        let said: Vec<String> = lock(&warnings.0).clone();
+        let missing = said.iter().filter(|m| m.contains("does not serve")).count();
+        assert_eq!(missing, 1, "said once: {said:?}");
+        assert_eq!(said.len(), 1, "and nothing else: {said:?}");
+        assert!(informer.has_synced() && informer.store().is_empty());
+        assert_eq!(informer.health(), InformerHealth::ResourceMissing { since });
+
+        // The CRD back, with a new object: the informer resumes by itself.
+        fake.set_resource_missing(false);
+        fake.add(cm("b"));
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert_eq!(informer.health(), InformerHealth::Synced);
+        assert_eq!(rx.recv().await, Some(Ev::Add("b".into(), false)));
+        assert_eq!(informer.store().len(), 1);
+        informer.stop().await;
+    }
+
+    fn names(store: &Store<ConfigMap>) -> Vec<(String, String)> {
+        let mut objects: Vec<(String, String)> = store.iter().map(|o| (name(&o), rv(&o))).collect();
+        objects.sort();
+        objects
+    }
+
+    fn fake_state(fake: &Fake, names: &[&str]) -> Vec<(String, String)> {
+        let mut objects: Vec<(String, String)> = names
+            .iter()
+            .filter_map(|n| fake.get(&format!("ns/{n}")))
+            .map(|o| (name(&o), rv(&o)))
+            .collect();
+        objects.sort();
+        objects
+    }
+
+    /// Runs an informer over `fake` with a warm restart at `path` until synced, then stops
+    /// it (which writes the snapshot).
+    async fn run_and_stop(fake: &Fake, path: &std::path::Path) {
+        let informer = SharedInformer::builder(fake.clone())
+            .warm_restart(crate::reflector::WarmRestart::at(path))
+            .build()
+            .spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        informer.stop().await;
+        assert!(path.exists(), "the snapshot is written at stop");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warm_restart_resumes_the_watch_and_syncs_once_caught_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("configmaps.snapshot");
+        let fake = Fake::new("configmaps");
+        for n in ["a", "b", "c"] {
+            fake.add(cm(n));
+        }
+        run_and_stop(&fake, &path).await;
+        let before = fake.calls();
+
+        // Changes while it was down.
+        let mut a = fake.get("ns/a").unwrap();
+        a.data = Some([("k".to_owned(), "v".to_owned())].into());
+        fake.update(a);
+        fake.delete(Some("ns"), "b");
+        fake.add(cm("d"));
+
+        // The consistent read of the current version fails: only a bookmark can say the
+        // watch has caught up.
+        fake.fail_next_list(gone("configmaps", Verb::List));
+        let informer = SharedInformer::builder(fake.clone())
+            .warm_restart(crate::reflector::WarmRestart::at(&path))
+            .build();
+        let (_reg, mut rx) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        // The snapshot's objects reach the handler once, as the initial list's, and the
+        // changes it missed follow from the resumed watch.
+        let mut seen = Vec::new();
+        while seen.len() < 6 {
+            seen.push(rx.recv().await.unwrap());
+        }
+        let mut restored: Vec<String> = seen[..3]
+            .iter()
+            .map(|ev| match ev {
+                Ev::Add(n, true) => n.clone(),
+                other => panic!("expected an initial add, got {other:?}"),
+            })
+            .collect();
+        restored.sort();
+        assert_eq!(restored, ["a", "b", "c"]);
+        assert!(
+            matches!(&seen[3], Ev::Update(n, _, _) if n == "a"),
+            "{seen:?}"
+        );
+        assert_eq!(
+            seen[4..],
+            [Ev::Delete("b".into(), false), Ev::Add("d".into(), true)]
+        );
+        // Caught up only at a bookmark: until then the informer says it has not synced.
+        assert!(!informer.has_synced());
+        fake.bookmark();
+        informer.wait_synced().await;
+        assert_eq!(
+            names(&informer.store()),
+            fake_state(&fake, &["a", "b", "c", "d"])
+        );
+        let calls = fake.calls();
+        assert_eq!(calls.lists, before.lists + 1, "the consistent read only");
+        assert_eq!(fake.list_requests().last().unwrap().limit, Some(1));
+        let resumed = fake.watch_requests().last().cloned().unwrap();
+        assert!(!resumed.send_initial_events, "no streaming list either");
+        assert_eq!(resumed.timeout, Some(Duration::from_secs(3)));
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warm_restart_has_caught_up_once_it_saw_the_consistent_read_s_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("configmaps.snapshot");
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        run_and_stop(&fake, &path).await;
+        fake.add(cm("b"));
+        let informer = SharedInformer::builder(fake.clone())
+            .warm_restart(crate::reflector::WarmRestart::at(&path))
+            .build()
+            .spawn(CancellationToken::new());
+        // No bookmark: the replayed add of b is at the version the consistent read says is
+        // the current one.
+        informer.wait_synced().await;
+        assert_eq!(names(&informer.store()), fake_state(&fake, &["a", "b"]));
+        assert!(fake.list_requests().iter().all(|l| l.limit == Some(1)));
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_too_old_corrupt_or_of_another_selection_gives_a_full_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("configmaps.snapshot");
+        let fake = Fake::new("configmaps");
+        for n in ["a", "b"] {
+            fake.add(cm(n));
+        }
+        let restart = |fake: &Fake, path: &std::path::Path| {
+            SharedInformer::builder(fake.clone())
+                .warm_restart(crate::reflector::WarmRestart::at(path))
+                .build()
+                .spawn(CancellationToken::new())
+        };
+        // Full lists: streaming ones, and paged ones (not the consistent read of one object).
+        let relists = |fake: &Fake| {
+            fake.watch_requests()
+                .iter()
+                .filter(|w| w.send_initial_events)
+                .count()
+                + fake
+                    .list_requests()
+                    .iter()
+                    .filter(|l| l.limit != Some(1))
+                    .count()
+        };
+
+        // Past the server's history (410): a full list replaces the snapshot.
+        run_and_stop(&fake, &path).await;
+        fake.delete(Some("ns"), "a");
+        fake.add(cm("c"));
+        fake.compact();
+        let full = relists(&fake);
+        let informer = restart(&fake, &path);
+        informer.wait_synced().await;
+        assert_eq!(relists(&fake), full + 1);
+        assert_eq!(
+            names(&informer.store()),
+            fake_state(&fake, &["a", "b", "c"])
+        );
+        informer.stop().await;
+
+        // Corrupt: one byte changed.
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x55;
+        std::fs::write(&path, &bytes).unwrap();
+        let full = relists(&fake);
+        let informer = restart(&fake, &path);
+        informer.wait_synced().await;
+        assert_eq!(relists(&fake), full + 1);
+        assert_eq!(
+            names(&informer.store()),
+            fake_state(&fake, &["a", "b", "c"])
+        );
+        informer.stop().await;
+
+        // Of another selection: another resource's informer at the same path.
+        let other = Fake::new("otherconfigmaps");
+        other.add(cm("x"));
+        let informer = restart(&other, &path);
+        informer.wait_synced().await;
+        assert_eq!(names(&informer.store()), fake_state(&other, &["x"]));
+        assert_eq!(relists(&other), 1);
         informer.stop().await;
     }
 

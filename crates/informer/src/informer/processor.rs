@@ -24,7 +24,7 @@ use crate::{
     key::ObjectKey,
     list_watch::RawObject,
     reflector::ReflectorStore,
-    store::{Arrival, IndexFn, StoreChange, Writer},
+    store::{Arrival, IndexFn, KeptObjects, StoreChange, Writer},
 };
 
 /// Applies the reflector's writes to the store and fans notifications out to handlers.
@@ -214,6 +214,41 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         }
     }
 
+    fn restore(
+        &self,
+        objects: Vec<(ObjectKey, Arc<K>, Option<RawObject>)>,
+        resource_version: &str,
+    ) {
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        p.store.start_list();
+        for (key, object, raw) in objects {
+            if let Some(change) = p.store.list_object(key, object, raw) {
+                let note = Self::notification(&dist, change);
+                Processor::broadcast(&mut dist, &[note]);
+            }
+        }
+        let notes: Vec<_> = p
+            .store
+            .finish_list()
+            .into_iter()
+            .map(|change| Self::notification(&dist, change))
+            .collect();
+        Processor::broadcast(&mut dist, &notes);
+        // The state at that version, but not synced: the resumed watch's first bookmark
+        // says when it has caught up (`caught_up`).
+        dist.applied = Applied::Version(resource_version.to_owned());
+    }
+
+    fn caught_up(&self, resource_version: &str) {
+        let p = &*self.0;
+        let mut dist = lock(&p.dist);
+        dist.applied = Applied::Version(resource_version.to_owned());
+        Self::mark_synced(p, &mut dist);
+        p.permanent_error
+            .send_if_modified(|error| error.take().is_some());
+    }
+
     fn finish_list(&self, resource_version: &str) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
@@ -339,6 +374,17 @@ impl Applied {
 }
 
 impl<K: Resource + Send + Sync + 'static> Processor<K> {
+    /// Every cached object as the store keeps it, and the server's version they are the
+    /// state of; `None` while a full list is being applied. One instant: no write comes in
+    /// between.
+    pub(super) fn kept(&self) -> Option<(String, KeptObjects<K>)> {
+        let dist = lock(&self.dist);
+        let Applied::Version(version) = &dist.applied else {
+            return None;
+        };
+        Some((version.clone(), self.store.kept()))
+    }
+
     /// The key and resourceVersion of every cached object, and the server's version they
     /// are the state of; `None` while a full list is being applied. One instant: no write
     /// comes in between.

@@ -97,6 +97,14 @@ where
         self.api.namespace().map(str::to_owned)
     }
 
+    fn selectors(&self) -> String {
+        format!(
+            "labels={} fields={}",
+            self.label_selector.as_deref().unwrap_or(""),
+            self.field_selector.as_deref().unwrap_or("")
+        )
+    }
+
     async fn list(&self, options: &ListOptions) -> Result<ListPage<K>, Error> {
         api_list(
             &self.api,

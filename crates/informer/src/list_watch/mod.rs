@@ -32,6 +32,7 @@ pub use api::ApiListWatch;
 pub use kube_client::api::VersionMatch;
 pub use lazy::LazyObject;
 pub(crate) use protobuf::field_sets::FieldSetMemo;
+pub(crate) use protobuf::schema::Resource as ProtobufResource;
 #[cfg(test)]
 pub(crate) use protobuf::test_encoder;
 pub use protobuf::{KUBERNETES_API_VERSION, ProtobufError};
@@ -316,6 +317,14 @@ pub trait ListWatch<K>: Send + Sync + 'static {
     /// cluster-scoped kind.
     fn namespace(&self) -> Option<String> {
         None
+    }
+
+    /// The label and field selectors this source lists with, in one line (empty when it
+    /// has none). With the resource, the namespace and the shard, it tells one selection
+    /// from another: a [warm restart](crate::reflector::WarmRestart)'s snapshot is used only
+    /// by an informer of the selection it was taken of.
+    fn selectors(&self) -> String {
+        String::new()
     }
 
     /// Lists one page.

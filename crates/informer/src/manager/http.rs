@@ -21,7 +21,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     events::Recorder,
-    informer::{HandlerStats, InformerFactory},
+    informer::{HandlerStats, InformerFactory, InformerHealth},
     list_watch::ShardMode,
     sharding::ShardRing,
 };
@@ -66,6 +66,32 @@ impl State {
         }
     }
 
+    /// `/readyz`: failing until every informer has synced, and while the server does not
+    /// serve an informer's resource.
+    fn readiness(&self) -> Result<(), String> {
+        let missing: Vec<String> = self
+            .factory
+            .informers()
+            .into_iter()
+            .filter_map(|informer| match informer.health {
+                InformerHealth::ResourceMissing { since } => Some(format!(
+                    "the API server has not served {} for {:?}",
+                    informer.resource,
+                    since.elapsed().unwrap_or_default()
+                )),
+                _ => None,
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(missing.join("\n"));
+        }
+        if self.factory.has_synced() {
+            Ok(())
+        } else {
+            Err("caches not synced yet".into())
+        }
+    }
+
     fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
         const TEXT: &str = "text/plain; charset=utf-8";
         match path {
@@ -73,12 +99,10 @@ impl State {
                 Ok(()) => (StatusCode::OK, TEXT, "ok".into()),
                 Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, why),
             },
-            "/readyz" if self.factory.has_synced() => (StatusCode::OK, TEXT, "ok".into()),
-            "/readyz" => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                "caches not synced yet".into(),
-            ),
+            "/readyz" => match self.readiness() {
+                Ok(()) => (StatusCode::OK, TEXT, "ok".into()),
+                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, why),
+            },
             "/metrics" => {
                 let mut body = String::new();
                 match encode(&mut body, &self.registry) {
@@ -180,6 +204,7 @@ impl Collector for InformerCollector {
         let hot_evictions: Family<InformerLabels, Counter> = Family::default();
         let shard_by_server: Family<InformerLabels, Gauge> = Family::default();
         let users: Family<InformerLabels, Gauge> = Family::default();
+        let missing: Family<InformerLabels, Gauge> = Family::default();
         let mut handlers: Vec<(HandlerLabels, HandlerStats)> = Vec::new();
         for state in self.factory.informers() {
             let labels = InformerLabels {
@@ -195,6 +220,10 @@ impl Collector for InformerCollector {
             users
                 .get_or_create(&labels)
                 .set(i64::try_from(state.users).unwrap_or(i64::MAX));
+            let resource_missing = matches!(state.health, InformerHealth::ResourceMissing { .. });
+            missing
+                .get_or_create(&labels)
+                .set(i64::from(resource_missing));
             // etcd's revisions are integers; a server whose versions are not has no gauge.
             if let Some(rv) = state
                 .last_sync_resource_version
@@ -264,6 +293,11 @@ impl Collector for InformerCollector {
                 "informer_users",
                 "Handles, stores and handlers holding the informer in use; at 0 it stops after a grace period",
                 users,
+            ),
+            (
+                "informer_resource_missing",
+                "Whether the API server answers 404 to the informer's list and watch (1), its CRD deleted or not installed, or serves it (0)",
+                missing,
             ),
         ];
         let counters = [

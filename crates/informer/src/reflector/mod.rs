@@ -9,6 +9,7 @@
 
 mod backoff;
 mod list;
+mod snapshot;
 mod state;
 mod watch;
 
@@ -19,7 +20,7 @@ use std::{
         Arc,
         atomic::{AtomicU8, AtomicU64, Ordering},
     },
-    time::Duration,
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use futures::FutureExt;
@@ -36,6 +37,9 @@ use crate::{
 };
 
 pub use backoff::{Backoff, BackoffConfig};
+pub use snapshot::WarmRestart;
+pub(crate) use snapshot::{Loaded, SnapshotError, selection as snapshot_selection};
+pub(crate) use snapshot::{read as read_snapshot, write as write_snapshot};
 use state::{Next, Phase, State, WatchEnd};
 use watch::StreamingList;
 
@@ -69,6 +73,27 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     /// The full list in progress is complete, at `resource_version`: every object it did
     /// not list is gone.
     fn finish_list(&self, resource_version: &str);
+    /// The objects of a [warm restart](WarmRestart)'s snapshot, the server's state at
+    /// `resource_version`, before anything else: stored as a full list's, but the store
+    /// counts as synced only once [`caught_up`](Self::caught_up). The default stores them
+    /// as a full list.
+    fn restore(
+        &self,
+        objects: Vec<(ObjectKey, Arc<K>, Option<RawObject>)>,
+        resource_version: &str,
+    ) {
+        self.start_list();
+        for (key, object, raw) in objects {
+            self.list_object(key, object, raw);
+        }
+        self.finish_list(resource_version);
+    }
+    /// The watch resumed after a [`restore`](Self::restore) has caught up with the server
+    /// at `resource_version` (its first bookmark): the store is synced. The default treats
+    /// it as a bookmark.
+    fn caught_up(&self, resource_version: &str) {
+        self.bookmark(resource_version);
+    }
 }
 
 /// A store written directly: the first list fills it as it arrives, later ones are swapped
@@ -318,6 +343,9 @@ struct StatCounters {
     /// 0: no shard, or not listed yet; 1: applied by the server; 2: by the client.
     shard_mode: AtomicU8,
     outside_shard: AtomicU64,
+    /// Since when (milliseconds after the Unix epoch) the server has answered 404 to the
+    /// resource's list or watch; 0 while it serves it.
+    missing_since: AtomicU64,
 }
 
 impl ReflectorStats {
@@ -373,6 +401,35 @@ impl ReflectorStats {
     /// List and watch errors reported (each also went to the error hook).
     pub fn errors(&self) -> u64 {
         self.0.errors.load(Ordering::Relaxed)
+    }
+
+    /// Since when the API server has not served the resource: every list and watch since
+    /// then was answered 404 (a CRD deleted, or not installed yet). `None` while it is
+    /// served, and before the first answer.
+    pub fn resource_missing_since(&self) -> Option<SystemTime> {
+        match self.0.missing_since.load(Ordering::Relaxed) {
+            0 => None,
+            millis => Some(UNIX_EPOCH + Duration::from_millis(millis)),
+        }
+    }
+
+    /// The server answered 404: true if it served the resource until now.
+    fn mark_missing(&self) -> bool {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            })
+            .max(1);
+        self.0
+            .missing_since
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// The server served a list or watch: true if it had not been.
+    fn mark_served(&self) -> bool {
+        self.0.missing_since.swap(0, Ordering::Relaxed) != 0
     }
 
     fn count(counter: &AtomicU64) {
@@ -474,7 +531,23 @@ pub struct Reflector<K, L, S> {
     shard: Option<ShardCell>,
     resource: String,
     namespace: Option<String>,
+    /// Reads a warm restart's snapshot, once, before the first step.
+    restore: Option<Restore<K>>,
 }
+
+/// Reads a warm restart's snapshot (on a blocking thread).
+pub(crate) type Restore<K> = Box<dyn FnOnce() -> Result<Loaded<K>, SnapshotError> + Send + Sync>;
+
+/// [`read_snapshot`] for one type.
+pub(crate) type ReadSnapshot<K> = fn(&std::path::Path, &str) -> Result<Loaded<K>, SnapshotError>;
+
+/// [`write_snapshot`] for one type.
+pub(crate) type WriteSnapshot<K> = fn(
+    &std::path::Path,
+    &str,
+    &str,
+    &[(ObjectKey, crate::store::Kept<K>)],
+) -> std::io::Result<usize>;
 
 impl<K, L, S> Reflector<K, L, S>
 where
@@ -503,7 +576,16 @@ where
             shard,
             resource,
             namespace,
+            restore: None,
         }
+    }
+
+    /// Starts from a warm restart's snapshot that `restore` reads, when it can be used,
+    /// instead of a full list (see [`WarmRestart`]).
+    #[must_use]
+    pub(crate) fn with_restore(mut self, restore: Restore<K>) -> Self {
+        self.restore = Some(restore);
+        self
     }
 
     /// Applies `transform` to every object before it is stored.
@@ -585,7 +667,7 @@ where
         self.run_loop(cancel).instrument(span).await;
     }
 
-    async fn run_loop(self, cancel: CancellationToken) {
+    async fn run_loop(mut self, cancel: CancellationToken) {
         let mut backoff = Backoff::new(self.config.backoff.clone());
         let mut reconnect = Backoff::new(reconnect_backoff(&self.config.backoff));
         let list_mode = match self.config.shard {
@@ -593,6 +675,11 @@ where
             None => self.config.list_mode,
         };
         let mut state = State::new(list_mode);
+        if let Some(restore) = self.restore.take()
+            && let Some(resource_version) = self.restore_snapshot(restore).await
+        {
+            state = State::resumed(list_mode, resource_version);
+        }
         loop {
             if cancel.is_cancelled() {
                 break;
@@ -632,7 +719,10 @@ where
                         r = self.guarded(self.list_all(from, state.last_rv())) => r,
                     };
                     match listed {
-                        Ok(Ok(rv)) => state.listed(rv),
+                        Ok(Ok(rv)) => {
+                            self.served();
+                            state.listed(rv)
+                        }
                         Ok(Err(error)) => {
                             self.report(&error);
                             if error.is_gone() {
@@ -646,10 +736,12 @@ where
                 (Phase::Watch, _) => {
                     let start = state.last_rv().to_owned();
                     ReflectorStats::count(&self.stats.0.watches);
-                    match self
-                        .guarded(self.watch(&cancel, &start, StreamingList::No))
-                        .await
-                    {
+                    let streaming = if state.resuming() {
+                        StreamingList::Resuming
+                    } else {
+                        StreamingList::No
+                    };
+                    match self.guarded(self.watch(&cancel, &start, streaming)).await {
                         Ok(report) => {
                             self.report_watch_end(&report.end);
                             state.watched(&report)
@@ -676,6 +768,37 @@ where
         debug!("reflector stopped");
     }
 
+    /// Reads a warm restart's snapshot and stores its objects; the resourceVersion to
+    /// resume the watch from, or `None` (a full list follows) when it cannot be used.
+    async fn restore_snapshot(&self, restore: Restore<K>) -> Option<String> {
+        let started = tokio::time::Instant::now();
+        match tokio::task::spawn_blocking(restore).await {
+            Ok(Ok(loaded)) => {
+                let objects = loaded.objects.len();
+                self.store.restore(loaded.objects, &loaded.resource_version);
+                info!(
+                    objects,
+                    rv = %loaded.resource_version,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "restored the cache from its snapshot; resuming the watch"
+                );
+                Some(loaded.resource_version)
+            }
+            Ok(Err(SnapshotError::Missing(path))) => {
+                info!(path = %path.display(), "no snapshot to restore yet; listing");
+                None
+            }
+            Ok(Err(error)) => {
+                warn!(%error, "the snapshot cannot be used; listing");
+                None
+            }
+            Err(error) => {
+                warn!(%error, "reading the snapshot failed; listing");
+                None
+            }
+        }
+    }
+
     /// Runs one step; a panic in it is reported as [`Error::Panicked`] and returned as
     /// `Err(())`.
     async fn guarded<T>(&self, step: impl Future<Output = T>) -> Result<T, ()> {
@@ -695,6 +818,10 @@ where
 
     /// Logs and reports how a watch ended, when that is news.
     fn report_watch_end(&self, end: &WatchEnd) {
+        if !matches!(end, WatchEnd::Refused { .. } | WatchEnd::Cancelled) {
+            // The watch was opened: the resource is served.
+            self.served();
+        }
         match end {
             WatchEnd::Failed {
                 error: error @ Error::StreamingListUnsupported { .. },
@@ -715,10 +842,32 @@ where
     }
 
     fn report(&self, error: &Error) {
-        warn!(%error, "list/watch error");
+        if error.is_resource_missing() {
+            // Said once: until the resource is back, every retry gets the same answer.
+            if self.stats.mark_missing() {
+                warn!(
+                    %error,
+                    retry_at_most_every = ?self.config.backoff.max,
+                    "the API server does not serve this resource (its CRD deleted or not \
+                     installed?); the cache keeps its last state, and the informer resumes \
+                     once the resource is served again"
+                );
+            } else {
+                debug!(%error, "resource still not served");
+            }
+        } else {
+            warn!(%error, "list/watch error");
+        }
         ReflectorStats::count(&self.stats.0.errors);
         if let Some(hook) = &self.error_hook {
             hook(error);
+        }
+    }
+
+    /// A list or watch was served: the resource is there (again).
+    fn served(&self) {
+        if self.stats.mark_served() {
+            info!("the API server serves this resource again");
         }
     }
 

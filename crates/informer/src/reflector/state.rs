@@ -78,6 +78,8 @@ pub(super) struct WatchReport {
     pub(super) last_rv: String,
     /// Whether a streaming list's initial events completed.
     pub(super) initial_events: InitialEvents,
+    /// Whether a watch resumed from a snapshot reached its first bookmark.
+    pub(super) caught_up: bool,
 }
 
 /// What to do after a step.
@@ -115,6 +117,8 @@ pub(super) struct State {
     gone_in_a_row: u32,
     /// 503 Service Unavailable answers in a row with no progress in between.
     unavailable_in_a_row: u32,
+    /// The store holds a snapshot not caught up with the server yet.
+    resuming: bool,
 }
 
 impl State {
@@ -127,7 +131,24 @@ impl State {
             last_rv: String::new(),
             gone_in_a_row: 0,
             unavailable_in_a_row: 0,
+            resuming: false,
         }
+    }
+
+    /// After a warm restart's snapshot at `resource_version` was restored: resume the watch
+    /// from it.
+    pub(super) fn resumed(mode: ListMode, resource_version: String) -> Self {
+        Self {
+            phase: Phase::Watch,
+            last_rv: resource_version,
+            resuming: true,
+            ..Self::new(mode)
+        }
+    }
+
+    /// Whether the next watch resumes from a snapshot, not caught up yet.
+    pub(super) fn resuming(&self) -> bool {
+        self.resuming
     }
 
     pub(super) fn phase(&self) -> Phase {
@@ -208,6 +229,16 @@ impl State {
     /// A watch (or streaming list) ended as `report` says.
     pub(super) fn watched(&mut self, report: &WatchReport) -> Next {
         self.last_rv.clone_from(&report.last_rv);
+        // A resumed watch that ended before its first bookmark cannot say the snapshot
+        // caught up (410: the server's history no longer reaches it; a server without a
+        // watch cache sends no bookmark): list from scratch, replacing it atomically.
+        if std::mem::take(&mut self.resuming)
+            && !report.caught_up
+            && !matches!(report.end, WatchEnd::Cancelled)
+        {
+            self.phase = Phase::Sync(ListFrom::Any);
+            return Next::Go;
+        }
         if report.initial_events == InitialEvents::Complete {
             self.phase = Phase::Watch;
         }
@@ -336,6 +367,7 @@ mod tests {
             end,
             last_rv: "7".to_owned(),
             initial_events,
+            caught_up: false,
         }
     }
 
@@ -392,6 +424,7 @@ mod tests {
             end: WatchEnd::Refused { error },
             last_rv: "5".to_owned(),
             initial_events: InitialEvents::NotRequested,
+            caught_up: false,
         };
         let forbidden = Error::from_status(
             status(403, "Forbidden", "no watch for you"),
@@ -451,6 +484,7 @@ mod tests {
             },
             last_rv: "5".to_owned(),
             initial_events: InitialEvents::NotRequested,
+            caught_up: false,
         };
         let mut state = State::new(ListMode::Paged);
         state.listed("5".to_owned());
@@ -468,6 +502,7 @@ mod tests {
             },
             last_rv: "9".to_owned(),
             initial_events: InitialEvents::NotRequested,
+            caught_up: false,
         };
         assert_eq!(state.watched(&healthy), Next::Go);
         assert_eq!(state.watched(&refused()), Next::Reconnect);

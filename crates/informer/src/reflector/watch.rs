@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     error::{Error, StreamingRefusal, Verb},
-    list_watch::{Change, ListWatch, WatchEvent, WatchOptions},
+    list_watch::{Change, ListOptions, ListWatch, WatchEvent, WatchOptions},
 };
 
 /// Whether a watch is a streaming list (`sendInitialEvents`).
@@ -26,7 +26,14 @@ pub(super) enum StreamingList {
     Yes,
     /// Changes after the start resourceVersion only.
     No,
+    /// Changes after a warm restart's snapshot: the store is synced at the first bookmark,
+    /// which a short timeout makes the server send soon (two seconds before it).
+    Resuming,
 }
+
+/// The timeout a resumed watch asks for: the API server's watch cache sends a bookmark two
+/// seconds before a watch's timeout, and this is the shortest for which that lies ahead.
+const RESUMING_WATCH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The initial phase of a streaming list: how many objects it sent so far.
 struct InitialPhase {
@@ -58,11 +65,14 @@ where
                     started: Instant::now(),
                 })
             }
-            StreamingList::No => None,
+            StreamingList::No | StreamingList::Resuming => None,
         };
-        let end = self.follow(cancel, &mut last_rv, &mut initial).await;
+        let mut resuming = streaming == StreamingList::Resuming;
+        let end = self
+            .follow(cancel, &mut last_rv, &mut initial, &mut resuming)
+            .await;
         let initial_events = match (streaming, initial) {
-            (StreamingList::No, _) => InitialEvents::NotRequested,
+            (StreamingList::No | StreamingList::Resuming, _) => InitialEvents::NotRequested,
             (StreamingList::Yes, Some(_)) => InitialEvents::Incomplete,
             (StreamingList::Yes, None) => InitialEvents::Complete,
         };
@@ -70,18 +80,25 @@ where
             end,
             last_rv,
             initial_events,
+            caught_up: streaming == StreamingList::Resuming && !resuming,
         }
     }
 
-    /// The watch itself; `initial` is taken once a streaming list's end bookmark arrived.
+    /// The watch itself; `initial` is taken once a streaming list's end bookmark arrived,
+    /// `resuming` turns false at a resumed watch's first bookmark.
     async fn follow(
         &self,
         cancel: &CancellationToken,
         last_rv: &mut String,
         initial: &mut Option<InitialPhase>,
+        resuming: &mut bool,
     ) -> WatchEnd {
         let min = self.config.min_watch_timeout;
-        let timeout = min.mul_f64(1.0 + rand::rng().random::<f64>());
+        let timeout = if *resuming {
+            RESUMING_WATCH_TIMEOUT
+        } else {
+            min.mul_f64(1.0 + rand::rng().random::<f64>())
+        };
         let options = WatchOptions {
             resource_version: last_rv.clone(),
             timeout: Some(Duration::from_secs(timeout.as_secs().max(1))),
@@ -109,7 +126,16 @@ where
             },
         };
         let mut events = 0usize;
+        // A resumed watch has caught up once it has seen the version a consistent read
+        // returns now, or a bookmark (which the read hastens: it makes the server's watch
+        // cache fetch the storage's current version, so the bookmark has a newer one).
+        let mut consistent_read = resuming.then(|| Box::pin(self.consistent_version()));
+        let mut current: Option<u64> = None;
         loop {
+            if *resuming && current.is_some_and(|current| version_number(last_rv) >= Some(current))
+            {
+                self.caught_up(resuming, last_rv);
+            }
             // A body the connection has buffered is read without ever waiting, so without
             // this the reflector would apply a whole streaming list before the handlers'
             // tasks (woken on this thread) run once, and a compact cache would hold every
@@ -128,10 +154,21 @@ where
                     None => std::future::pending().await,
                 }
             };
+            let read = async {
+                match consistent_read.as_mut() {
+                    Some(read) => read.await,
+                    None => std::future::pending().await,
+                }
+            };
             let next = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return WatchEnd::Cancelled,
                 () = relist, if initial.is_none() => return WatchEnd::RelistRequested,
+                version = read => {
+                    consistent_read = None;
+                    current = version;
+                    continue;
+                }
                 n = tokio::time::timeout(silence, stream.next()) => n,
             };
             let event = match next {
@@ -207,8 +244,12 @@ where
                         );
                     }
                     if !resource_version.is_empty() && initial.is_none() {
-                        self.store.bookmark(&resource_version);
                         *last_rv = resource_version;
+                        if *resuming {
+                            self.caught_up(resuming, last_rv);
+                        } else {
+                            self.store.bookmark(last_rv);
+                        }
                         self.synced.set(last_rv);
                     }
                     continue;
@@ -293,4 +334,33 @@ where
             }
         }
     }
+
+    /// A resumed watch has seen every change up to `resource_version`: the snapshot and
+    /// what it missed are the server's state.
+    fn caught_up(&self, resuming: &mut bool, resource_version: &str) {
+        *resuming = false;
+        self.store.caught_up(resource_version);
+        info!(rv = %resource_version, "the resumed watch caught up");
+    }
+
+    /// The storage's current version, by a consistent read of one object; `None` when the
+    /// read fails or the version is no number (the bookmark still says it).
+    async fn consistent_version(&self) -> Option<u64> {
+        let options = ListOptions {
+            limit: Some(1),
+            ..ListOptions::default()
+        };
+        match self.lw.list(&options).await {
+            Ok(page) => version_number(&page.resource_version),
+            Err(error) => {
+                debug!(%error, "the consistent read of the current version failed");
+                None
+            }
+        }
+    }
+}
+
+/// A resourceVersion as the number etcd's revisions are; `None` for one that is not.
+fn version_number(resource_version: &str) -> Option<u64> {
+    resource_version.parse().ok()
 }

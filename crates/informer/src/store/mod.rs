@@ -26,7 +26,7 @@ use crate::{
     codec::Codec,
     error::{BoxError, Error},
     key::ObjectKey,
-    list_watch::{FieldSetMemo, RawObject},
+    list_watch::{FieldSetMemo, RawFormat, RawObject},
 };
 
 use index::{Index, IndexValues, apply_change, compute_values};
@@ -653,6 +653,25 @@ impl<K: Resource> Store<K> {
         self.resolve_all(slots)
     }
 
+    /// Every object as the store keeps it, at one instant, for a snapshot: the bytes the
+    /// server sent where it kept those, the object otherwise (decoded from the store's own
+    /// encoding, after the lock is released). Objects that do not decode are left out.
+    pub(crate) fn kept(&self) -> KeptObjects<K> {
+        self.snapshot()
+            .into_iter()
+            .filter_map(|(key, taken)| {
+                let kept = match taken {
+                    Taken::Decoded(object) => Kept::Object(object),
+                    Taken::Encoded { body, .. } => match body.wire() {
+                        Some((format, _)) => Kept::Wire(format, body.bytes.clone()),
+                        None => Kept::Object(Arc::new(body.decode(&self.shared.field_sets).ok()?)),
+                    },
+                };
+                Some((key, kept))
+            })
+            .collect()
+    }
+
     /// The key and resourceVersion of every object, at one instant, without decoding any.
     pub(crate) fn key_versions(&self) -> Vec<(ObjectKey, String)> {
         self.read()
@@ -668,6 +687,17 @@ fn find<'a>(indexes: &'a [Index], name: &str) -> Result<&'a Index, Error> {
         .iter()
         .find(|i| &*i.name == name)
         .ok_or_else(|| Error::IndexNotFound(name.to_owned()))
+}
+
+/// Every object of a store as it keeps it, by key (see [`Store::kept`]).
+pub(crate) type KeptObjects<K> = Vec<(ObjectKey, Kept<K>)>;
+
+/// One object as a store keeps it (see [`Store::kept`]).
+pub(crate) enum Kept<K> {
+    /// The bytes the server sent, in their format.
+    Wire(RawFormat, Arc<[u8]>),
+    /// The object.
+    Object(Arc<K>),
 }
 
 /// The objects of a [`Store`] as of [`Store::iter`], each decoded when reached. Objects

@@ -106,6 +106,8 @@ struct State<K> {
     /// Keys whose objects are served as [`ListItem::Undecodable`] and
     /// [`WatchEvent::Undecodable`], as a server does for objects the client's type rejects.
     undecodable: HashSet<ObjectKey>,
+    /// Every list and watch answers 404, as for a CRD deleted.
+    missing: bool,
 }
 
 /// Why a [marked](FakeListWatch::mark_undecodable) object does not decode.
@@ -121,6 +123,21 @@ pub fn status(code: u16, reason: &str, message: &str) -> Box<Status> {
         reason: reason.to_owned(),
         details: None,
     })
+}
+
+/// A 404 Not Found error for `resource`, as the API server answers a list or watch of a
+/// resource it does not serve (a CRD deleted or not installed).
+pub fn not_found(resource: &str, verb: Verb) -> Error {
+    Error::from_status(
+        status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ),
+        verb,
+        resource,
+        None,
+    )
 }
 
 /// A 410 Gone error for `resource`, as the API server reports an expired resourceVersion.
@@ -188,6 +205,7 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
                     streaming_lists: true,
                     cut_initial_events: VecDeque::new(),
                     undecodable: HashSet::new(),
+                    missing: false,
                 }),
                 calls: watch::channel(CallCounts::default()).0,
             }),
@@ -337,6 +355,17 @@ impl<K: Resource + Clone + Send + Sync + 'static> FakeListWatch<K> {
         self.state().cut_initial_events.push_back(after);
     }
 
+    /// With `true`, the resource is no longer served, as when its CRD is deleted: open
+    /// watches end and every list and watch answers 404 ([`not_found`]) until called with
+    /// `false`. The objects stay (delete them first to mimic a CRD's deletion).
+    pub fn set_resource_missing(&self, missing: bool) {
+        let mut st = self.state();
+        st.missing = missing;
+        if missing {
+            st.watchers.clear();
+        }
+    }
+
     /// Ends every open watch normally (as the server's `timeoutSeconds` does).
     pub fn end_watches(&self) {
         self.state().watchers.clear();
@@ -417,7 +446,11 @@ impl<K: Resource + Clone + Send + Sync + 'static> ListWatch<K> for FakeListWatch
         let result = {
             let mut st = self.state();
             st.list_requests.push(options.clone());
-            self.list_locked(&mut st, options)
+            if st.missing {
+                Err(not_found(&self.shared.resource, Verb::List))
+            } else {
+                self.list_locked(&mut st, options)
+            }
         };
         self.count(|c| c.lists += 1);
         result
@@ -452,7 +485,9 @@ impl<K: Resource + Clone + Send + Sync + 'static> ListWatch<K> for FakeListWatch
         let result = {
             let mut st = self.state();
             st.watch_requests.push(options.clone());
-            if let Some(err) = st.watch_failures.pop_front() {
+            if st.missing {
+                Err(not_found(&self.shared.resource, Verb::Watch))
+            } else if let Some(err) = st.watch_failures.pop_front() {
                 Err(err)
             } else {
                 let (tx, mut rx) = mpsc::unbounded_channel();

@@ -1,0 +1,343 @@
+//! Warm restarts: an informer's cache written to a file, and read back at start so that its
+//! watch resumes where it stopped instead of listing everything again. The full
+//! documentation is on [`WarmRestart`].
+
+use std::{
+    fs,
+    io::{self, Write},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use bytes::Bytes;
+use kube_core::Resource;
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::{
+    key::ObjectKey,
+    list_watch::{ProtobufResource, RawFormat, RawObject},
+    store::Kept,
+};
+
+/// Where an informer keeps a snapshot of its cache, and how often it writes it
+/// ([`InformerBuilder::warm_restart`](crate::InformerBuilder::warm_restart)).
+///
+/// The snapshot holds the objects as the cache keeps them (the bytes the server sent, where
+/// it kept those), the resourceVersion they are the state at, and what they were listed
+/// with: the type, the resource, the namespace, the selectors and the shard. It is written
+/// when the informer stops, and every [`every`](Self::every) while it runs, to a file
+/// beside `path` that then replaces it, so a crash never leaves half a snapshot.
+///
+/// At start, the informer reads it back: every object reaches the handlers once, as an
+/// add of the initial list, and the watch resumes from the snapshot's resourceVersion. The
+/// informer says it has synced only once that watch has caught up with the server: at its
+/// first bookmark, which the API server's watch cache sends within about two seconds (the
+/// resumed watch asks for a three-second timeout, and the server bookmarks two seconds
+/// before it). Until then, reads see the snapshot plus the changes replayed so far.
+///
+/// It lists from scratch instead, replacing the snapshot's objects atomically as any
+/// relist does, when the snapshot is missing, unreadable, corrupt (its checksum), of
+/// another format version, or of another selection (type, resource, namespace, selectors,
+/// shard); and when the resumed watch ends before its bookmark: 410 Gone (the server's
+/// history no longer reaches the snapshot's version, after a compaction or a long
+/// downtime), an API server without a watch cache (which sends no bookmarks), or any error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WarmRestart {
+    path: PathBuf,
+    interval: Option<Duration>,
+}
+
+impl WarmRestart {
+    /// Snapshots at `path`, written when the informer stops.
+    pub fn at(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            interval: None,
+        }
+    }
+
+    /// Also written every `interval` while the informer runs and is synced, so that a
+    /// crash loses at most that much (the watch replays the rest).
+    #[must_use]
+    pub fn every(mut self, interval: Duration) -> Self {
+        self.interval = Some(interval);
+        self
+    }
+
+    /// Where the snapshot is kept.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How often it is written while the informer runs, if at all.
+    pub fn interval(&self) -> Option<Duration> {
+        self.interval
+    }
+}
+
+/// The first bytes of every snapshot.
+const MAGIC: &[u8; 24] = b"kube-informer snapshot\n\0";
+
+/// The layout this library writes and reads.
+const FORMAT_VERSION: u32 = 1;
+
+/// How a record's bytes decode.
+const JSON: u8 = 0;
+const PROTOBUF: u8 = 1;
+const PROTOBUF_TYPED: u8 = 2;
+
+/// Why a snapshot was not used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SnapshotError {
+    /// There is none yet.
+    #[error("no snapshot at {0}")]
+    Missing(PathBuf),
+    /// It could not be read.
+    #[error("reading the snapshot {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    /// It is not a snapshot.
+    #[error("{0} is not a snapshot of an informer's cache")]
+    Foreign(PathBuf),
+    /// Another version of the library wrote it.
+    #[error("the snapshot is of format {found}; this version reads format {FORMAT_VERSION}")]
+    FormatVersion { found: u32 },
+    /// It is of other objects.
+    #[error("the snapshot is of {found:?}; this informer lists {expected:?}")]
+    OtherSelection { found: String, expected: String },
+    /// Its checksum does not match.
+    #[error("the snapshot is corrupt: its checksum does not match")]
+    Checksum,
+    /// It ends early.
+    #[error("the snapshot is corrupt: it ends early")]
+    Truncated,
+    /// A record does not decode.
+    #[error("the snapshot's object {index} does not decode: {reason}")]
+    Undecodable { index: usize, reason: String },
+}
+
+/// What a snapshot held.
+pub(crate) struct Loaded<K> {
+    pub(crate) resource_version: String,
+    pub(crate) objects: Vec<(ObjectKey, Arc<K>, Option<RawObject>)>,
+}
+
+/// The selection a snapshot is of: the type, the resource, the namespace, the selectors and
+/// the shard, one per line.
+pub(crate) fn selection<K>(
+    resource: &str,
+    namespace: Option<&str>,
+    selectors: &str,
+    shard: &str,
+) -> String {
+    format!(
+        "type {}\nresource {resource}\nnamespace {}\nselectors {selectors}\nshard {shard}",
+        std::any::type_name::<K>(),
+        namespace.unwrap_or("")
+    )
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(bytes);
+}
+
+/// Writes the snapshot of `objects` at `resource_version` to `path`, through a temporary
+/// file renamed over it. Returns the bytes written.
+///
+/// # Errors
+///
+/// The file system's; an object kept decoded that does not encode.
+pub(crate) fn write<K: Serialize>(
+    path: &Path,
+    selection: &str,
+    resource_version: &str,
+    objects: &[(ObjectKey, Kept<K>)],
+) -> io::Result<usize> {
+    let mut protobuf: Option<&'static ProtobufResource> = None;
+    let mut records = Vec::with_capacity(objects.len() * 1024);
+    for (_, kept) in objects {
+        match kept {
+            Kept::Wire(RawFormat::Protobuf { resource, typed }, bytes) => {
+                protobuf = Some(resource);
+                records.push(if *typed { PROTOBUF_TYPED } else { PROTOBUF });
+                put_bytes(&mut records, bytes);
+            }
+            Kept::Wire(RawFormat::Json, bytes) => {
+                records.push(JSON);
+                put_bytes(&mut records, bytes);
+            }
+            Kept::Object(object) => {
+                records.push(JSON);
+                put_bytes(&mut records, &serde_json::to_vec(&**object)?);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(records.len() + 256);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    put_bytes(&mut out, selection.as_bytes());
+    put_bytes(&mut out, resource_version.as_bytes());
+    let protobuf = protobuf.map_or(String::new(), |r| {
+        format!("{}/{}/{}", r.group, r.version, r.plural)
+    });
+    put_bytes(&mut out, protobuf.as_bytes());
+    out.extend_from_slice(&(objects.len() as u64).to_le_bytes());
+    out.extend_from_slice(&records);
+    drop(records);
+    let checksum = crc32fast::hash(&out);
+    out.extend_from_slice(&checksum.to_le_bytes());
+
+    let temporary = path.with_extension("partial");
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir)?;
+    }
+    let mut file = fs::File::create(&temporary)?;
+    file.write_all(&out)?;
+    file.sync_all()?;
+    fs::rename(&temporary, path)?;
+    Ok(out.len())
+}
+
+/// A reader over a snapshot's bytes.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
+        let end = self.at.checked_add(n).ok_or(SnapshotError::Truncated)?;
+        let taken = self
+            .bytes
+            .get(self.at..end)
+            .ok_or(SnapshotError::Truncated)?;
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn u32(&mut self) -> Result<u32, SnapshotError> {
+        let bytes = self.take(4)?;
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, SnapshotError> {
+        let mut word = [0; 8];
+        word.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(word))
+    }
+
+    fn sized(&mut self) -> Result<&'a [u8], SnapshotError> {
+        let len = self.u32()? as usize;
+        self.take(len)
+    }
+
+    fn text(&mut self) -> Result<String, SnapshotError> {
+        Ok(String::from_utf8_lossy(self.sized()?).into_owned())
+    }
+}
+
+/// Reads the snapshot at `path`, if it is one of `selection` in this format, with every
+/// object decoded.
+///
+/// # Errors
+///
+/// [`SnapshotError`]: why it cannot be used.
+pub(crate) fn read<K: Resource + DeserializeOwned>(
+    path: &Path,
+    selection: &str,
+) -> Result<Loaded<K>, SnapshotError> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            return Err(SnapshotError::Missing(path.to_owned()));
+        }
+        Err(source) => {
+            return Err(SnapshotError::Io {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
+    if !bytes.starts_with(MAGIC) {
+        return Err(SnapshotError::Foreign(path.to_owned()));
+    }
+    let mut cursor = Cursor {
+        bytes: &bytes,
+        at: MAGIC.len(),
+    };
+    let found = cursor.u32()?;
+    if found != FORMAT_VERSION {
+        return Err(SnapshotError::FormatVersion { found });
+    }
+    let (body, checksum) = bytes
+        .split_last_chunk::<4>()
+        .ok_or(SnapshotError::Truncated)?;
+    if crc32fast::hash(body) != u32::from_le_bytes(*checksum) {
+        return Err(SnapshotError::Checksum);
+    }
+    let mut cursor = Cursor {
+        bytes: body,
+        at: cursor.at,
+    };
+    let found = cursor.text()?;
+    if found != selection {
+        return Err(SnapshotError::OtherSelection {
+            found,
+            expected: selection.to_owned(),
+        });
+    }
+    let resource_version = cursor.text()?;
+    let protobuf = cursor.text()?;
+    let protobuf = {
+        let mut parts = protobuf.splitn(3, '/');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(group), Some(version), Some(plural)) => {
+                ProtobufResource::find(group, version, plural)
+            }
+            _ => None,
+        }
+    };
+    let count = usize::try_from(cursor.u64()?).map_err(|_| SnapshotError::Truncated)?;
+    let mut objects = Vec::with_capacity(count.min(body.len() / 8));
+    for index in 0..count {
+        let tag = cursor.take(1)?[0];
+        let record = cursor.sized()?;
+        let format = match (tag, protobuf) {
+            (JSON, _) => RawFormat::Json,
+            (PROTOBUF, Some(resource)) => RawFormat::Protobuf {
+                resource,
+                typed: false,
+            },
+            (PROTOBUF_TYPED, Some(resource)) => RawFormat::Protobuf {
+                resource,
+                typed: true,
+            },
+            _ => {
+                return Err(SnapshotError::Undecodable {
+                    index,
+                    reason: format!("unknown encoding {tag}"),
+                });
+            }
+        };
+        let object: K = format
+            .decode(record)
+            .map_err(|error| SnapshotError::Undecodable {
+                index,
+                reason: error.to_string(),
+            })?;
+        let key = ObjectKey::from_object(&object).map_err(|error| SnapshotError::Undecodable {
+            index,
+            reason: error.to_string(),
+        })?;
+        let raw = RawObject::new(Bytes::copy_from_slice(record), format);
+        objects.push((key, Arc::new(object), Some(raw)));
+    }
+    if cursor.at != body.len() {
+        return Err(SnapshotError::Truncated);
+    }
+    Ok(Loaded {
+        resource_version,
+        objects,
+    })
+}
