@@ -912,6 +912,38 @@ pub fn machine() -> String {
     )
 }
 
+/// Bytes the process's TCP sockets have received so far (`bytes_received` of each, from
+/// iproute2's `ss`): the TLS stream from the API server.
+///
+/// # Errors
+///
+/// When `ss` cannot be run.
+pub fn bytes_received(pid: u32) -> anyhow::Result<u64> {
+    use anyhow::Context;
+    let output = std::process::Command::new("ss")
+        .args(["-tinpH"])
+        .output()
+        .context("running `ss` (iproute2)")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let owner = format!("pid={pid},");
+    let mut ours = false;
+    let mut total = 0;
+    for line in text.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            ours = line.contains(&owner);
+            continue;
+        }
+        if ours {
+            total += line
+                .split_whitespace()
+                .find_map(|field| field.strip_prefix("bytes_received:"))
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
 /// Builds the Rust subject binaries `bins` with this executable's profile, into the target
 /// directory this executable is in (the subjects are run from beside it, whatever
 /// `CARGO_TARGET_DIR` says now): `cargo run --bin informer-bench` builds only the driver,

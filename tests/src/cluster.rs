@@ -70,7 +70,10 @@ where
 }
 
 /// `name -> resourceVersion` of what the API server lists now.
-pub async fn server_state(api: &Api<ConfigMap>) -> BTreeMap<String, String> {
+pub async fn server_state<K>(api: &Api<K>) -> BTreeMap<String, String>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     api.list(&ListParams::default())
         .await
         .unwrap()

@@ -26,6 +26,8 @@ pub struct Calls {
     pub lists: Vec<ListCall>,
     /// The options of each watch call, recorded before it passes the gate.
     pub watches: Vec<WatchOptions>,
+    /// Reads of the version the server's cache is at (`cached_version`).
+    pub version_reads: usize,
 }
 
 /// A real [`ListWatch`] (normally an [`ApiListWatch`](kube_informer::list_watch::ApiListWatch) on the
@@ -83,6 +85,16 @@ where
 
     fn namespace(&self) -> Option<String> {
         self.inner.namespace()
+    }
+
+    fn selectors(&self) -> String {
+        self.inner.selectors()
+    }
+
+    async fn cached_version(&self) -> Result<String, Error> {
+        let version = self.inner.cached_version().await;
+        self.calls.send_modify(|c| c.version_reads += 1);
+        version
     }
 
     async fn list(&self, options: &ListOptions) -> Result<ListPage<K>, Error> {

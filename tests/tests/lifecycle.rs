@@ -235,21 +235,35 @@ async fn lifecycle_a_stuck_handler_holds_a_bounded_buffer_while_10_000_events_ar
     factory.shutdown().await;
 }
 
-/// Watches of `resource` the API server is serving now (its `apiserver_longrunning_requests`
-/// gauge, summed over scopes).
-async fn watches_served(client: &kube_client::Client, resource: &str) -> u64 {
+/// The sum of the API server's own `metric` series for `resource` and `verb`, summed over
+/// scopes (and codes): `apiserver_longrunning_requests` for the watches it serves now,
+/// `apiserver_request_total` for the requests it answered.
+async fn apiserver_metric(
+    client: &kube_client::Client,
+    metric: &str,
+    resource: &str,
+    verb: &str,
+) -> u64 {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client
         .request_text(request)
         .await
         .expect("the API server's metrics");
-    let resource = format!(r#"resource="{resource}""#);
+    let (series, resource, verb) = (
+        format!("{metric}{{"),
+        format!(r#"resource="{resource}""#),
+        format!(r#"verb="{verb}""#),
+    );
     metrics
         .lines()
-        .filter(|line| line.starts_with("apiserver_longrunning_requests{"))
-        .filter(|line| line.contains(&resource) && line.contains(r#"verb="WATCH""#))
+        .filter(|line| line.starts_with(&series))
+        .filter(|line| line.contains(&resource) && line.contains(&verb))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+async fn watches_served(client: &kube_client::Client, resource: &str) -> u64 {
+    apiserver_metric(client, "apiserver_longrunning_requests", resource, "WATCH").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,21 +450,8 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
         .unwrap();
 }
 
-/// LIST requests the API server has answered for `resource` (its `apiserver_request_total`
-/// counter, summed over scopes and codes).
 async fn lists_served(client: &kube_client::Client, resource: &str) -> u64 {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let metrics = client
-        .request_text(request)
-        .await
-        .expect("the API server's metrics");
-    let resource = format!(r#"resource="{resource}""#);
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("apiserver_request_total{"))
-        .filter(|line| line.contains(&resource) && line.contains(r#"verb="LIST""#))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    apiserver_metric(client, "apiserver_request_total", resource, "LIST").await
 }
 
 /// The informer of `api`'s objects with a warm restart at `snapshot`, recorded.
@@ -499,17 +500,6 @@ async fn create_named<K: Warm>(api: &Api<K>, names: Vec<String>) {
     )
     .await
     .expect("the objects are created");
-}
-
-/// `name -> resourceVersion` of what the API server lists now.
-async fn listed<K: Warm>(api: &Api<K>) -> BTreeMap<String, String> {
-    api.list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|o| (name(o), rv(o)))
-        .collect()
 }
 
 /// Changes made while the informer is down: a third of the objects updated, a third deleted,
@@ -570,25 +560,25 @@ async fn lifecycle_a_warm_restart_after_10_s_of_changes_resumes_without_a_list()
         .unwrap();
     let informer = informer.spawn(CancellationToken::new());
     within("the warm restart to catch up", informer.wait_synced()).await;
-    let server = listed(&api).await;
+    let server = server_state(&api).await;
     assert_eq!(
         cache_state(&informer),
         server,
         "the cache equals a fresh list"
     );
 
-    // No full list of any kind: the resumed watch, and one consistent read of one object
-    // for the current version; no streaming list either.
+    // No full list of any kind: the resumed watch, and one read of the version the
+    // server's cache is at (a list that selects nothing); no streaming list either.
     let calls = lw.calls();
-    assert_eq!(calls.lists.len(), 1, "{:?}", calls.lists);
-    assert_eq!(calls.lists[0].options.limit, Some(1));
+    assert!(calls.lists.is_empty(), "{:?}", calls.lists);
+    assert_eq!(calls.version_reads, 1);
     assert!(
         calls.watches.iter().all(|w| !w.send_initial_events),
         "{:?}",
         calls.watches
     );
     assert_eq!(informer.reflector_stats().lists(), 0);
-    // The API server agrees: that read and this test's own `listed` above.
+    // The API server agrees: that read and this test's own `server_state` above.
     assert_eq!(lists_served(&client, "secrets").await, lists_before + 2);
     // Every object reached the handler once as an add: the snapshot's and the new ones.
     assert_eq!(added.load(Ordering::Relaxed), OBJECTS + OBJECTS / 3);
@@ -621,7 +611,7 @@ async fn lifecycle_a_warm_restart_past_a_compaction_relists_to_the_same_cache() 
     let (lw, informer) = warm_informer(&api, &snapshot);
     let informer = informer.spawn(CancellationToken::new());
     within("the relist", informer.wait_synced()).await;
-    let server = listed(&api).await;
+    let server = server_state(&api).await;
     assert_eq!(
         cache_state(&informer),
         server,

@@ -21,7 +21,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use benches::{machine, median, memory_of};
+use benches::{bytes_received, machine, median, memory_of};
 use clap::{Parser, ValueEnum};
 use std::collections::BTreeMap;
 
@@ -105,33 +105,6 @@ struct Replica {
     shard_mode: Option<String>,
     rss_mib: f64,
     read_mib: f64,
-}
-
-/// Bytes the process's TCP sockets have received so far (`bytes_received` of each, from
-/// iproute2's `ss`): the TLS stream from the API server.
-fn bytes_received(pid: u32) -> anyhow::Result<u64> {
-    let output = std::process::Command::new("ss")
-        .args(["-tinpH"])
-        .output()
-        .context("running `ss` (iproute2)")?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let owner = format!("pid={pid},");
-    let mut ours = false;
-    let mut total = 0;
-    for line in text.lines() {
-        if !line.starts_with(char::is_whitespace) {
-            ours = line.contains(&owner);
-            continue;
-        }
-        if ours {
-            total += line
-                .split_whitespace()
-                .find_map(|field| field.strip_prefix("bytes_received:"))
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or(0);
-        }
-    }
-    Ok(total)
 }
 
 fn subject_binary() -> anyhow::Result<PathBuf> {

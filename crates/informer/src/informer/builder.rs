@@ -396,7 +396,8 @@ where
         if let Some((parts, selection)) = &snapshot {
             let (path, selection, read) =
                 (parts.warm.path().to_owned(), selection.clone(), parts.read);
-            reflector = reflector.with_restore(Box::new(move || read(&path, &selection)));
+            reflector =
+                reflector.with_restore(Box::new(move |deliver| read(&path, &selection, deliver)));
         }
         let snapshot = snapshot.map(|(parts, selection)| {
             SnapshotWriter::new(parts.warm, selection, parts.write, processor.clone())

@@ -1218,35 +1218,28 @@ mod tests {
                     .count()
         };
 
+        let relists_to_the_server_s_state = async |fake: &Fake| {
+            let full = relists(fake);
+            let informer = restart(fake, &path);
+            informer.wait_synced().await;
+            assert_eq!(relists(fake), full + 1);
+            assert_eq!(names(&informer.store()), fake_state(fake, &["a", "b", "c"]));
+            informer.stop().await;
+        };
+
         // Past the server's history (410): a full list replaces the snapshot.
         run_and_stop(&fake, &path).await;
         fake.delete(Some("ns"), "a");
         fake.add(cm("c"));
         fake.compact();
-        let full = relists(&fake);
-        let informer = restart(&fake, &path);
-        informer.wait_synced().await;
-        assert_eq!(relists(&fake), full + 1);
-        assert_eq!(
-            names(&informer.store()),
-            fake_state(&fake, &["a", "b", "c"])
-        );
-        informer.stop().await;
+        relists_to_the_server_s_state(&fake).await;
 
         // Corrupt: one byte changed.
         let mut bytes = std::fs::read(&path).unwrap();
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0x55;
         std::fs::write(&path, &bytes).unwrap();
-        let full = relists(&fake);
-        let informer = restart(&fake, &path);
-        informer.wait_synced().await;
-        assert_eq!(relists(&fake), full + 1);
-        assert_eq!(
-            names(&informer.store()),
-            fake_state(&fake, &["a", "b", "c"])
-        );
-        informer.stop().await;
+        relists_to_the_server_s_state(&fake).await;
 
         // Of another selection: another resource's informer at the same path.
         let other = Fake::new("otherconfigmaps");

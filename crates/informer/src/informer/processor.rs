@@ -149,6 +149,20 @@ impl<K: Resource + Send + Sync + 'static> Sink<K> {
     }
 }
 
+impl<K: Resource + Send + Sync + 'static> Sink<K> {
+    /// The list being applied is complete: what it left out is deleted, and the handlers
+    /// are told.
+    fn finish_listed(p: &Processor<K>, dist: &mut Distributor<K>) {
+        let notes: Vec<_> = p
+            .store
+            .finish_list()
+            .into_iter()
+            .map(|change| Self::notification(dist, change))
+            .collect();
+        Processor::broadcast(dist, &notes);
+    }
+}
+
 impl<K> Sink<K> {
     /// The notification for a change of the store.
     fn notification(dist: &Distributor<K>, change: StoreChange<K>) -> Notification<K> {
@@ -214,29 +228,12 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         }
     }
 
-    fn restore(
-        &self,
-        objects: Vec<(ObjectKey, Arc<K>, Option<RawObject>)>,
-        resource_version: &str,
-    ) {
+    fn finish_restore(&self, resource_version: &str) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
-        p.store.start_list();
-        for (key, object, raw) in objects {
-            if let Some(change) = p.store.list_object(key, object, raw) {
-                let note = Self::notification(&dist, change);
-                Processor::broadcast(&mut dist, &[note]);
-            }
-        }
-        let notes: Vec<_> = p
-            .store
-            .finish_list()
-            .into_iter()
-            .map(|change| Self::notification(&dist, change))
-            .collect();
-        Processor::broadcast(&mut dist, &notes);
-        // The state at that version, but not synced: the resumed watch's first bookmark
-        // says when it has caught up (`caught_up`).
+        Self::finish_listed(p, &mut dist);
+        // The state at that version, but not synced: the resumed watch says when it has
+        // caught up (`caught_up`).
         dist.applied = Applied::Version(resource_version.to_owned());
     }
 
@@ -253,13 +250,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         dist.applied = Applied::Version(resource_version.to_owned());
-        let notes: Vec<_> = p
-            .store
-            .finish_list()
-            .into_iter()
-            .map(|change| Self::notification(&dist, change))
-            .collect();
-        Processor::broadcast(&mut dist, &notes);
+        Self::finish_listed(p, &mut dist);
         Self::mark_synced(p, &mut dist);
         // A complete list heals whatever permanent error came before it.
         p.permanent_error

@@ -391,6 +391,24 @@ pub trait ListWatch<K>: Send + Sync + 'static {
         }
     }
 
+    /// The resourceVersion of the state the server would list now from its cache (a list
+    /// at resourceVersion `"0"`, the freshness of an informer's first list), read without
+    /// listing the objects. A [warm restart](crate::reflector::WarmRestart)'s watch has
+    /// caught up once it has seen this version. The default lists one object
+    /// consistently (its version is the storage's, newer still); the `Api`
+    /// implementations ask the cache for a list that selects no object.
+    ///
+    /// # Errors
+    ///
+    /// As for [`list`](Self::list).
+    fn cached_version(&self) -> impl Future<Output = Result<String, Error>> + Send {
+        let options = ListOptions {
+            limit: Some(1),
+            ..ListOptions::default()
+        };
+        async move { Ok(self.list(&options).await?.resource_version) }
+    }
+
     /// Starts a watch.
     ///
     /// # Errors

@@ -38,7 +38,7 @@ use crate::{
 
 pub use backoff::{Backoff, BackoffConfig};
 pub use snapshot::WarmRestart;
-pub(crate) use snapshot::{Loaded, SnapshotError, selection as snapshot_selection};
+pub(crate) use snapshot::{Restored, SnapshotError, selection as snapshot_selection};
 pub(crate) use snapshot::{read as read_snapshot, write as write_snapshot};
 use state::{Next, Phase, State, WatchEnd};
 use watch::StreamingList;
@@ -73,22 +73,13 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     /// The full list in progress is complete, at `resource_version`: every object it did
     /// not list is gone.
     fn finish_list(&self, resource_version: &str);
-    /// The objects of a [warm restart](WarmRestart)'s snapshot, the server's state at
-    /// `resource_version`, before anything else: stored as a full list's, but the store
-    /// counts as synced only once [`caught_up`](Self::caught_up). The default stores them
-    /// as a full list.
-    fn restore(
-        &self,
-        objects: Vec<(ObjectKey, Arc<K>, Option<RawObject>)>,
-        resource_version: &str,
-    ) {
-        self.start_list();
-        for (key, object, raw) in objects {
-            self.list_object(key, object, raw);
-        }
+    /// The full list in progress held a [warm restart](WarmRestart)'s snapshot, the
+    /// server's state at `resource_version`: complete as a list, but the store counts as
+    /// synced only once [`caught_up`](Self::caught_up). The default completes it as a list.
+    fn finish_restore(&self, resource_version: &str) {
         self.finish_list(resource_version);
     }
-    /// The watch resumed after a [`restore`](Self::restore) has caught up with the server
+    /// The watch resumed after a [`finish_restore`](Self::finish_restore) has caught up with the server
     /// at `resource_version` (its first bookmark): the store is synced. The default treats
     /// it as a bookmark.
     fn caught_up(&self, resource_version: &str) {
@@ -536,10 +527,18 @@ pub struct Reflector<K, L, S> {
 }
 
 /// Reads a warm restart's snapshot (on a blocking thread).
-pub(crate) type Restore<K> = Box<dyn FnOnce() -> Result<Loaded<K>, SnapshotError> + Send + Sync>;
+pub(crate) type Restore<K> = Box<
+    dyn FnOnce(&mut dyn FnMut(Vec<Restored<K>>) -> bool) -> Result<String, SnapshotError>
+        + Send
+        + Sync,
+>;
 
 /// [`read_snapshot`] for one type.
-pub(crate) type ReadSnapshot<K> = fn(&std::path::Path, &str) -> Result<Loaded<K>, SnapshotError>;
+pub(crate) type ReadSnapshot<K> = fn(
+    &std::path::Path,
+    &str,
+    &mut dyn FnMut(Vec<Restored<K>>) -> bool,
+) -> Result<String, SnapshotError>;
 
 /// [`write_snapshot`] for one type.
 pub(crate) type WriteSnapshot<K> = fn(
@@ -772,17 +771,38 @@ where
     /// resume the watch from, or `None` (a full list follows) when it cannot be used.
     async fn restore_snapshot(&self, restore: Restore<K>) -> Option<String> {
         let started = tokio::time::Instant::now();
-        match tokio::task::spawn_blocking(restore).await {
-            Ok(Ok(loaded)) => {
-                let objects = loaded.objects.len();
-                self.store.restore(loaded.objects, &loaded.resource_version);
+        // Decoded on blocking threads a part at a time, stored here as they come: a
+        // restore holds a few parts decoded, never the whole snapshot.
+        let (parts, mut decoded) = tokio::sync::mpsc::channel::<Vec<Restored<K>>>(2);
+        let reading = tokio::task::spawn_blocking(move || {
+            restore(&mut |part| parts.blocking_send(part).is_ok())
+        });
+        let mut objects = 0usize;
+        let mut listing = false;
+        while let Some(part) = decoded.recv().await {
+            if !std::mem::replace(&mut listing, true) {
+                self.store.start_list();
+            }
+            objects += part.len();
+            for (key, object, raw) in part {
+                self.store.list_object(key, object, raw);
+            }
+            // The handlers' tasks take the initial adds meanwhile.
+            tokio::task::coop::consume_budget().await;
+        }
+        match reading.await {
+            Ok(Ok(resource_version)) => {
+                if !listing {
+                    self.store.start_list();
+                }
+                self.store.finish_restore(&resource_version);
                 info!(
                     objects,
-                    rv = %loaded.resource_version,
+                    rv = %resource_version,
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "restored the cache from its snapshot; resuming the watch"
                 );
-                Some(loaded.resource_version)
+                Some(resource_version)
             }
             Ok(Err(SnapshotError::Missing(path))) => {
                 info!(path = %path.display(), "no snapshot to restore yet; listing");

@@ -16,7 +16,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     key::ObjectKey,
-    list_watch::{ProtobufResource, RawFormat, RawObject},
+    list_watch::{FieldSetMemo, ProtobufResource, RawFormat, RawObject},
     store::Kept,
 };
 
@@ -116,11 +116,12 @@ pub(crate) enum SnapshotError {
     Undecodable { index: usize, reason: String },
 }
 
-/// What a snapshot held.
-pub(crate) struct Loaded<K> {
-    pub(crate) resource_version: String,
-    pub(crate) objects: Vec<(ObjectKey, Arc<K>, Option<RawObject>)>,
-}
+/// One object read back: its key, the object, and the bytes it decoded from.
+pub(crate) type Restored<K> = (ObjectKey, Arc<K>, Option<RawObject>);
+
+/// Objects decoded per part handed on: a restore holds a few parts decoded at a time, not
+/// every object of the snapshot.
+const PART: usize = 1024;
 
 /// The selection a snapshot is of: the type, the resource, the namespace, the selectors and
 /// the shard, one per line.
@@ -199,6 +200,21 @@ pub(crate) fn write<K: Serialize>(
     Ok(out.len())
 }
 
+/// One record's object, with its key and the bytes it decoded from.
+fn decode_record<K: Resource + DeserializeOwned>(
+    index: usize,
+    format: RawFormat,
+    bytes: Bytes,
+    memo: &FieldSetMemo,
+) -> Result<Restored<K>, SnapshotError> {
+    let undecodable = |reason: String| SnapshotError::Undecodable { index, reason };
+    let object: K = format
+        .decode_sharing(&bytes, memo)
+        .map_err(|error| undecodable(error.to_string()))?;
+    let key = ObjectKey::from_object(&object).map_err(|error| undecodable(error.to_string()))?;
+    Ok((key, Arc::new(object), Some(RawObject::new(bytes, format))))
+}
+
 /// A reader over a snapshot's bytes.
 struct Cursor<'a> {
     bytes: &'a [u8],
@@ -237,16 +253,19 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Reads the snapshot at `path`, if it is one of `selection` in this format, with every
-/// object decoded.
+/// Reads the snapshot at `path`, if it is one of `selection` in this format, and hands its
+/// objects to `deliver` as they are decoded, a part at a time (until it returns false).
+/// Returns the resourceVersion they are the state at. The whole file is checked (format,
+/// selection, checksum) before any object is handed on.
 ///
 /// # Errors
 ///
 /// [`SnapshotError`]: why it cannot be used.
-pub(crate) fn read<K: Resource + DeserializeOwned>(
+pub(crate) fn read<K: Resource + DeserializeOwned + Send + Sync>(
     path: &Path,
     selection: &str,
-) -> Result<Loaded<K>, SnapshotError> {
+    deliver: &mut dyn FnMut(Vec<Restored<K>>) -> bool,
+) -> Result<String, SnapshotError> {
     let bytes = match fs::read(path) {
         Ok(bytes) => bytes,
         Err(error) if error.kind() == io::ErrorKind::NotFound => {
@@ -299,10 +318,14 @@ pub(crate) fn read<K: Resource + DeserializeOwned>(
         }
     };
     let count = usize::try_from(cursor.u64()?).map_err(|_| SnapshotError::Truncated)?;
-    let mut objects = Vec::with_capacity(count.min(body.len() / 8));
+    // Where each record is, then the records decoded on every core: a restart has the
+    // machine to itself, and decoding is most of its work.
+    let mut records = Vec::with_capacity(count.min(body.len() / 8));
     for index in 0..count {
         let tag = cursor.take(1)?[0];
-        let record = cursor.sized()?;
+        let len = cursor.u32()? as usize;
+        let start = cursor.at;
+        cursor.take(len)?;
         let format = match (tag, protobuf) {
             (JSON, _) => RawFormat::Json,
             (PROTOBUF, Some(resource)) => RawFormat::Protobuf {
@@ -320,24 +343,53 @@ pub(crate) fn read<K: Resource + DeserializeOwned>(
                 });
             }
         };
-        let object: K = format
-            .decode(record)
-            .map_err(|error| SnapshotError::Undecodable {
-                index,
-                reason: error.to_string(),
-            })?;
-        let key = ObjectKey::from_object(&object).map_err(|error| SnapshotError::Undecodable {
-            index,
-            reason: error.to_string(),
-        })?;
-        let raw = RawObject::new(Bytes::copy_from_slice(record), format);
-        objects.push((key, Arc::new(object), Some(raw)));
+        records.push((format, start..start + len));
     }
     if cursor.at != body.len() {
         return Err(SnapshotError::Truncated);
     }
-    Ok(Loaded {
-        resource_version,
-        objects,
-    })
+    // The objects keep slices of the file's bytes, as a compact store keeps slices of the
+    // batches a list arrived in.
+    let file = Bytes::from(bytes);
+    let memo = FieldSetMemo::default();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for (group_at, group) in records.chunks(PART * threads).enumerate() {
+        let decoded: Vec<Result<Vec<Restored<K>>, SnapshotError>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = group
+                .chunks(PART)
+                .enumerate()
+                .map(|(part, records)| {
+                    let (file, memo) = (&file, &memo);
+                    let first = group_at * PART * threads + part * PART;
+                    scope.spawn(move || {
+                        records
+                            .iter()
+                            .enumerate()
+                            .map(|(at, (format, range))| {
+                                let bytes = file.slice(range.clone());
+                                decode_record::<K>(first + at, *format, bytes, memo)
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|worker| {
+                    worker.join().unwrap_or_else(|_| {
+                        Err(SnapshotError::Undecodable {
+                            index: group_at * PART * threads,
+                            reason: "its decoder panicked".to_owned(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        for part in decoded {
+            if !deliver(part?) {
+                return Ok(resource_version);
+            }
+        }
+    }
+    Ok(resource_version)
 }

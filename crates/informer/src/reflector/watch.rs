@@ -16,7 +16,7 @@ use super::{
 };
 use crate::{
     error::{Error, StreamingRefusal, Verb},
-    list_watch::{Change, ListOptions, ListWatch, WatchEvent, WatchOptions},
+    list_watch::{Change, ListWatch, WatchEvent, WatchOptions},
 };
 
 /// Whether a watch is a streaming list (`sendInitialEvents`).
@@ -126,10 +126,9 @@ where
             },
         };
         let mut events = 0usize;
-        // A resumed watch has caught up once it has seen the version a consistent read
-        // returns now, or a bookmark (which the read hastens: it makes the server's watch
-        // cache fetch the storage's current version, so the bookmark has a newer one).
-        let mut consistent_read = resuming.then(|| Box::pin(self.consistent_version()));
+        // A resumed watch has caught up once it has seen the version the server's cache is
+        // at now (the freshness a cold start's first list has), or at its first bookmark.
+        let mut consistent_read = resuming.then(|| Box::pin(self.cached_version()));
         let mut current: Option<u64> = None;
         loop {
             if *resuming && current.is_some_and(|current| version_number(last_rv) >= Some(current))
@@ -343,17 +342,13 @@ where
         info!(rv = %resource_version, "the resumed watch caught up");
     }
 
-    /// The storage's current version, by a consistent read of one object; `None` when the
-    /// read fails or the version is no number (the bookmark still says it).
-    async fn consistent_version(&self) -> Option<u64> {
-        let options = ListOptions {
-            limit: Some(1),
-            ..ListOptions::default()
-        };
-        match self.lw.list(&options).await {
-            Ok(page) => version_number(&page.resource_version),
+    /// The version the server's cache is at now ([`ListWatch::cached_version`]); `None`
+    /// when the read fails or the version is no number (the bookmark still says it).
+    async fn cached_version(&self) -> Option<u64> {
+        match self.lw.cached_version().await {
+            Ok(version) => version_number(&version),
             Err(error) => {
-                debug!(%error, "the consistent read of the current version failed");
+                debug!(%error, "reading the version the server's cache is at failed");
                 None
             }
         }

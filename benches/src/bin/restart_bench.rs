@@ -1,0 +1,395 @@
+//! `restart-bench`: an informer's restart, warm (resumed from its snapshot) against cold (a
+//! full list), beside client-go's cold start, in one run.
+//!
+//! It starts a local control plane with its defaults (the API server's watch cache on),
+//! applies N Pods, then per run: starts kube-informer's subject with no snapshot (a cold
+//! start, which writes the snapshot when it stops), changes some Pods while it is down for
+//! `--down-seconds`, starts it again from the snapshot (warm), and starts client-go's
+//! subject (cold, as client-go always starts). Each subject reports the time from the start
+//! of its `main` to synced; the driver reads the bytes its sockets received (the TLS stream
+//! from the API server, from iproute2's `ss`) once it has synced.
+
+use std::{
+    fmt::Write as _,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use benches::{bytes_received, machine, median};
+use clap::Parser;
+use k8s_openapi::api::core::v1::Pod;
+use kube_client::{
+    Api,
+    api::{Patch, PatchParams},
+};
+use kube_testenv::TestEnv;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader, Lines},
+    process::{Child, ChildStdout, Command},
+};
+use tracing::info;
+
+/// Times restarts, warm and cold, against client-go's cold start.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "restart-bench")]
+struct Args {
+    /// Pod counts, one control plane each.
+    #[arg(long, value_delimiter = ',', default_value = "10000,100000")]
+    pods: Vec<usize>,
+    /// Runs of each subject per count.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// How long the informer is down between its cold and its warm start.
+    #[arg(long, default_value_t = 10.0)]
+    down_seconds: f64,
+    /// Pods changed while it is down, per thousand.
+    #[arg(long, default_value_t = 10)]
+    changed_per_mille: usize,
+    /// Concurrent applies while creating the Pods.
+    #[arg(long, default_value_t = 64)]
+    create_concurrency: usize,
+    /// Where the per-start results go, as JSON.
+    #[arg(long, default_value = "target/restart-bench.json")]
+    json: PathBuf,
+}
+
+/// One start of one subject.
+#[derive(Debug, Clone, Serialize)]
+struct Start {
+    pods: usize,
+    run: usize,
+    subject: &'static str,
+    synced_ms: f64,
+    objects: usize,
+    read_mib: f64,
+    /// kube-informer's full lists to sync (0: resumed); `None` for client-go.
+    lists: Option<u64>,
+    /// CPU time kube-apiserver used from the subject's start until it had synced.
+    apiserver_cpu_ms: f64,
+    /// The snapshot written when kube-informer's subject stopped.
+    snapshot_mib: Option<f64>,
+    stop_ms: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SyncedLine {
+    synced_ms: f64,
+    #[serde(default)]
+    objects: usize,
+    #[serde(default)]
+    cached: usize,
+    lists: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StoppedLine {
+    stop_ms: f64,
+    snapshot_bytes: u64,
+}
+
+/// A started subject: its process and its stdout's lines.
+struct Subject {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Subject {
+    fn start(mut command: Command) -> anyhow::Result<Self> {
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting a subject")?;
+        let stdout = child.stdout.take().context("the subject's stdout")?;
+        Ok(Self {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        })
+    }
+
+    async fn line(&mut self, what: &str) -> anyhow::Result<String> {
+        match tokio::time::timeout(Duration::from_secs(600), self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => Ok(line),
+            Ok(Ok(None)) => bail!("the subject exited before {what}"),
+            Ok(Err(error)) => Err(error).context(what.to_owned()),
+            Err(_) => bail!("no {what} within 10 minutes"),
+        }
+    }
+
+    /// Closes stdin (the subjects stop then) and waits for the exit.
+    async fn stop(mut self) -> anyhow::Result<Option<String>> {
+        drop(self.child.stdin.take());
+        let last = tokio::time::timeout(Duration::from_secs(120), self.lines.next_line())
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten();
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+        let _ = self.child.kill().await;
+        Ok(last)
+    }
+}
+
+fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let path = std::env::current_exe()?.with_file_name(name);
+    if !path.exists() {
+        bail!("{} is missing", path.display());
+    }
+    Ok(path)
+}
+
+/// Builds client-go's subject beside this executable.
+fn build_go_subject() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let binary = exe.with_file_name("go-subject");
+    let module = Path::new(env!("CARGO_MANIFEST_DIR")).join("go-subject");
+    let status = std::process::Command::new("go")
+        .args(["build", "-trimpath", "-o"])
+        .arg(&binary)
+        .arg(".")
+        .current_dir(&module)
+        .status()
+        .context("running go build (is Go installed?)")?;
+    if !status.success() {
+        bail!("go build in {} failed: {status}", module.display());
+    }
+    Ok(binary)
+}
+
+/// One start of kube-informer's subject, with `snapshot` kept.
+async fn kube_informer(
+    env: &TestEnv,
+    namespace: &str,
+    snapshot: &Path,
+) -> anyhow::Result<(SyncedLine, f64, f64, StoppedLine)> {
+    let mut command = Command::new(sibling("subject-restart")?);
+    command
+        .arg("--kubeconfig")
+        .arg(env.kubeconfig_path())
+        .args(["--namespace", namespace])
+        .arg("--snapshot")
+        .arg(snapshot);
+    let server_cpu = apiserver_cpu(env)?;
+    let mut subject = Subject::start(command)?;
+    let synced: SyncedLine = serde_json::from_str(&subject.line("the synced line").await?)?;
+    let server_cpu = apiserver_cpu(env)? - server_cpu;
+    let pid = subject.child.id().context("the subject's pid")?;
+    let read = bytes_received(pid)? as f64 / (1024.0 * 1024.0);
+    let stopped = subject
+        .stop()
+        .await?
+        .context("the subject's stopped line")?;
+    Ok((synced, read, server_cpu, serde_json::from_str(&stopped)?))
+}
+
+/// kube-apiserver's CPU time so far, ms.
+fn apiserver_cpu(env: &TestEnv) -> anyhow::Result<f64> {
+    let pid = env.apiserver_pid().context("kube-apiserver's pid")?;
+    benches::cpu_ms_of(pid).context("kube-apiserver's CPU time")
+}
+
+/// One cold start of client-go's subject.
+async fn client_go(
+    go: &Path,
+    env: &TestEnv,
+    namespace: &str,
+    pods: usize,
+) -> anyhow::Result<(SyncedLine, f64, f64)> {
+    let mut command = Command::new(go);
+    command.arg("-kubeconfig").arg(env.kubeconfig_path()).args([
+        "-namespace",
+        namespace,
+        "-expect",
+        &pods.to_string(),
+    ]);
+    let server_cpu = apiserver_cpu(env)?;
+    let mut subject = Subject::start(command)?;
+    let synced: SyncedLine = serde_json::from_str(&subject.line("the synced line").await?)?;
+    let server_cpu = apiserver_cpu(env)? - server_cpu;
+    let pid = subject.child.id().context("the subject's pid")?;
+    let read = bytes_received(pid)? as f64 / (1024.0 * 1024.0);
+    subject.stop().await?;
+    Ok((synced, read, server_cpu))
+}
+
+/// Changes `count` Pods (a label), as a cluster does while a controller restarts.
+async fn change_pods(pods: &Api<Pod>, n: usize, count: usize, run: usize) -> anyhow::Result<()> {
+    use futures::{StreamExt, TryStreamExt};
+    let step = (n / count.max(1)).max(1);
+    futures::stream::iter((0..n).step_by(step).take(count))
+        .map(|i| {
+            let patch = json!({ "metadata": { "labels": { "bench-restart": run.to_string() } } });
+            async move {
+                pods.patch(
+                    &benches::pod_name(i),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            }
+        })
+        .buffer_unordered(32)
+        .try_for_each(|_| async { Ok(()) })
+        .await
+        .context("changing Pods while the subject is down")
+}
+
+async fn run_count(args: &Args, go: &Path, pods: usize) -> anyhow::Result<Vec<Start>> {
+    let env = TestEnv::builder().start().await?;
+    let client = env.client().await?;
+    let namespace = env.create_namespace("restart").await?;
+    let api: Api<Pod> = Api::namespaced(client, &namespace);
+    info!(pods, "creating the Pods");
+    benches::create_pods(&api, pods, args.create_concurrency, "restart-bench").await?;
+    let dir = tempfile::tempdir()?;
+    let snapshot = dir.path().join("pods.snapshot");
+    let mut starts = Vec::new();
+    for run in 0..args.runs {
+        // Cold: no snapshot yet; it writes one when it stops.
+        let _ = std::fs::remove_file(&snapshot);
+        let (synced, read, server_cpu, stopped) =
+            kube_informer(&env, &namespace, &snapshot).await?;
+        starts.push(Start {
+            pods,
+            run,
+            subject: "kube-informer cold",
+            apiserver_cpu_ms: server_cpu,
+            synced_ms: synced.synced_ms,
+            objects: synced.objects,
+            read_mib: read,
+            lists: synced.lists,
+            snapshot_mib: Some(stopped.snapshot_bytes as f64 / (1024.0 * 1024.0)),
+            stop_ms: Some(stopped.stop_ms),
+        });
+        let down = Instant::now();
+        change_pods(&api, pods, pods * args.changed_per_mille / 1000, run).await?;
+        tokio::time::sleep(
+            Duration::from_secs_f64(args.down_seconds).saturating_sub(down.elapsed()),
+        )
+        .await;
+        let (synced, read, server_cpu, stopped) =
+            kube_informer(&env, &namespace, &snapshot).await?;
+        starts.push(Start {
+            pods,
+            run,
+            subject: "kube-informer warm",
+            apiserver_cpu_ms: server_cpu,
+            synced_ms: synced.synced_ms,
+            objects: synced.objects,
+            read_mib: read,
+            lists: synced.lists,
+            snapshot_mib: Some(stopped.snapshot_bytes as f64 / (1024.0 * 1024.0)),
+            stop_ms: Some(stopped.stop_ms),
+        });
+        let (synced, read, server_cpu) = client_go(go, &env, &namespace, pods).await?;
+        starts.push(Start {
+            pods,
+            run,
+            subject: "client-go cold",
+            apiserver_cpu_ms: server_cpu,
+            synced_ms: synced.synced_ms,
+            objects: synced.cached,
+            read_mib: read,
+            lists: None,
+            snapshot_mib: None,
+            stop_ms: None,
+        });
+        info!(pods, run, "run done");
+    }
+    Ok(starts)
+}
+
+fn report(args: &Args, starts: &[Start]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "`restart-bench --pods {} --runs {} --down-seconds {} --changed-per-mille {}` on {}; medians over runs.\n",
+        args.pods
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        args.runs,
+        args.down_seconds,
+        args.changed_per_mille,
+        machine()
+    );
+    let _ = writeln!(
+        out,
+        "| Pods | start | restart to synced (ms) | received (MiB) | time / cold | received / cold | time / client-go | API server CPU (ms) | full lists | snapshot (MiB) | writing it at stop (ms) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for &pods in &args.pods {
+        let of = |subject: &str, f: fn(&Start) -> f64| {
+            median(
+                starts
+                    .iter()
+                    .filter(|s| s.pods == pods && s.subject == subject)
+                    .map(f)
+                    .collect(),
+            )
+        };
+        let cold_ms = of("kube-informer cold", |s| s.synced_ms);
+        let cold_read = of("kube-informer cold", |s| s.read_mib);
+        let go_ms = of("client-go cold", |s| s.synced_ms);
+        for subject in ["kube-informer warm", "kube-informer cold", "client-go cold"] {
+            let ms = of(subject, |s| s.synced_ms);
+            let read = of(subject, |s| s.read_mib);
+            let kube = subject.starts_with("kube-informer");
+            // client-go's list may come over a connection it has closed by the time it
+            // reports synced, which `ss` no longer shows: its bytes are not comparable.
+            let received = if kube {
+                format!("{read:.2}")
+            } else {
+                "–".to_owned()
+            };
+            let received_ratio = if kube {
+                format!("{:.3}", read / cold_read)
+            } else {
+                "–".to_owned()
+            };
+            let optional = |value: f64, digits: usize| {
+                if kube {
+                    format!("{value:.digits$}")
+                } else {
+                    "–".to_owned()
+                }
+            };
+            let _ = writeln!(
+                out,
+                "| {pods} | {subject} | {ms:.0} | {received} | {:.2} | {received_ratio} | {:.2} | {:.0} | {} | {} | {} |",
+                ms / cold_ms,
+                ms / go_ms,
+                of(subject, |s| s.apiserver_cpu_ms),
+                optional(of(subject, |s| s.lists.unwrap_or(0) as f64), 0),
+                optional(of(subject, |s| s.snapshot_mib.unwrap_or(0.0)), 1),
+                optional(of(subject, |s| s.stop_ms.unwrap_or(0.0)), 0),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    benches::init_tracing("info");
+    let args = Args::parse();
+    benches::build_rust_subjects(&["subject-restart"])?;
+    let go = build_go_subject()?;
+    let mut starts = Vec::new();
+    for &pods in &args.pods {
+        starts.extend(run_count(&args, &go, pods).await?);
+        if let Some(dir) = args.json.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        std::fs::write(&args.json, serde_json::to_vec_pretty(&starts)?)?;
+    }
+    print!("{}", report(&args, &starts));
+    Ok(())
+}
