@@ -4,6 +4,7 @@
 mod cluster;
 mod fixtures;
 mod informer;
+mod probe;
 mod recording;
 mod wait;
 
@@ -13,5 +14,6 @@ pub use informer::{
     ErrorLog, Ev, Running, SeenError, cache_state, error_log, next_event, recorder, run,
     wait_errors,
 };
+pub use probe::http_get;
 pub use recording::{Calls, ListCall, Recording};
 pub use wait::{PATIENCE, eventually, eventually_some, eventually_some_within, within};

@@ -25,7 +25,7 @@ use kube_informer::{
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
-use tests::{create_all, eventually, labelled, name, test_namespace, within};
+use tests::{create_all, eventually, http_get, labelled, name, test_namespace, within};
 use tokio::time::Instant;
 
 /// The annotation by which a primary names the Secret it uses (the index-backed watch).
@@ -311,26 +311,6 @@ async fn a_shutdown_with_500_keys_queued_takes_none_and_cancels_the_running() {
     assert_eq!(names.len(), 500);
 }
 
-/// `GET path` on `addr`, HTTP/1.1 by hand: the status code and the body.
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     let env = TestEnv::shared().await;
@@ -383,13 +363,13 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     let cancel = CancellationToken::new();
     let run = tokio::spawn(bound.run(cancel.clone()));
 
-    assert_eq!(get(probes, "/healthz").await.0, 200);
+    assert_eq!(http_get(probes, "/healthz").await.0, 200);
     tests::eventually_some("ready once the caches synced", || async {
-        (get(probes, "/readyz").await.0 == 200).then_some(())
+        (http_get(probes, "/readyz").await.0 == 200).then_some(())
     })
     .await;
     eventually("three reconciles", || *reconciled.lock().unwrap() == 3).await;
-    let (status, body) = get(metrics, "/metrics").await;
+    let (status, body) = http_get(metrics, "/metrics").await;
     assert_eq!(status, 200);
     for line in [
         r#"controller_runtime_reconcile_total{controller="managed",result="success"} 3"#.to_owned(),
@@ -444,11 +424,11 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     assert_eq!(informer_metric("informer_working_set_hits_total"), 0);
     assert_eq!(informer_metric("informer_working_set_objects"), 0);
     assert_eq!(
-        get(metrics, "/healthz").await.0,
+        http_get(metrics, "/healthz").await.0,
         404,
         "probes only on the probe address"
     );
-    assert_eq!(get(probes, "/nothing").await.0, 404);
+    assert_eq!(http_get(probes, "/nothing").await.0, 404);
 
     cancel.cancel();
     within("the manager to stop", run).await.unwrap().unwrap();
@@ -557,10 +537,10 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
     let second_run = tokio::spawn(second.run(second_cancel.clone()));
     // A standby is ready (its cache is warm) but does not reconcile.
     tests::eventually_some("the standby ready", || async {
-        (get(second_probes, "/readyz").await.0 == 200).then_some(())
+        (http_get(second_probes, "/readyz").await.0 == 200).then_some(())
     })
     .await;
-    assert_eq!(get(second_probes, "/healthz").await.0, 200);
+    assert_eq!(http_get(second_probes, "/healthz").await.0, 200);
     api.patch(
         "watched",
         &PatchParams::default(),

@@ -24,14 +24,14 @@ use kube_client::{
 };
 use kube_informer::{
     Action, CancellationToken, Controller, FactoryDefaults, HANDLER_COALESCE_AFTER,
-    InformerFactory, InformerHealth, ReconcileRequest, Scope, SharedInformer, handler_fn,
+    InformerFactory, InformerHealth, Manager, ReconcileRequest, Scope, SharedInformer, handler_fn,
     list_watch::ApiListWatch, reflector::WarmRestart, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
 use tests::{
-    Recording, cache_state, config_map, create_all, eventually, eventually_some, name, rv,
-    server_state, test_namespace, within,
+    Recording, cache_state, config_map, create_all, eventually, eventually_some, http_get, name,
+    rv, server_state, test_namespace, within,
 };
 use traefik_operator::crd::{TraefikService, TraefikServiceSpec};
 
@@ -375,14 +375,20 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
         .await
         .unwrap();
 
-    // A controller on the factory's informer, with the default configuration.
-    let factory = InformerFactory::new(client.clone());
-    let informer = factory.informer::<TraefikService>(Scope::namespace(&namespace));
+    // A controller in a manager, with the default configuration, its probes and metrics
+    // served.
+    let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut manager = Manager::new(client.clone())
+        .probe_address(loopback)
+        .metrics_address(loopback);
+    let controller = manager.controller::<TraefikService>("gadgets", Scope::namespace(&namespace));
+    let informer = manager
+        .factory()
+        .informer::<TraefikService>(Scope::namespace(&namespace));
     let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
     let record = seen.clone();
-    let stop = CancellationToken::new();
-    factory.start(&stop);
-    let run = tokio::spawn(Controller::new("gadgets", informer.clone()).run(
+    manager.add_controller(
+        controller,
         move |request: ReconcileRequest<TraefikService>, _: Arc<()>, _| {
             let present = matches!(request, ReconcileRequest::Present(_));
             let name = request.key().name().to_owned();
@@ -391,8 +397,17 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
         },
         retry_with_backoff(),
         Arc::new(()),
-        stop.clone(),
-    ));
+    );
+    let bound = manager.bind().await.unwrap();
+    let (probes, metrics) = (
+        bound.probe_address().unwrap(),
+        bound.metrics_address().unwrap(),
+    );
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(bound.run(stop.clone()));
+    let missing_series = format!(
+        r#"informer_resource_missing{{resource="traefikservices",namespace="{namespace}",label_selector="",field_selector=""}}"#
+    );
     let reconciled =
         |name: &str, present: bool| seen.lock().unwrap().contains(&(name.to_owned(), present));
     eventually("the first object reconciled", || reconciled("before", true)).await;
@@ -425,6 +440,12 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
     .await;
     assert_eq!(informer.health(), InformerHealth::ResourceMissing { since });
     assert!(!run.is_finished(), "the controller keeps running");
+    // Its health says so: /readyz names the resource, /metrics has the gauge at 1.
+    let (status, body) = http_get(probes, "/readyz").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("traefikservices"), "{body}");
+    let (_, body) = http_get(metrics, "/metrics").await;
+    assert!(body.contains(&format!("{missing_series} 1")), "{body}");
 
     // The CRD back, with a new object: the informer resumes and the controller reconciles.
     install(&crds, &crd, &services).await;
@@ -441,10 +462,12 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
     assert_eq!(informer.health(), InformerHealth::Synced);
     let cached: Vec<String> = informer.store().iter().map(|s| tests::name(&*s)).collect();
     assert_eq!(cached, ["after"]);
+    assert_eq!(http_get(probes, "/readyz").await.0, 200);
+    let (_, body) = http_get(metrics, "/metrics").await;
+    assert!(body.contains(&format!("{missing_series} 0")), "{body}");
 
     stop.cancel();
     run.await.unwrap().unwrap();
-    factory.shutdown().await;
     crds.delete(&crd_name, &DeleteParams::default())
         .await
         .unwrap();

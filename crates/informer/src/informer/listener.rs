@@ -7,7 +7,7 @@ use std::{
     fmt,
     panic::{AssertUnwindSafe, catch_unwind},
     sync::{
-        Arc, Mutex, OnceLock,
+        Arc, Mutex, MutexGuard, OnceLock, PoisonError,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -23,7 +23,6 @@ use tracing::{error, info, warn};
 
 use super::{
     handler::{Delivery, EventHandler, Notification},
-    processor::lock,
     sync::HasSynced,
 };
 use crate::key::ObjectKey;
@@ -202,6 +201,11 @@ impl Lag {
             info!(handler = %self.name, waiting, "an event handler has caught up");
         }
     }
+}
+
+/// The buffer's lock. Handlers run outside it, so a handler's panic cannot poison it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// One event in a handler's buffer.

@@ -31,10 +31,17 @@ use crate::{
 ///
 /// At start, the informer reads it back: every object reaches the handlers once, as an
 /// add of the initial list, and the watch resumes from the snapshot's resourceVersion. The
-/// informer says it has synced only once that watch has caught up with the server: at its
-/// first bookmark, which the API server's watch cache sends within about two seconds (the
-/// resumed watch asks for a three-second timeout, and the server bookmarks two seconds
-/// before it). Until then, reads see the snapshot plus the changes replayed so far.
+/// informer says it has synced only once that watch has caught up with the server: once it
+/// has seen the version the API server's cache is at (read when the watch opens, by a list
+/// that selects no object: [`ListWatch::cached_version`]), which is the freshness a cold
+/// start's first list has; or at the watch's first bookmark, which the server's watch
+/// cache sends within about two seconds (the resumed watch asks for a three-second
+/// timeout, and the server bookmarks two seconds before it) when that version belongs to
+/// objects this informer does not see. Until then, reads see the snapshot plus the changes
+/// replayed so far. The objects are decoded on every core a part at a time, and stored as
+/// they come.
+///
+/// [`ListWatch::cached_version`]: crate::list_watch::ListWatch::cached_version
 ///
 /// It lists from scratch instead, replacing the snapshot's objects atomically as any
 /// relist does, when the snapshot is missing, unreadable, corrupt (its checksum), of
