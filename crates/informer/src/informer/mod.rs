@@ -1103,6 +1103,12 @@ mod tests {
         informer.wait_synced().await;
         informer.stop().await;
         assert!(path.exists(), "the snapshot is written at stop");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "readable by its owner only");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -27,7 +27,10 @@ use crate::{
 /// it kept those), the resourceVersion they are the state at, and what they were listed
 /// with: the type, the resource, the namespace, the selectors and the shard. It is written
 /// when the informer stops, and every [`every`](Self::every) while it runs, to a file
-/// beside `path` that then replaces it, so a crash never leaves half a snapshot.
+/// beside `path` that then replaces it, so a crash never leaves half a snapshot. The file
+/// is readable by its owner only: it holds the objects as the server sent them (a Secret
+/// informer's snapshot holds the Secrets), so keep it where the controller's own
+/// credentials are kept, not on shared storage.
 ///
 /// At start, the informer reads it back: every object reaches the handlers once, as an
 /// add of the initial list, and the watch resumes from the snapshot's resourceVersion. The
@@ -145,13 +148,36 @@ pub(crate) fn selection<K>(
     )
 }
 
-fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
-    out.extend_from_slice(&u32::try_from(bytes.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(bytes);
+/// A writer that keeps the CRC-32 of what went through it, and its length.
+struct Summing<W> {
+    inner: W,
+    crc: crc32fast::Hasher,
+    written: usize,
+}
+
+impl<W: Write> Write for Summing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.written += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
+    let len = u32::try_from(bytes.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "an object of 4 GiB or more"))?;
+    out.write_all(&len.to_le_bytes())?;
+    out.write_all(bytes)
 }
 
 /// Writes the snapshot of `objects` at `resource_version` to `path`, through a temporary
-/// file renamed over it. Returns the bytes written.
+/// file renamed over it, streamed (the objects' bytes are not copied into one buffer).
+/// Returns the bytes written.
 ///
 /// # Errors
 ///
@@ -162,49 +188,62 @@ pub(crate) fn write<K: Serialize>(
     resource_version: &str,
     objects: &[(ObjectKey, Kept<K>)],
 ) -> io::Result<usize> {
-    let mut protobuf: Option<&'static ProtobufResource> = None;
-    let mut records = Vec::with_capacity(objects.len() * 1024);
-    for (_, kept) in objects {
-        match kept {
-            Kept::Wire(RawFormat::Protobuf { resource, typed }, bytes) => {
-                protobuf = Some(resource);
-                records.push(if *typed { PROTOBUF_TYPED } else { PROTOBUF });
-                put_bytes(&mut records, bytes);
-            }
-            Kept::Wire(RawFormat::Json, bytes) => {
-                records.push(JSON);
-                put_bytes(&mut records, bytes);
-            }
-            Kept::Object(object) => {
-                records.push(JSON);
-                put_bytes(&mut records, &serde_json::to_vec(&**object)?);
-            }
-        }
-    }
-    let mut out = Vec::with_capacity(records.len() + 256);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    put_bytes(&mut out, selection.as_bytes());
-    put_bytes(&mut out, resource_version.as_bytes());
-    let protobuf = protobuf.map_or(String::new(), |r| {
-        format!("{}/{}/{}", r.group, r.version, r.plural)
+    let protobuf_kind = objects.iter().find_map(|(_, kept)| match kept {
+        Kept::Wire(RawFormat::Protobuf { resource, .. }, _) => Some(*resource),
+        _ => None,
     });
-    put_bytes(&mut out, protobuf.as_bytes());
-    out.extend_from_slice(&(objects.len() as u64).to_le_bytes());
-    out.extend_from_slice(&records);
-    drop(records);
-    let checksum = crc32fast::hash(&out);
-    out.extend_from_slice(&checksum.to_le_bytes());
-
     let temporary = path.with_extension("partial");
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         fs::create_dir_all(dir)?;
     }
-    let mut file = fs::File::create(&temporary)?;
-    file.write_all(&out)?;
+    let file = private_file(&temporary)?;
+    let mut out = Summing {
+        inner: io::BufWriter::with_capacity(1 << 20, file),
+        crc: crc32fast::Hasher::new(),
+        written: 0,
+    };
+    out.write_all(MAGIC)?;
+    out.write_all(&FORMAT_VERSION.to_le_bytes())?;
+    put_bytes(&mut out, selection.as_bytes())?;
+    put_bytes(&mut out, resource_version.as_bytes())?;
+    let protobuf_name = protobuf_kind.map_or(String::new(), |r| {
+        format!("{}/{}/{}", r.group, r.version, r.plural)
+    });
+    put_bytes(&mut out, protobuf_name.as_bytes())?;
+    out.write_all(&(objects.len() as u64).to_le_bytes())?;
+    for (_, kept) in objects {
+        match kept {
+            Kept::Wire(RawFormat::Protobuf { resource, typed }, bytes) => {
+                if protobuf_kind.is_none_or(|first| !std::ptr::eq(first, *resource)) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "objects of two protobuf kinds in one cache",
+                    ));
+                }
+                out.write_all(&[if *typed { PROTOBUF_TYPED } else { PROTOBUF }])?;
+                put_bytes(&mut out, bytes)?;
+            }
+            Kept::Wire(RawFormat::Json, bytes) => {
+                out.write_all(&[JSON])?;
+                put_bytes(&mut out, bytes)?;
+            }
+            Kept::Object(object) => {
+                out.write_all(&[JSON])?;
+                put_bytes(&mut out, &serde_json::to_vec(&**object)?)?;
+            }
+        }
+    }
+    let checksum = out.crc.clone().finalize();
+    let mut written = out.written;
+    let mut file = out
+        .inner
+        .into_inner()
+        .map_err(io::IntoInnerError::into_error)?;
+    file.write_all(&checksum.to_le_bytes())?;
+    written += 4;
     file.sync_all()?;
     fs::rename(&temporary, path)?;
-    Ok(out.len())
+    Ok(written)
 }
 
 /// One record's object, with its key and the bytes it decoded from.
@@ -220,6 +259,19 @@ fn decode_record<K: Resource + DeserializeOwned>(
         .map_err(|error| undecodable(error.to_string()))?;
     let key = ObjectKey::from_object(&object).map_err(|error| undecodable(error.to_string()))?;
     Ok((key, Arc::new(object), Some(RawObject::new(bytes, format))))
+}
+
+/// A new file only its owner can read: a snapshot holds the objects as the server sent
+/// them, a Secret informer's the Secrets.
+fn private_file(path: &Path) -> io::Result<fs::File> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    options.open(path)
 }
 
 /// A reader over a snapshot's bytes.
