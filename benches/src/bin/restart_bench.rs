@@ -162,12 +162,36 @@ fn build_go_subject() -> anyhow::Result<PathBuf> {
     Ok(binary)
 }
 
+/// Which run of which count a start belongs to.
+#[derive(Clone, Copy)]
+struct Slot {
+    pods: usize,
+    run: usize,
+}
+
+/// Starts `command` and waits until the subject has synced: the subject, its line, the
+/// bytes it received, and the CPU time kube-apiserver spent meanwhile.
+async fn start_synced(
+    env: &TestEnv,
+    command: Command,
+) -> anyhow::Result<(Subject, SyncedLine, f64, f64)> {
+    let server_cpu = apiserver_cpu(env)?;
+    let mut subject = Subject::start(command)?;
+    let synced: SyncedLine = serde_json::from_str(&subject.line("the synced line").await?)?;
+    let server_cpu = apiserver_cpu(env)? - server_cpu;
+    let pid = subject.child.id().context("the subject's pid")?;
+    let read = bytes_received(pid)? as f64 / (1024.0 * 1024.0);
+    Ok((subject, synced, read, server_cpu))
+}
+
 /// One start of kube-informer's subject, with `snapshot` kept.
 async fn kube_informer(
     env: &TestEnv,
     namespace: &str,
     snapshot: &Path,
-) -> anyhow::Result<(SyncedLine, f64, f64, StoppedLine)> {
+    slot: Slot,
+    subject: &'static str,
+) -> anyhow::Result<Start> {
     let mut command = Command::new(sibling("subject-restart")?);
     command
         .arg("--kubeconfig")
@@ -175,17 +199,24 @@ async fn kube_informer(
         .args(["--namespace", namespace])
         .arg("--snapshot")
         .arg(snapshot);
-    let server_cpu = apiserver_cpu(env)?;
-    let mut subject = Subject::start(command)?;
-    let synced: SyncedLine = serde_json::from_str(&subject.line("the synced line").await?)?;
-    let server_cpu = apiserver_cpu(env)? - server_cpu;
-    let pid = subject.child.id().context("the subject's pid")?;
-    let read = bytes_received(pid)? as f64 / (1024.0 * 1024.0);
-    let stopped = subject
+    let (started, synced, read, server_cpu) = start_synced(env, command).await?;
+    let stopped = started
         .stop()
         .await?
         .context("the subject's stopped line")?;
-    Ok((synced, read, server_cpu, serde_json::from_str(&stopped)?))
+    let stopped: StoppedLine = serde_json::from_str(&stopped)?;
+    Ok(Start {
+        pods: slot.pods,
+        run: slot.run,
+        subject,
+        apiserver_cpu_ms: server_cpu,
+        synced_ms: synced.synced_ms,
+        objects: synced.objects,
+        read_mib: read,
+        lists: synced.lists,
+        snapshot_mib: Some(stopped.snapshot_bytes as f64 / (1024.0 * 1024.0)),
+        stop_ms: Some(stopped.stop_ms),
+    })
 }
 
 /// kube-apiserver's CPU time so far, ms.
@@ -195,27 +226,28 @@ fn apiserver_cpu(env: &TestEnv) -> anyhow::Result<f64> {
 }
 
 /// One cold start of client-go's subject.
-async fn client_go(
-    go: &Path,
-    env: &TestEnv,
-    namespace: &str,
-    pods: usize,
-) -> anyhow::Result<(SyncedLine, f64, f64)> {
+async fn client_go(go: &Path, env: &TestEnv, namespace: &str, slot: Slot) -> anyhow::Result<Start> {
     let mut command = Command::new(go);
     command.arg("-kubeconfig").arg(env.kubeconfig_path()).args([
         "-namespace",
         namespace,
         "-expect",
-        &pods.to_string(),
+        &slot.pods.to_string(),
     ]);
-    let server_cpu = apiserver_cpu(env)?;
-    let mut subject = Subject::start(command)?;
-    let synced: SyncedLine = serde_json::from_str(&subject.line("the synced line").await?)?;
-    let server_cpu = apiserver_cpu(env)? - server_cpu;
-    let pid = subject.child.id().context("the subject's pid")?;
-    let read = bytes_received(pid)? as f64 / (1024.0 * 1024.0);
-    subject.stop().await?;
-    Ok((synced, read, server_cpu))
+    let (started, synced, read, server_cpu) = start_synced(env, command).await?;
+    started.stop().await?;
+    Ok(Start {
+        pods: slot.pods,
+        run: slot.run,
+        subject: "client-go cold",
+        apiserver_cpu_ms: server_cpu,
+        synced_ms: synced.synced_ms,
+        objects: synced.cached,
+        read_mib: read,
+        lists: None,
+        snapshot_mib: None,
+        stop_ms: None,
+    })
 }
 
 /// Changes `count` Pods (a label), as a cluster does while a controller restarts.
@@ -251,55 +283,18 @@ async fn run_count(args: &Args, go: &Path, pods: usize) -> anyhow::Result<Vec<St
     let snapshot = dir.path().join("pods.snapshot");
     let mut starts = Vec::new();
     for run in 0..args.runs {
+        let slot = Slot { pods, run };
         // Cold: no snapshot yet; it writes one when it stops.
         let _ = std::fs::remove_file(&snapshot);
-        let (synced, read, server_cpu, stopped) =
-            kube_informer(&env, &namespace, &snapshot).await?;
-        starts.push(Start {
-            pods,
-            run,
-            subject: "kube-informer cold",
-            apiserver_cpu_ms: server_cpu,
-            synced_ms: synced.synced_ms,
-            objects: synced.objects,
-            read_mib: read,
-            lists: synced.lists,
-            snapshot_mib: Some(stopped.snapshot_bytes as f64 / (1024.0 * 1024.0)),
-            stop_ms: Some(stopped.stop_ms),
-        });
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, "kube-informer cold").await?);
         let down = Instant::now();
         change_pods(&api, pods, pods * args.changed_per_mille / 1000, run).await?;
         tokio::time::sleep(
             Duration::from_secs_f64(args.down_seconds).saturating_sub(down.elapsed()),
         )
         .await;
-        let (synced, read, server_cpu, stopped) =
-            kube_informer(&env, &namespace, &snapshot).await?;
-        starts.push(Start {
-            pods,
-            run,
-            subject: "kube-informer warm",
-            apiserver_cpu_ms: server_cpu,
-            synced_ms: synced.synced_ms,
-            objects: synced.objects,
-            read_mib: read,
-            lists: synced.lists,
-            snapshot_mib: Some(stopped.snapshot_bytes as f64 / (1024.0 * 1024.0)),
-            stop_ms: Some(stopped.stop_ms),
-        });
-        let (synced, read, server_cpu) = client_go(go, &env, &namespace, pods).await?;
-        starts.push(Start {
-            pods,
-            run,
-            subject: "client-go cold",
-            apiserver_cpu_ms: server_cpu,
-            synced_ms: synced.synced_ms,
-            objects: synced.cached,
-            read_mib: read,
-            lists: None,
-            snapshot_mib: None,
-            stop_ms: None,
-        });
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, "kube-informer warm").await?);
+        starts.push(client_go(go, &env, &namespace, slot).await?);
         info!(pods, run, "run done");
     }
     Ok(starts)

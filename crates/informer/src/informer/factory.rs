@@ -556,7 +556,9 @@ impl InformerFactory {
                     None => {
                         // Used again within its grace period: its stop is called off.
                         registered.generation += 1;
-                        self.usage(key, registered)
+                        let usage = self.usage(key, registered.serial, registered.generation);
+                        registered.users = usage.downgrade();
+                        usage
                     }
                 };
                 return downcast::<K>(registered.synced.as_any()).in_use(usage);
@@ -572,15 +574,14 @@ impl InformerFactory {
             .inner
             .next_serial
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut registered = Registered {
+        let usage = self.usage(key, serial, 0);
+        entry.insert(Registered {
             synced: Arc::new(handle.clone()),
             resource,
             serial,
-            users: Usage::new(()).downgrade(),
+            users: usage.downgrade(),
             generation: 0,
-        };
-        let usage = self.usage(key, &mut registered);
-        entry.insert(registered);
+        });
         // Started outside the registry's shard lock.
         self.start_or_hold(
             serial,
@@ -589,16 +590,15 @@ impl InformerFactory {
         handle.in_use(usage)
     }
 
-    /// A first share in `registered`'s use, after none was left.
-    fn usage(&self, key: RegistryKey, registered: &mut Registered) -> Usage {
-        let usage = Usage::new(LastUser {
+    /// A first share in the use of informer `serial`, after none was left (`generation`
+    /// counts those times): the last share dropped schedules its stop.
+    fn usage(&self, key: RegistryKey, serial: u64, generation: u64) -> Usage {
+        Usage::new(LastUser {
             factory: Arc::downgrade(&self.inner),
             key,
-            serial: registered.serial,
-            generation: registered.generation,
-        });
-        registered.users = usage.downgrade();
-        usage
+            serial,
+            generation,
+        })
     }
 
     /// Stops the informer `serial` if it has not been used again since generation

@@ -269,19 +269,7 @@ impl<K> Queue<K> {
     /// Merges `note` of `key` into what the key has waiting, or appends it (indexed).
     fn offer(&mut self, key: ObjectKey, note: Notification<K>, now: Instant) -> Queued {
         let Some(pending) = self.pending.get(&key).copied() else {
-            let latest = self.push(Entry {
-                queued_at: now,
-                note,
-                key: Some(key.clone()),
-            });
-            self.pending.insert(
-                key,
-                Pending {
-                    latest,
-                    delete_before: None,
-                },
-            );
-            return Queued::Appended;
+            return self.push_mergeable(key, note, now, None);
         };
         let Some(waiting) = self.slot(pending.latest) else {
             // Unreachable while the index is kept right; appending is always safe.
@@ -342,21 +330,33 @@ impl<K> Queue<K> {
                 // event waits on its own.
                 let delete_before =
                     matches!(waiting.note, Notification::Delete(_)).then_some(pending.latest);
-                let latest = self.push(Entry {
-                    queued_at: now,
-                    note,
-                    key: Some(key.clone()),
-                });
-                self.pending.insert(
-                    key,
-                    Pending {
-                        latest,
-                        delete_before,
-                    },
-                );
-                Queued::Appended
+                self.push_mergeable(key, note, now, delete_before)
             }
         }
+    }
+
+    /// Appends `note` as the entry later events of `key` merge into, after the delete at
+    /// `delete_before` if one waits.
+    fn push_mergeable(
+        &mut self,
+        key: ObjectKey,
+        note: Notification<K>,
+        now: Instant,
+        delete_before: Option<u64>,
+    ) -> Queued {
+        let latest = self.push(Entry {
+            queued_at: now,
+            note,
+            key: Some(key.clone()),
+        });
+        self.pending.insert(
+            key,
+            Pending {
+                latest,
+                delete_before,
+            },
+        );
+        Queued::Appended
     }
 
     fn pop(&mut self) -> Option<Entry<K>> {

@@ -1198,6 +1198,38 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_cache_kept_by_a_codec_restarts_warm_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("configmaps.snapshot");
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let warm = || {
+            SharedInformer::builder(fake.clone())
+                .codec(Arc::new(crate::codec::JsonCodec))
+                .warm_restart(crate::reflector::WarmRestart::at(&path))
+                .build()
+                .spawn(CancellationToken::new())
+        };
+        let informer = warm();
+        informer.wait_synced().await;
+        informer.stop().await;
+        let informer = warm();
+        informer.wait_synced().await;
+        assert_eq!(names(&informer.store()), fake_state(&fake, &["a"]));
+        let streamed = fake
+            .watch_requests()
+            .iter()
+            .filter(|w| w.send_initial_events)
+            .count();
+        assert_eq!(streamed, 1, "the cold start's list only");
+        assert!(
+            fake.list_requests().iter().all(|l| l.limit == Some(1)),
+            "no paged list either"
+        );
+        informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_snapshot_too_old_corrupt_or_of_another_selection_gives_a_full_list() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("configmaps.snapshot");

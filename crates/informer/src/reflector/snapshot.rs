@@ -181,7 +181,8 @@ fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 ///
 /// # Errors
 ///
-/// The file system's; an object kept decoded that does not encode.
+/// The file system's; an object kept decoded that does not encode, or kept by the
+/// store's codec that does not decode.
 pub(crate) fn write<K: Serialize>(
     path: &Path,
     selection: &str,
@@ -230,6 +231,13 @@ pub(crate) fn write<K: Serialize>(
             Kept::Object(object) => {
                 out.write_all(&[JSON])?;
                 put_bytes(&mut out, &serde_json::to_vec(&**object)?)?;
+            }
+            Kept::Encoded(codec, bytes) => {
+                // An object left out would be missing after the restore, and the resumed
+                // watch would never bring it back: no snapshot rather than a wrong one.
+                let object = codec.decode(bytes).map_err(io::Error::other)?;
+                out.write_all(&[JSON])?;
+                put_bytes(&mut out, &serde_json::to_vec(&object)?)?;
             }
         }
     }

@@ -35,7 +35,7 @@ use labels::LabelInterner;
 pub use lister::Lister;
 pub(crate) use relist::StoreChange;
 pub use selector::{Operator, Requirement, Selector, SelectorError};
-use slot::{Compact, Keeping, Packer, Slot, Taken};
+use slot::{Compact, Decoder, Keeping, Packer, Slot, Taken};
 pub(crate) use usage::{Usage, WeakUsage};
 use working_set::Hot;
 pub use working_set::{WorkingSet, WorkingSetStats};
@@ -653,21 +653,20 @@ impl<K: Resource> Store<K> {
         self.resolve_all(slots)
     }
 
-    /// Every object as the store keeps it, at one instant, for a snapshot: the bytes the
-    /// server sent where it kept those, the object otherwise (decoded from the store's own
-    /// encoding, after the lock is released). Objects that do not decode are left out.
+    /// Every object as the store keeps it, at one instant, for a snapshot, without
+    /// decoding any: a caller holding a lock decodes nothing under it.
     pub(crate) fn kept(&self) -> KeptObjects<K> {
         self.snapshot()
             .into_iter()
-            .filter_map(|(key, taken)| {
+            .map(|(key, taken)| {
                 let kept = match taken {
                     Taken::Decoded(object) => Kept::Object(object),
-                    Taken::Encoded { body, .. } => match body.wire() {
-                        Some((format, _)) => Kept::Wire(format, body.bytes.clone()),
-                        None => Kept::Object(Arc::new(body.decode(&self.shared.field_sets).ok()?)),
+                    Taken::Encoded { body, .. } => match &body.decoder {
+                        Decoder::Wire(format, _) => Kept::Wire(*format, body.bytes),
+                        Decoder::Codec(codec) => Kept::Encoded(codec.clone(), body.bytes),
                     },
                 };
-                Some((key, kept))
+                (key, kept)
             })
             .collect()
     }
@@ -696,6 +695,8 @@ pub(crate) type KeptObjects<K> = Vec<(ObjectKey, Kept<K>)>;
 pub(crate) enum Kept<K> {
     /// The bytes the server sent, in their format.
     Wire(RawFormat, Arc<[u8]>),
+    /// The bytes of the store's own codec.
+    Encoded(Arc<dyn Codec<K>>, Arc<[u8]>),
     /// The object.
     Object(Arc<K>),
 }
