@@ -24,8 +24,9 @@ use kube_client::{
 };
 use kube_informer::{
     Action, CancellationToken, Controller, FactoryDefaults, HANDLER_COALESCE_AFTER,
-    InformerFactory, InformerHealth, Manager, ReconcileRequest, Scope, SharedInformer, handler_fn,
-    list_watch::ApiListWatch, reflector::WarmRestart, retry_with_backoff,
+    InformerFactory, InformerHealth, Manager, NAMESPACE_INDEX, ReconcileRequest, Scope,
+    SharedInformer, handler_fn, list_watch::ApiListWatch, reflector::WarmRestart,
+    retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -605,6 +606,28 @@ async fn lifecycle_a_warm_restart_after_10_s_of_changes_resumes_without_a_list()
     assert_eq!(lists_served(&client, "secrets").await, lists_before + 2);
     // Every object reached the handler once as an add: the snapshot's and the new ones.
     assert_eq!(added.load(Ordering::Relaxed), OBJECTS + OBJECTS / 3);
+    informer.stop().await;
+
+    // Again with no handler: the compact cache takes the snapshot's objects as they are
+    // kept, undecoded, and reads them as any other: each decodes (the cache equals a fresh
+    // list), a label selector matches the labels kept beside the bytes, the namespace
+    // index holds every key.
+    let (lw, informer) = warm_informer(&api, &snapshot);
+    let informer = informer.spawn(CancellationToken::new());
+    within("the second warm restart", informer.wait_synced()).await;
+    assert_eq!(cache_state(&informer), server_state(&api).await);
+    assert!(lw.calls().lists.is_empty(), "{:?}", lw.calls().lists);
+    let store = informer.store();
+    let mut labelled: Vec<String> = store
+        .list_selector(&"while-down=yes".parse().unwrap())
+        .iter()
+        .filter_map(|secret| secret.metadata.name.clone())
+        .collect();
+    labelled.sort();
+    let patched: Vec<String> = (0..OBJECTS / 3).map(|i| format!("o-{i:03}")).collect();
+    assert_eq!(labelled, patched);
+    let in_namespace = store.index_keys(NAMESPACE_INDEX, &namespace).unwrap();
+    assert_eq!(in_namespace.len(), OBJECTS);
     informer.stop().await;
 }
 

@@ -396,8 +396,9 @@ where
         if let Some((parts, selection)) = &snapshot {
             let (path, selection, read) =
                 (parts.warm.path().to_owned(), selection.clone(), parts.read);
-            reflector =
-                reflector.with_restore(Box::new(move |deliver| read(&path, &selection, deliver)));
+            reflector = reflector.with_restore(Box::new(move |decode, deliver| {
+                read(&path, &selection, decode, deliver)
+            }));
         }
         let snapshot = snapshot.map(|(parts, selection)| {
             SnapshotWriter::new(parts.warm, selection, parts.write, processor.clone())

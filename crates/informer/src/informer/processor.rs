@@ -23,7 +23,7 @@ use crate::{
     error::Error,
     key::ObjectKey,
     list_watch::RawObject,
-    reflector::ReflectorStore,
+    reflector::{ReflectorStore, RestoredObject, list_restored, store_encoded},
     store::{Arrival, IndexFn, KeptObjects, StoreChange, Writer},
 };
 
@@ -225,6 +225,26 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
     fn bookmark(&self, resource_version: &str) {
         if let Applied::Version(version) = &mut lock(&self.0.dist).applied {
             resource_version.clone_into(version);
+        }
+    }
+
+    fn restores_encoded(&self) -> bool {
+        // Handlers get each object decoded, as an initial add.
+        self.0.store.takes_encoded() && lock(&self.0.dist).listeners.is_empty()
+    }
+
+    fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
+        let p = &*self.0;
+        let dist = lock(&p.dist);
+        // With no handler to tell, the objects are stored as they are kept; a handler
+        // (one added since the restore began) gets each decoded, as an initial add.
+        let left = match dist.listeners.is_empty() {
+            true => store_encoded(objects, |encoded| p.store.list_encoded(encoded)),
+            false => objects,
+        };
+        drop(dist);
+        for object in left {
+            list_restored(self, object);
         }
     }
 

@@ -33,12 +33,12 @@ use crate::{
     error::{Error, StreamingRefusal, Verb, panic_message},
     key::ObjectKey,
     list_watch::{ListWatch, RawObject, Shard, ShardMode, Undecodable},
-    store::{Arrival, TransformFn, Writer},
+    store::{Arrival, EncodedObject, TransformFn, Writer},
 };
 
 pub use backoff::{Backoff, BackoffConfig};
-pub use snapshot::WarmRestart;
-pub(crate) use snapshot::{Restored, SnapshotError, selection as snapshot_selection};
+pub use snapshot::{RestoredObject, WarmRestart};
+pub(crate) use snapshot::{SnapshotError, selection as snapshot_selection};
 pub(crate) use snapshot::{read as read_snapshot, write as write_snapshot};
 use state::{Next, Phase, State, WatchEnd};
 use watch::StreamingList;
@@ -73,6 +73,22 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     /// The full list in progress is complete, at `resource_version`: every object it did
     /// not list is gone.
     fn finish_list(&self, resource_version: &str);
+    /// Whether this store takes a [warm restart](WarmRestart)'s objects as they are kept
+    /// ([`restore_objects`](Self::restore_objects) with objects not decoded yet). When it
+    /// does not (the default), the restore decodes every object first, on every core.
+    fn restores_encoded(&self) -> bool {
+        false
+    }
+    /// Objects of a [warm restart](WarmRestart)'s snapshot, a part of it at a time, stored
+    /// as objects of the full list in progress. The default decodes each (if it is not
+    /// already) and hands it to [`list_object`](Self::list_object); one that does not
+    /// decode is left out, with an error log, and the resumed watch or a relist brings it
+    /// back.
+    fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
+        for object in objects {
+            list_restored(self, object);
+        }
+    }
     /// The full list in progress held a [warm restart](WarmRestart)'s snapshot, the
     /// server's state at `resource_version`: complete as a list, but the store counts as
     /// synced only once [`caught_up`](Self::caught_up). The default completes it as a list.
@@ -84,6 +100,46 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     /// it as a bookmark.
     fn caught_up(&self, resource_version: &str) {
         self.bookmark(resource_version);
+    }
+}
+
+/// The objects of `objects` that `store_encoded` (a store's `list_encoded`) does not take
+/// as they are kept, to be decoded: all of them if they were decoded already (the store
+/// said it needs objects).
+pub(crate) fn store_encoded<K>(
+    objects: Vec<RestoredObject<K>>,
+    store_encoded: impl FnOnce(Vec<EncodedObject>) -> Vec<EncodedObject>,
+) -> Vec<RestoredObject<K>> {
+    let Some(decode) = objects.first().map(|o| o.decode) else {
+        return objects;
+    };
+    if objects.iter().any(|o| o.object.is_some()) {
+        return objects;
+    }
+    let encoded = objects.into_iter().map(|o| o.encoded).collect();
+    store_encoded(encoded)
+        .into_iter()
+        .map(|encoded| RestoredObject {
+            encoded,
+            object: None,
+            decode,
+        })
+        .collect()
+}
+
+/// `object` decoded (if it is not yet) and stored as an object of the full list in
+/// progress; one that does not decode is left out, with an error log.
+pub(crate) fn list_restored<K, S>(store: &S, object: RestoredObject<K>)
+where
+    S: ReflectorStore<K> + ?Sized,
+{
+    let key = object.key().clone();
+    match object.into_decoded() {
+        Ok((key, object, raw)) => store.list_object(key, object, Some(raw)),
+        Err(error) => {
+            error!(%key, %error, "an object of the snapshot does not decode");
+            store.list_undecodable(key);
+        }
     }
 }
 
@@ -112,6 +168,16 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
 
     fn finish_list(&self, _resource_version: &str) {
         Writer::finish_list(self);
+    }
+
+    fn restores_encoded(&self) -> bool {
+        self.takes_encoded()
+    }
+
+    fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
+        for object in store_encoded(objects, |encoded| self.list_encoded(encoded)) {
+            list_restored(self, object);
+        }
     }
 }
 
@@ -526,9 +592,12 @@ pub struct Reflector<K, L, S> {
     restore: Option<Restore<K>>,
 }
 
-/// Reads a warm restart's snapshot (on a blocking thread).
+/// Reads a warm restart's snapshot (on a blocking thread), decoding its objects when told.
 pub(crate) type Restore<K> = Box<
-    dyn FnOnce(&mut dyn FnMut(Vec<Restored<K>>) -> bool) -> Result<String, SnapshotError>
+    dyn FnOnce(
+            bool,
+            &mut dyn FnMut(Vec<RestoredObject<K>>) -> bool,
+        ) -> Result<String, SnapshotError>
         + Send
         + Sync,
 >;
@@ -537,7 +606,8 @@ pub(crate) type Restore<K> = Box<
 pub(crate) type ReadSnapshot<K> = fn(
     &std::path::Path,
     &str,
-    &mut dyn FnMut(Vec<Restored<K>>) -> bool,
+    bool,
+    &mut dyn FnMut(Vec<RestoredObject<K>>) -> bool,
 ) -> Result<String, SnapshotError>;
 
 /// [`write_snapshot`] for one type.
@@ -771,22 +841,25 @@ where
     /// resume the watch from, or `None` (a full list follows) when it cannot be used.
     async fn restore_snapshot(&self, restore: Restore<K>) -> Option<String> {
         let started = tokio::time::Instant::now();
-        // Decoded on blocking threads a part at a time, stored here as they come: a
-        // restore holds a few parts decoded, never the whole snapshot.
-        let (parts, mut decoded) = tokio::sync::mpsc::channel::<Vec<Restored<K>>>(2);
+        // Read (and decoded, if the store needs objects) on blocking threads a part at a
+        // time, stored here as they come: a restore holds a few parts, never the whole
+        // snapshot.
+        let decode = !self.store.restores_encoded();
+        let (parts, mut read) = tokio::sync::mpsc::channel::<Vec<RestoredObject<K>>>(2);
         let reading = tokio::task::spawn_blocking(move || {
-            restore(&mut |part| parts.blocking_send(part).is_ok())
+            restore(decode, &mut |part| parts.blocking_send(part).is_ok())
         });
         let mut objects = 0usize;
+        let mut storing = Duration::ZERO;
         let mut listing = false;
-        while let Some(part) = decoded.recv().await {
+        while let Some(part) = read.recv().await {
             if !std::mem::replace(&mut listing, true) {
                 self.store.start_list();
             }
             objects += part.len();
-            for (key, object, raw) in part {
-                self.store.list_object(key, object, raw);
-            }
+            let part_started = std::time::Instant::now();
+            self.store.restore_objects(part);
+            storing += part_started.elapsed();
             // The handlers' tasks take the initial adds meanwhile.
             tokio::task::coop::consume_budget().await;
         }
@@ -798,6 +871,8 @@ where
                 self.store.finish_restore(&resource_version);
                 info!(
                     objects,
+                    decoded = decode,
+                    storing_ms = storing.as_millis() as u64,
                     rv = %resource_version,
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "restored the cache from its snapshot; resuming the watch"

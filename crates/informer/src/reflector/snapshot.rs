@@ -3,7 +3,7 @@
 //! documentation is on [`WarmRestart`].
 
 use std::{
-    fs,
+    fmt, fs,
     io::{self, Write},
     path::{Path, PathBuf},
     sync::Arc,
@@ -13,19 +13,22 @@ use std::{
 use bytes::Bytes;
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
+use tracing::debug;
 
 use crate::{
+    error::BoxError,
     key::ObjectKey,
     list_watch::{FieldSetMemo, ProtobufResource, RawFormat, RawObject},
-    store::Kept,
+    store::{EncodedObject, Kept, LabelRun, LabelText, WireDecoder, decode_wire},
 };
 
 /// Where an informer keeps a snapshot of its cache, and how often it writes it
 /// ([`InformerBuilder::warm_restart`](crate::InformerBuilder::warm_restart)).
 ///
 /// The snapshot holds the objects as the cache keeps them (the bytes the server sent, where
-/// it kept those), the resourceVersion they are the state at, and what they were listed
-/// with: the type, the resource, the namespace, the selectors and the shard. It is written
+/// it kept those) with each one's key, resourceVersion and labels beside its bytes, the
+/// resourceVersion they are the state at, and what they were listed with: the library's
+/// version, the type, the resource, the namespace, the selectors and the shard. It is written
 /// when the informer stops, and every [`every`](Self::every) while it runs, to a file
 /// beside `path` that then replaces it, so a crash never leaves half a snapshot. The file
 /// is readable by its owner only: it holds the objects as the server sent them (a Secret
@@ -41,15 +44,21 @@ use crate::{
 /// cache sends within about two seconds (the resumed watch asks for a three-second
 /// timeout, and the server bookmarks two seconds before it) when that version belongs to
 /// objects this informer does not see. Until then, reads see the snapshot plus the changes
-/// replayed so far. The objects are decoded on every core a part at a time, and stored as
-/// they come.
+/// replayed so far.
+///
+/// How the objects are read back depends on what needs them. A compact cache (the
+/// default) with no index of its own and no handler registered yet takes each one as it
+/// is kept, decoding none: a read decodes it, as it decodes any object of a compact cache.
+/// Otherwise (a decoded cache, an index function, a handler that gets each object as an
+/// initial add) the objects are decoded on every core a part at a time. Either way they are
+/// stored as they come.
 ///
 /// [`ListWatch::cached_version`]: crate::list_watch::ListWatch::cached_version
 ///
 /// It lists from scratch instead, replacing the snapshot's objects atomically as any
 /// relist does, when the snapshot is missing, unreadable, corrupt (its checksum), of
-/// another format version, or of another selection (type, resource, namespace, selectors,
-/// shard); and when the resumed watch ends before its bookmark: 410 Gone (the server's
+/// another format version, or of another selection (library version, type, resource,
+/// namespace, selectors, shard); and when the resumed watch ends before its bookmark: 410 Gone (the server's
 /// history no longer reaches the snapshot's version, after a compaction or a long
 /// downtime), an API server without a watch cache (which sends no bookmarks), or any error.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,8 +98,9 @@ impl WarmRestart {
 /// The first bytes of every snapshot.
 const MAGIC: &[u8; 24] = b"kube-informer snapshot\n\0";
 
-/// The layout this library writes and reads.
-const FORMAT_VERSION: u32 = 1;
+/// The layout this library writes and reads. 2: each object's key, resourceVersion and
+/// labels beside its bytes, so that a compact store takes it without decoding it.
+const FORMAT_VERSION: u32 = 2;
 
 /// How a record's bytes decode.
 const JSON: u8 = 0;
@@ -126,23 +136,79 @@ pub(crate) enum SnapshotError {
     Undecodable { index: usize, reason: String },
 }
 
-/// One object read back: its key, the object, and the bytes it decoded from.
-pub(crate) type Restored<K> = (ObjectKey, Arc<K>, Option<RawObject>);
+/// One object of a warm restart's snapshot, as a restore hands it to a
+/// [`ReflectorStore`](super::ReflectorStore): its key, and the bytes the store kept it as
+/// with its resourceVersion and labels beside them. It comes decoded when the store said
+/// it needs objects ([`ReflectorStore::restores_encoded`](super::ReflectorStore::restores_encoded)
+/// false), decoded on every core; a compact store takes it as it is, decoding nothing.
+pub struct RestoredObject<K> {
+    pub(crate) encoded: EncodedObject,
+    pub(crate) object: Option<Arc<K>>,
+    /// Decodes the bytes as `K` (taken where `K`'s serde bounds are known).
+    pub(crate) decode: WireDecoder<K>,
+}
+
+impl<K> RestoredObject<K> {
+    /// The object's key.
+    pub fn key(&self) -> &ObjectKey {
+        &self.encoded.key
+    }
+
+    /// The object's resourceVersion, read without decoding it.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.encoded.version.as_deref()
+    }
+}
+
+impl<K> RestoredObject<K> {
+    /// The key, the object (decoded now if it was not yet) and the bytes it decodes from.
+    ///
+    /// # Errors
+    ///
+    /// The decoder's, when the bytes do not decode as `K`.
+    pub fn into_decoded(self) -> Result<(ObjectKey, Arc<K>, RawObject), BoxError> {
+        let EncodedObject {
+            key, format, bytes, ..
+        } = self.encoded;
+        let object = match self.object {
+            Some(object) => object,
+            None => Arc::new((self.decode)(format, &bytes, &FieldSetMemo::default())?),
+        };
+        Ok((
+            key,
+            object,
+            RawObject::new(Bytes::from_owner(bytes), format),
+        ))
+    }
+}
+
+impl<K> fmt::Debug for RestoredObject<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RestoredObject")
+            .field("key", &self.encoded.key)
+            .field("resource_version", &self.encoded.version)
+            .field("decoded", &self.object.is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 /// Objects decoded per part handed on: a restore holds a few parts decoded at a time, not
 /// every object of the snapshot.
 const PART: usize = 1024;
 
-/// The selection a snapshot is of: the type, the resource, the namespace, the selectors and
-/// the shard, one per line.
+/// The selection a snapshot is of: the library's version, the type, the resource, the
+/// namespace, the selectors and the shard, one per line.
 pub(crate) fn selection<K>(
     resource: &str,
     namespace: Option<&str>,
     selectors: &str,
     shard: &str,
 ) -> String {
+    // The library's version too: another one may decode the same bytes differently, and
+    // a restore stores the objects without decoding them.
     format!(
-        "type {}\nresource {resource}\nnamespace {}\nselectors {selectors}\nshard {shard}",
+        "library {}\ntype {}\nresource {resource}\nnamespace {}\nselectors {selectors}\nshard {shard}",
+        env!("CARGO_PKG_VERSION"),
         std::any::type_name::<K>(),
         namespace.unwrap_or("")
     )
@@ -183,14 +249,17 @@ fn put_bytes(out: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 ///
 /// The file system's; an object kept decoded that does not encode, or kept by the
 /// store's codec that does not decode.
-pub(crate) fn write<K: Serialize>(
+pub(crate) fn write<K: Resource + Serialize>(
     path: &Path,
     selection: &str,
     resource_version: &str,
     objects: &[(ObjectKey, Kept<K>)],
 ) -> io::Result<usize> {
     let protobuf_kind = objects.iter().find_map(|(_, kept)| match kept {
-        Kept::Wire(RawFormat::Protobuf { resource, .. }, _) => Some(*resource),
+        Kept::Wire {
+            format: RawFormat::Protobuf { resource, .. },
+            ..
+        } => Some(*resource),
         _ => None,
     });
     let temporary = path.with_extension("partial");
@@ -212,32 +281,41 @@ pub(crate) fn write<K: Serialize>(
     });
     put_bytes(&mut out, protobuf_name.as_bytes())?;
     out.write_all(&(objects.len() as u64).to_le_bytes())?;
-    for (_, kept) in objects {
+    for (key, kept) in objects {
         match kept {
-            Kept::Wire(RawFormat::Protobuf { resource, typed }, bytes) => {
-                if protobuf_kind.is_none_or(|first| !std::ptr::eq(first, *resource)) {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "objects of two protobuf kinds in one cache",
-                    ));
-                }
-                out.write_all(&[if *typed { PROTOBUF_TYPED } else { PROTOBUF }])?;
-                put_bytes(&mut out, bytes)?;
+            Kept::Wire {
+                format,
+                bytes,
+                version,
+                labels,
+            } => {
+                let tag = match format {
+                    RawFormat::Protobuf { resource, typed } => {
+                        if protobuf_kind.is_none_or(|first| !std::ptr::eq(first, *resource)) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "objects of two protobuf kinds in one cache",
+                            ));
+                        }
+                        if *typed { PROTOBUF_TYPED } else { PROTOBUF }
+                    }
+                    RawFormat::Json => JSON,
+                };
+                put_record(
+                    &mut out,
+                    tag,
+                    key,
+                    version.as_deref(),
+                    labels.pairs(),
+                    bytes,
+                )?;
             }
-            Kept::Wire(RawFormat::Json, bytes) => {
-                out.write_all(&[JSON])?;
-                put_bytes(&mut out, bytes)?;
-            }
-            Kept::Object(object) => {
-                out.write_all(&[JSON])?;
-                put_bytes(&mut out, &serde_json::to_vec(&**object)?)?;
-            }
+            Kept::Object(object) => put_object(&mut out, key, &**object)?,
             Kept::Encoded(codec, bytes) => {
                 // An object left out would be missing after the restore, and the resumed
                 // watch would never bring it back: no snapshot rather than a wrong one.
                 let object = codec.decode(bytes).map_err(io::Error::other)?;
-                out.write_all(&[JSON])?;
-                put_bytes(&mut out, &serde_json::to_vec(&object)?)?;
+                put_object(&mut out, key, &object)?;
             }
         }
     }
@@ -254,19 +332,43 @@ pub(crate) fn write<K: Serialize>(
     Ok(written)
 }
 
-/// One record's object, with its key and the bytes it decoded from.
-fn decode_record<K: Resource + DeserializeOwned>(
-    index: usize,
-    format: RawFormat,
-    bytes: Bytes,
-    memo: &FieldSetMemo,
-) -> Result<Restored<K>, SnapshotError> {
-    let undecodable = |reason: String| SnapshotError::Undecodable { index, reason };
-    let object: K = format
-        .decode_sharing(&bytes, memo)
-        .map_err(|error| undecodable(error.to_string()))?;
-    let key = ObjectKey::from_object(&object).map_err(|error| undecodable(error.to_string()))?;
-    Ok((key, Arc::new(object), Some(RawObject::new(bytes, format))))
+/// One record: how its bytes decode, the object's key, resourceVersion and labels, and
+/// its bytes.
+fn put_record<'a>(
+    out: &mut impl Write,
+    tag: u8,
+    key: &ObjectKey,
+    version: Option<&str>,
+    labels: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    bytes: &[u8],
+) -> io::Result<()> {
+    out.write_all(&[tag])?;
+    put_bytes(out, key.as_str().as_bytes())?;
+    put_bytes(out, version.unwrap_or_default().as_bytes())?;
+    let count = u32::try_from(labels.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "too many labels"))?;
+    out.write_all(&count.to_le_bytes())?;
+    for (key, value) in labels {
+        put_bytes(out, key.as_bytes())?;
+        put_bytes(out, value.as_bytes())?;
+    }
+    put_bytes(out, bytes)
+}
+
+/// The record of an object the store kept decoded, or in its own codec's encoding: its
+/// JSON, which decodes as the server's JSON does.
+fn put_object<K: Resource + Serialize>(
+    out: &mut impl Write,
+    key: &ObjectKey,
+    object: &K,
+) -> io::Result<()> {
+    let meta = object.meta();
+    let labels: Vec<_> = (meta.labels.iter().flatten())
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let bytes = serde_json::to_vec(object)?;
+    let version = meta.resource_version.as_deref();
+    put_record(out, JSON, key, version, labels.into_iter(), &bytes)
 }
 
 /// A new file only its owner can read: a snapshot holds the objects as the server sent
@@ -282,118 +384,103 @@ fn private_file(path: &Path) -> io::Result<fs::File> {
     options.open(path)
 }
 
-/// A reader over a snapshot's bytes.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// A snapshot's fields read in order, each checked against what is left of it.
+struct Fields<R> {
+    inner: R,
+    /// The bytes left before the checksum.
+    left: u64,
+    path: PathBuf,
+    /// Where a record's labels are read before they are checked as text.
+    scratch: Vec<u8>,
 }
 
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], SnapshotError> {
-        let end = self.at.checked_add(n).ok_or(SnapshotError::Truncated)?;
-        let taken = self
-            .bytes
-            .get(self.at..end)
+impl<R: io::Read> Fields<R> {
+    fn io(&self, source: io::Error) -> SnapshotError {
+        match source.kind() {
+            io::ErrorKind::UnexpectedEof => SnapshotError::Truncated,
+            _ => SnapshotError::Io {
+                path: self.path.clone(),
+                source,
+            },
+        }
+    }
+
+    /// Fills `buf`, which must fit in what is left.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<(), SnapshotError> {
+        self.left = self
+            .left
+            .checked_sub(buf.len() as u64)
             .ok_or(SnapshotError::Truncated)?;
-        self.at = end;
-        Ok(taken)
+        self.inner.read_exact(buf).map_err(|error| self.io(error))
+    }
+
+    fn u8(&mut self) -> Result<u8, SnapshotError> {
+        let mut byte = [0];
+        self.fill(&mut byte)?;
+        Ok(byte[0])
     }
 
     fn u32(&mut self) -> Result<u32, SnapshotError> {
-        let bytes = self.take(4)?;
-        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+        let mut word = [0; 4];
+        self.fill(&mut word)?;
+        Ok(u32::from_le_bytes(word))
     }
 
     fn u64(&mut self) -> Result<u64, SnapshotError> {
         let mut word = [0; 8];
-        word.copy_from_slice(self.take(8)?);
+        self.fill(&mut word)?;
         Ok(u64::from_le_bytes(word))
     }
 
-    fn sized(&mut self) -> Result<&'a [u8], SnapshotError> {
-        let len = self.u32()? as usize;
-        self.take(len)
+    /// The length of the field that follows, if it fits in what is left.
+    fn len(&mut self) -> Result<usize, SnapshotError> {
+        let len = self.u32()?;
+        if u64::from(len) > self.left {
+            return Err(SnapshotError::Truncated);
+        }
+        Ok(len as usize)
     }
 
     fn text(&mut self) -> Result<String, SnapshotError> {
-        Ok(String::from_utf8_lossy(self.sized()?).into_owned())
+        let mut bytes = vec![0; self.len()?];
+        self.fill(&mut bytes)?;
+        String::from_utf8(bytes).map_err(|error| SnapshotError::Undecodable {
+            index: 0,
+            reason: format!("a text field is not UTF-8: {error}"),
+        })
     }
-}
 
-/// Reads the snapshot at `path`, if it is one of `selection` in this format, and hands its
-/// objects to `deliver` as they are decoded, a part at a time (until it returns false).
-/// Returns the resourceVersion they are the state at. The whole file is checked (format,
-/// selection, checksum) before any object is handed on.
-///
-/// # Errors
-///
-/// [`SnapshotError`]: why it cannot be used.
-pub(crate) fn read<K: Resource + DeserializeOwned + Send + Sync>(
-    path: &Path,
-    selection: &str,
-    deliver: &mut dyn FnMut(Vec<Restored<K>>) -> bool,
-) -> Result<String, SnapshotError> {
-    let bytes = match fs::read(path) {
-        Ok(bytes) => bytes,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            return Err(SnapshotError::Missing(path.to_owned()));
+    /// Reads a text field into the scratch buffer at `at`; returns where it ends.
+    fn scratch_text(&mut self, at: usize) -> Result<usize, SnapshotError> {
+        let end = at + self.len()?;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.resize(end, 0);
+        let filled = self.fill(&mut scratch[at..end]);
+        self.scratch = scratch;
+        filled.map(|()| end)
+    }
+
+    /// An object's bytes, read into the allocation the store keeps them in.
+    fn object(&mut self) -> Result<Arc<[u8]>, SnapshotError> {
+        let mut bytes: Arc<[u8]> = std::iter::repeat_n(0, self.len()?).collect();
+        match Arc::get_mut(&mut bytes) {
+            Some(buf) => self.fill(buf)?,
+            // A new `Arc` has no other owner: this is never taken.
+            None => return Err(SnapshotError::Truncated),
         }
-        Err(source) => {
-            return Err(SnapshotError::Io {
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    if !bytes.starts_with(MAGIC) {
-        return Err(SnapshotError::Foreign(path.to_owned()));
+        Ok(bytes)
     }
-    let mut cursor = Cursor {
-        bytes: &bytes,
-        at: MAGIC.len(),
-    };
-    let found = cursor.u32()?;
-    if found != FORMAT_VERSION {
-        return Err(SnapshotError::FormatVersion { found });
-    }
-    let (body, checksum) = bytes
-        .split_last_chunk::<4>()
-        .ok_or(SnapshotError::Truncated)?;
-    if crc32fast::hash(body) != u32::from_le_bytes(*checksum) {
-        return Err(SnapshotError::Checksum);
-    }
-    let mut cursor = Cursor {
-        bytes: body,
-        at: cursor.at,
-    };
-    let found = cursor.text()?;
-    if found != selection {
-        return Err(SnapshotError::OtherSelection {
-            found,
-            expected: selection.to_owned(),
-        });
-    }
-    let resource_version = cursor.text()?;
-    let protobuf = cursor.text()?;
-    let protobuf = {
-        let mut parts = protobuf.splitn(3, '/');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some(group), Some(version), Some(plural)) => {
-                ProtobufResource::find(group, version, plural)
-            }
-            _ => None,
-        }
-    };
-    let count = usize::try_from(cursor.u64()?).map_err(|_| SnapshotError::Truncated)?;
-    // Where each record is, then the records decoded on every core: a restart has the
-    // machine to itself, and decoding is most of its work.
-    let mut records = Vec::with_capacity(count.min(body.len() / 8));
-    for index in 0..count {
-        let tag = cursor.take(1)?[0];
-        let len = cursor.u32()? as usize;
-        let start = cursor.at;
-        cursor.take(len)?;
-        let format = match (tag, protobuf) {
+
+    /// One record: how its bytes decode, the object's key, resourceVersion and labels
+    /// (added to `labels`), and its bytes.
+    fn record(
+        &mut self,
+        index: usize,
+        protobuf: Option<&'static ProtobufResource>,
+        labels: &mut LabelText,
+    ) -> Result<Record, SnapshotError> {
+        let undecodable = |reason: String| SnapshotError::Undecodable { index, reason };
+        let format = match (self.u8()?, protobuf) {
             (JSON, _) => RawFormat::Json,
             (PROTOBUF, Some(resource)) => RawFormat::Protobuf {
                 resource,
@@ -403,60 +490,377 @@ pub(crate) fn read<K: Resource + DeserializeOwned + Send + Sync>(
                 resource,
                 typed: true,
             },
-            _ => {
-                return Err(SnapshotError::Undecodable {
-                    index,
-                    reason: format!("unknown encoding {tag}"),
-                });
-            }
+            (tag, _) => return Err(undecodable(format!("unknown encoding {tag}"))),
         };
-        records.push((format, start..start + len));
+        let key = ObjectKey::from(self.text()?);
+        let version = Some(self.text()?).filter(|v| !v.is_empty()).map(Arc::from);
+        let first_label = labels.len();
+        for _ in 0..self.u32()? {
+            let key_at = self.scratch_text(0)?;
+            let value_at = self.scratch_text(key_at)?;
+            let text = std::str::from_utf8(&self.scratch[..value_at])
+                .map_err(|error| undecodable(format!("a label is not UTF-8: {error}")))?;
+            let (key, value) = text.split_at(key_at);
+            labels.push(key, value);
+        }
+        Ok(Record {
+            key,
+            format,
+            bytes: self.object()?,
+            version,
+            labels: first_label..labels.len(),
+        })
     }
-    if cursor.at != body.len() {
-        return Err(SnapshotError::Truncated);
+}
+
+/// A record read, its labels a run of the group's [`LabelText`].
+struct Record {
+    key: ObjectKey,
+    format: RawFormat,
+    bytes: Arc<[u8]>,
+    version: Option<Arc<str>>,
+    labels: std::ops::Range<usize>,
+}
+
+/// Opens the snapshot at `path` and checks it is one in this format, whole (its checksum):
+/// the file, and its length without the checksum.
+fn open_checked(path: &Path) -> Result<(fs::File, u64), SnapshotError> {
+    let io = |source| SnapshotError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = match fs::File::open(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            return Err(SnapshotError::Missing(path.to_owned()));
+        }
+        Err(source) => return Err(io(source)),
+    };
+    let len = file.metadata().map_err(io)?.len();
+    let mut head = [0; MAGIC.len() + 4];
+    if len < head.len() as u64 + 4 {
+        return Err(SnapshotError::Foreign(path.to_owned()));
     }
-    // The objects keep slices of the file's bytes, as a compact store keeps slices of the
-    // batches a list arrived in.
-    let file = Bytes::from(bytes);
-    let memo = FieldSetMemo::default();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    for (group_at, group) in records.chunks(PART * threads).enumerate() {
-        let decoded: Vec<Result<Vec<Restored<K>>, SnapshotError>> = std::thread::scope(|scope| {
-            let workers: Vec<_> = group
-                .chunks(PART)
-                .enumerate()
-                .map(|(part, records)| {
-                    let (file, memo) = (&file, &memo);
-                    let first = group_at * PART * threads + part * PART;
-                    scope.spawn(move || {
-                        records
-                            .iter()
-                            .enumerate()
-                            .map(|(at, (format, range))| {
-                                let bytes = file.slice(range.clone());
-                                decode_record::<K>(first + at, *format, bytes, memo)
-                            })
-                            .collect()
-                    })
-                })
-                .collect();
-            workers
-                .into_iter()
-                .map(|worker| {
-                    worker.join().unwrap_or_else(|_| {
-                        Err(SnapshotError::Undecodable {
-                            index: group_at * PART * threads,
-                            reason: "its decoder panicked".to_owned(),
-                        })
-                    })
-                })
-                .collect()
+    let body = len - 4;
+    // Read through once for the checksum, a buffer at a time: the objects are read again
+    // straight into the allocations the store keeps them in.
+    let mut reader = io::BufReader::with_capacity(1 << 20, &mut file);
+    io::Read::read_exact(&mut reader, &mut head).map_err(io)?;
+    if !head.starts_with(MAGIC) {
+        return Err(SnapshotError::Foreign(path.to_owned()));
+    }
+    let found = u32::from_le_bytes([head[24], head[25], head[26], head[27]]);
+    if found != FORMAT_VERSION {
+        return Err(SnapshotError::FormatVersion { found });
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&head);
+    let mut rest = io::Read::take(&mut reader, body - head.len() as u64);
+    let summed = io::copy(&mut rest, &mut CrcSink(&mut crc)).map_err(io)?;
+    let mut checksum = [0; 4];
+    io::Read::read_exact(&mut reader, &mut checksum).map_err(io)?;
+    if summed != body - head.len() as u64 || crc.finalize() != u32::from_le_bytes(checksum) {
+        return Err(SnapshotError::Checksum);
+    }
+    drop(reader);
+    io::Seek::seek(&mut file, io::SeekFrom::Start(head.len() as u64)).map_err(io)?;
+    Ok((file, body - head.len() as u64))
+}
+
+/// Where the checksum pass writes.
+struct CrcSink<'a>(&'a mut crc32fast::Hasher);
+
+impl Write for CrcSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads the snapshot at `path`, if it is one of `selection` in this format, and hands its
+/// objects to `deliver` a part at a time (until it returns false), decoded on every core
+/// if `decode`. Returns the resourceVersion they are the state at. The whole file is
+/// checked (format, selection, checksum) before any object is handed on.
+///
+/// # Errors
+///
+/// [`SnapshotError`]: why it cannot be used.
+pub(crate) fn read<K: Resource + DeserializeOwned + Send + Sync>(
+    path: &Path,
+    selection: &str,
+    decode: bool,
+    deliver: &mut dyn FnMut(Vec<RestoredObject<K>>) -> bool,
+) -> Result<String, SnapshotError> {
+    let started = std::time::Instant::now();
+    let (file, left) = open_checked(path)?;
+    let checked_ms = started.elapsed().as_millis() as u64;
+    let mut fields = Fields {
+        inner: io::BufReader::with_capacity(1 << 20, file),
+        left,
+        path: path.to_owned(),
+        scratch: Vec::new(),
+    };
+    let found = fields.text()?;
+    if found != selection {
+        return Err(SnapshotError::OtherSelection {
+            found,
+            expected: selection.to_owned(),
         });
-        for part in decoded {
+    }
+    let resource_version = fields.text()?;
+    let protobuf = fields.text()?;
+    let protobuf = {
+        let mut parts = protobuf.splitn(3, '/');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(group), Some(version), Some(plural)) => {
+                ProtobufResource::find(group, version, plural)
+            }
+            _ => None,
+        }
+    };
+    let count = fields.u64()?;
+    debug!(objects = count, checked_ms, "snapshot checked");
+    // Read in order on this thread, a group of parts at a time; decoded, when asked, a part
+    // per core.
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let memo = FieldSetMemo::default();
+    let mut index = 0usize;
+    while (index as u64) < count {
+        let group = (count - index as u64).min((PART * threads) as u64) as usize;
+        let mut labels = LabelText::default();
+        let mut read = Vec::with_capacity(group);
+        for at in index..index + group {
+            read.push(fields.record(at, protobuf, &mut labels)?);
+        }
+        let labels = Arc::new(labels);
+        let records: Vec<EncodedObject> = read
+            .into_iter()
+            .map(|record| EncodedObject {
+                key: record.key,
+                format: record.format,
+                bytes: record.bytes,
+                version: record.version,
+                labels: LabelRun::new(labels.clone(), record.labels),
+            })
+            .collect();
+        let first = index;
+        index += group;
+        let parts: Vec<Result<Vec<RestoredObject<K>>, SnapshotError>> = match decode {
+            false => into_parts(records)
+                .into_iter()
+                .map(|part| {
+                    Ok(part
+                        .into_iter()
+                        .map(|encoded| RestoredObject {
+                            encoded,
+                            object: None,
+                            decode: decode_wire::<K>,
+                        })
+                        .collect())
+                })
+                .collect(),
+            true => decode_parts(records, first, &memo),
+        };
+        for part in parts {
             if !deliver(part?) {
                 return Ok(resource_version);
             }
         }
     }
+    if fields.left != 0 {
+        return Err(SnapshotError::Truncated);
+    }
     Ok(resource_version)
+}
+
+/// `items` in parts of [`PART`], in order.
+fn into_parts<T>(items: Vec<T>) -> Vec<Vec<T>> {
+    let mut parts = Vec::with_capacity(items.len().div_ceil(PART));
+    let mut items = items.into_iter();
+    loop {
+        let part: Vec<T> = items.by_ref().take(PART).collect();
+        if part.is_empty() {
+            return parts;
+        }
+        parts.push(part);
+    }
+}
+
+/// `records` decoded a part per thread, in order; `first` is the index of the first.
+fn decode_parts<K: Resource + DeserializeOwned + Send + Sync>(
+    records: Vec<EncodedObject>,
+    first: usize,
+    memo: &FieldSetMemo,
+) -> Vec<Result<Vec<RestoredObject<K>>, SnapshotError>> {
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = into_parts(records)
+            .into_iter()
+            .enumerate()
+            .map(|(at, part)| {
+                let start = first + at * PART;
+                scope.spawn(move || {
+                    part.into_iter()
+                        .enumerate()
+                        .map(|(offset, encoded)| {
+                            let object = encoded
+                                .format
+                                .decode_sharing::<K>(&encoded.bytes, memo)
+                                .map_err(|error| SnapshotError::Undecodable {
+                                index: start + offset,
+                                reason: error.to_string(),
+                            })?;
+                            Ok(RestoredObject {
+                                encoded,
+                                object: Some(Arc::new(object)),
+                                decode: decode_wire::<K>,
+                            })
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| {
+                worker.join().unwrap_or_else(|_| {
+                    Err(SnapshotError::Undecodable {
+                        index: first,
+                        reason: "its decoder panicked".to_owned(),
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_core::ObjectMeta;
+
+    use super::*;
+
+    fn cm(name: &str, version: &str, labels: &[(&str, &str)]) -> Arc<ConfigMap> {
+        Arc::new(ConfigMap {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some(name.into()),
+                resource_version: Some(version.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    /// Every object of the snapshot at `path`, read with `decode`.
+    fn read_all(path: &Path, decode: bool) -> Vec<RestoredObject<ConfigMap>> {
+        let mut objects = Vec::new();
+        read::<ConfigMap>(path, "selection", decode, &mut |part| {
+            objects.extend(part);
+            true
+        })
+        .unwrap();
+        objects
+    }
+
+    #[test]
+    fn a_snapshot_reads_back_each_object_s_key_version_and_labels_without_decoding_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot");
+        let objects = [
+            cm("a", "7", &[("app", "web"), ("tier", "front")]),
+            cm("b", "9", &[]),
+        ];
+        let kept: Vec<_> = objects
+            .iter()
+            .map(|o| {
+                (
+                    ObjectKey::from_object(&**o).unwrap(),
+                    Kept::Object(o.clone()),
+                )
+            })
+            .collect();
+        write(&path, "selection", "10", &kept).unwrap();
+
+        let restored = read_all(&path, false);
+        assert_eq!(restored.len(), 2);
+        for (restored, object) in restored.into_iter().zip(&objects) {
+            assert!(restored.object.is_none(), "not decoded");
+            assert_eq!(restored.key(), &ObjectKey::from_object(&**object).unwrap());
+            assert_eq!(
+                restored.resource_version(),
+                object.metadata.resource_version.as_deref()
+            );
+            let labels: BTreeMap<String, String> = (restored.encoded.labels.pairs())
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            assert_eq!(Some(&labels), object.metadata.labels.as_ref());
+            let (_, decoded, _) = restored.into_decoded().unwrap();
+            assert_eq!(decoded, *object, "decoded on demand");
+        }
+        let restored = read_all(&path, true);
+        assert!(
+            restored
+                .iter()
+                .zip(&objects)
+                .all(|(r, o)| r.object.as_ref() == Some(o)),
+            "decoded as they are read when asked"
+        );
+        let other = read::<ConfigMap>(&path, "another", false, &mut |_| true);
+        assert!(matches!(other, Err(SnapshotError::OtherSelection { .. })));
+    }
+
+    #[test]
+    fn a_snapshot_cut_short_foreign_or_of_another_format_is_refused_before_any_object() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot");
+        let kept = vec![(
+            ObjectKey::new(Some("ns"), "a"),
+            Kept::Object(cm("a", "1", &[])),
+        )];
+        write(&path, "selection", "1", &kept).unwrap();
+        let whole = fs::read(&path).unwrap();
+        let refused = |bytes: &[u8]| {
+            fs::write(&path, bytes).unwrap();
+            let mut delivered = 0;
+            let result = read::<ConfigMap>(&path, "selection", false, &mut |part| {
+                delivered += part.len();
+                true
+            });
+            assert_eq!(delivered, 0, "nothing handed on");
+            result.unwrap_err()
+        };
+        assert!(matches!(
+            refused(&whole[..whole.len() - 10]),
+            SnapshotError::Checksum
+        ));
+        assert!(matches!(
+            refused(b"{\"kind\": \"Pod\"}"),
+            SnapshotError::Foreign(_)
+        ));
+        let mut older = whole.clone();
+        older[MAGIC.len()..MAGIC.len() + 4].copy_from_slice(&1u32.to_le_bytes());
+        assert!(matches!(
+            refused(&older),
+            SnapshotError::FormatVersion { found: 1 }
+        ));
+        fs::remove_file(&path).unwrap();
+        assert!(matches!(refused_missing(&path), SnapshotError::Missing(_)));
+    }
+
+    fn refused_missing(path: &Path) -> SnapshotError {
+        read::<ConfigMap>(path, "selection", false, &mut |_| true).unwrap_err()
+    }
 }

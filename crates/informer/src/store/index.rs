@@ -148,6 +148,16 @@ impl Index {
         Self::new(&self.name)
     }
 
+    /// Adds `key` under one `value`.
+    pub(crate) fn add_one(&mut self, key: &ObjectKey, value: &str) {
+        match self.entries.get_mut(value) {
+            Some(set) => set.insert(key.clone()),
+            None => {
+                self.entries.insert(value.into(), KeySet::One(key.clone()));
+            }
+        }
+    }
+
     pub(crate) fn add(&mut self, key: &ObjectKey, values: &[String]) {
         for value in values {
             match self.entries.get_mut(value.as_str()) {

@@ -21,10 +21,15 @@ pub(super) struct Label {
 }
 
 /// An object's labels, sorted by key.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(super) struct Labels(Box<[Arc<Label>]>);
 
 impl Labels {
+    /// The `key=value` pairs, sorted by key.
+    pub(super) fn pairs(&self) -> impl ExactSizeIterator<Item = (&str, &str)> {
+        self.0.iter().map(|l| (&*l.key, &*l.value))
+    }
+
     /// The value of label `key`, if the object has it.
     pub(super) fn get(&self, key: &str) -> Option<&str> {
         let at = self.0.binary_search_by(|l| (*l.key).cmp(key)).ok()?;
@@ -62,11 +67,23 @@ impl LabelInterner {
         let Some(labels) = labels.filter(|l| !l.is_empty()) else {
             return Labels::default();
         };
+        // A BTreeMap iterates in key order, as `Labels::get` needs.
+        self.intern_pairs(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    /// Labels given as `key=value` pairs of distinct keys, as a store keeps them.
+    pub(super) fn intern_pairs<'a>(
+        &mut self,
+        pairs: impl Iterator<Item = (&'a str, &'a str)>,
+    ) -> Labels {
         if self.labels.len() >= self.sweep_at.max(64) {
             self.sweep();
         }
-        // A BTreeMap iterates in key order: the result is sorted as `Labels::get` needs.
-        Labels(labels.iter().map(|(k, v)| self.label(k, v)).collect())
+        let mut labels: Box<[Arc<Label>]> = pairs.map(|(k, v)| self.label(k, v)).collect();
+        if !labels.is_sorted_by(|a, b| a.key <= b.key) {
+            labels.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        Labels(labels)
     }
 
     fn label(&mut self, key: &str, value: &str) -> Arc<Label> {

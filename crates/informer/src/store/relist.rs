@@ -13,7 +13,7 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use kube_core::Resource;
 
 use super::{
-    Arrival, KeyHasher, ObjectKeySet, Recent, Writer,
+    Arrival, EncodedObject, KeyHasher, ObjectKeySet, Recent, Writer,
     index::{IndexValues, apply_change, compute_values},
     slot::{Slot, Taken},
 };
@@ -146,6 +146,20 @@ impl<K: Resource> Writer<K> {
                 None
             }
         }
+    }
+
+    /// Objects of the first list in progress, stored as their bytes without decoding them
+    /// (a warm restart's snapshot). Returns those to be decoded and stored as any other:
+    /// all of them when the store keeps objects decoded or in a codec's encoding, has
+    /// indexes of its own, or this is a relist.
+    pub(crate) fn list_encoded(&self, objects: Vec<EncodedObject>) -> Vec<EncodedObject> {
+        let mut progress = self.progress();
+        let Some(ListInProgress::Filling { listed }) = &mut progress.current else {
+            return objects;
+        };
+        // Those returned are listed too, when they are stored (or found undecodable).
+        listed.extend(objects.iter().map(|o| o.key.clone()));
+        self.insert_encoded(objects)
     }
 
     /// An object of the list in progress that could not be decoded: it exists, so it keeps
@@ -307,7 +321,7 @@ mod tests {
     use kube_core::ObjectMeta;
 
     use super::*;
-    use crate::store::label_index;
+    use crate::store::{NAMESPACE_INDEX, Selector, label_index};
 
     fn cm(name: &str, version: &str, app: &str) -> Arc<ConfigMap> {
         Arc::new(ConfigMap {
@@ -379,6 +393,59 @@ mod tests {
 
     fn pair(name: &str, rv: &str) -> (String, String) {
         (name.to_owned(), rv.to_owned())
+    }
+
+    /// `obj` as a warm restart hands it over: its JSON, its key, version and labels.
+    fn encoded(obj: &ConfigMap) -> EncodedObject {
+        EncodedObject {
+            key: ObjectKey::from_object(obj).unwrap(),
+            format: crate::list_watch::RawFormat::Json,
+            bytes: serde_json::to_vec(obj).unwrap().into(),
+            version: obj.metadata.resource_version.as_deref().map(Arc::from),
+            labels: (obj.metadata.labels.iter().flatten())
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_compact_store_takes_a_snapshot_s_objects_as_they_are_kept() {
+        let objects = [cm("a", "1", "web"), cm("b", "2", "db")];
+        let writer = Writer::<ConfigMap>::compact();
+        assert!(writer.takes_encoded());
+        writer.start_list();
+        assert!(
+            writer
+                .list_encoded(objects.iter().map(|o| encoded(o)).collect())
+                .is_empty()
+        );
+        // Read without decoding: the selector through the labels kept beside the bytes,
+        // the namespace index through the key, the version for a relist.
+        let selector: Selector = "app=web".parse().unwrap();
+        let matching = writer.list_selector(&selector);
+        assert_eq!(matching, [objects[0].clone()]);
+        assert_eq!(writer.index_keys(NAMESPACE_INDEX, "ns").unwrap().len(), 2);
+        assert_eq!(versions(&writer), [pair("a", "1"), pair("b", "2")]);
+        assert_eq!(writer.get_by_key("ns/b").unwrap(), objects[1]);
+        // The list completes as any other: what it did not hold is gone.
+        assert!(writer.finish_list().is_empty());
+        assert_eq!(writer.len(), 2);
+
+        // A relist compares versions and stages: it decodes.
+        writer.start_list();
+        assert_eq!(writer.list_encoded(vec![encoded(&objects[0])]).len(), 1);
+
+        // Stores that need the object: one that keeps objects decoded, one with an index of
+        // its own.
+        let decoded = Writer::<ConfigMap>::new();
+        decoded.start_list();
+        assert!(!decoded.takes_encoded());
+        assert_eq!(decoded.list_encoded(vec![encoded(&objects[0])]).len(), 1);
+        let indexed = Writer::<ConfigMap>::compact();
+        indexed.add_indexer("app", label_index("app")).unwrap();
+        indexed.start_list();
+        assert!(!indexed.takes_encoded());
+        assert_eq!(indexed.list_encoded(vec![encoded(&objects[0])]).len(), 1);
     }
 
     #[test]

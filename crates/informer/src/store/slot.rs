@@ -41,9 +41,9 @@ pub(super) struct Compact<K> {
 
 /// Decodes bytes kept as they came from the wire, parsing the field sets of their
 /// `managedFields` through the store's memo.
-pub(super) type WireDecoder<K> = fn(RawFormat, &[u8], &FieldSetMemo) -> Result<K, BoxError>;
+pub(crate) type WireDecoder<K> = fn(RawFormat, &[u8], &FieldSetMemo) -> Result<K, BoxError>;
 
-pub(super) fn decode_wire<K: Resource + DeserializeOwned>(
+pub(crate) fn decode_wire<K: Resource + DeserializeOwned>(
     format: RawFormat,
     bytes: &[u8],
     field_sets: &FieldSetMemo,
