@@ -235,11 +235,23 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
 
     fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
         let p = &*self.0;
-        let dist = lock(&p.dist);
-        // With no handler to tell, the objects are stored as they are kept; a handler
-        // (one added since the restore began) gets each decoded, as an initial add.
-        let left = match dist.listeners.is_empty() {
-            true => store_encoded(objects, |encoded| p.store.list_encoded(encoded)),
+        let mut dist = lock(&p.dist);
+        let decoded = objects.iter().all(|o| o.object.is_some());
+        // The store keeps the objects as they are kept whether or not they were decoded:
+        // decoded, they were for the handlers, each told of its object as an initial add.
+        // Undecoded objects are stored so only while no handler is registered (one may have
+        // been added since the restore began).
+        let left = match dist.listeners.is_empty() || decoded {
+            true => {
+                let (stored, left) =
+                    store_encoded(objects, |encoded| p.store.list_encoded(encoded));
+                let notes: Vec<_> = stored
+                    .into_iter()
+                    .map(|obj| Self::notification(&dist, StoreChange::Added(obj)))
+                    .collect();
+                Processor::broadcast(&mut dist, &notes);
+                left
+            }
             false => objects,
         };
         drop(dist);

@@ -14,6 +14,7 @@ mod state;
 mod watch;
 
 use std::{
+    collections::HashMap,
     future::Future,
     panic::AssertUnwindSafe,
     sync::{
@@ -103,28 +104,48 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     }
 }
 
-/// The objects of `objects` that `store_encoded` (a store's `list_encoded`) does not take
-/// as they are kept, to be decoded: all of them if they were decoded already (the store
-/// said it needs objects).
+/// Hands `objects` to `store_encoded` (a store's `list_encoded`), which stores them as they
+/// are kept where it can. Returns the objects it stored that came decoded (for handlers to
+/// be told of), and those it did not store, to be decoded and stored as any other.
 pub(crate) fn store_encoded<K>(
     objects: Vec<RestoredObject<K>>,
     store_encoded: impl FnOnce(Vec<EncodedObject>) -> Vec<EncodedObject>,
-) -> Vec<RestoredObject<K>> {
+) -> (Vec<Arc<K>>, Vec<RestoredObject<K>>) {
     let Some(decode) = objects.first().map(|o| o.decode) else {
-        return objects;
+        return (Vec::new(), objects);
     };
-    if objects.iter().any(|o| o.object.is_some()) {
-        return objects;
-    }
-    let encoded = objects.into_iter().map(|o| o.encoded).collect();
-    store_encoded(encoded)
+    let mut decoded = Vec::with_capacity(objects.len());
+    let encoded = objects
         .into_iter()
-        .map(|encoded| RestoredObject {
-            encoded,
-            object: None,
-            decode,
+        .map(|o| {
+            decoded.push((o.encoded.key.clone(), o.object));
+            o.encoded
         })
-        .collect()
+        .collect();
+    let left = store_encoded(encoded);
+    if left.is_empty() {
+        let stored = decoded
+            .into_iter()
+            .filter_map(|(_, object)| object)
+            .collect();
+        return (stored, Vec::new());
+    }
+    // Some not stored (all, or those whose key the store held): each with its object.
+    let mut left: HashMap<ObjectKey, EncodedObject> =
+        left.into_iter().map(|e| (e.key.clone(), e)).collect();
+    let mut stored = Vec::new();
+    let mut not_stored = Vec::with_capacity(left.len());
+    for (key, object) in decoded {
+        match left.remove(&key) {
+            Some(encoded) => not_stored.push(RestoredObject {
+                encoded,
+                object,
+                decode,
+            }),
+            None => stored.extend(object),
+        }
+    }
+    (stored, not_stored)
 }
 
 /// `object` decoded (if it is not yet) and stored as an object of the full list in
@@ -175,7 +196,8 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Writer<K> {
     }
 
     fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
-        for object in store_encoded(objects, |encoded| self.list_encoded(encoded)) {
+        let (_, left) = store_encoded(objects, |encoded| self.list_encoded(encoded));
+        for object in left {
             list_restored(self, object);
         }
     }
