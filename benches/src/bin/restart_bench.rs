@@ -4,8 +4,10 @@
 //! It starts a local control plane with its defaults (the API server's watch cache on),
 //! applies N Pods, then per run: starts kube-informer's subject with no snapshot (a cold
 //! start, which writes the snapshot when it stops), changes some Pods while it is down for
-//! `--down-seconds`, starts it again from the snapshot (warm), and starts client-go's
-//! subject (cold, as client-go always starts). Each subject reports the time from the start
+//! `--down-seconds`, starts it again from the snapshot (warm), does both again with an
+//! event handler registered before the informer starts (as a controller's is; synced then
+//! means the handler has had every initial add), and starts client-go's subject (cold, as
+//! client-go always starts). Each subject reports the time from the start
 //! of its `main` to synced; the driver reads the bytes its sockets received (the TLS stream
 //! from the API server, from iproute2's `ss`) once it has synced.
 
@@ -199,6 +201,9 @@ async fn kube_informer(
         .args(["--namespace", namespace])
         .arg("--snapshot")
         .arg(snapshot);
+    if subject.ends_with(WITH_HANDLER) {
+        command.arg("--handler");
+    }
     let (started, synced, read, server_cpu) = start_synced(env, command).await?;
     let stopped = started
         .stop()
@@ -218,6 +223,19 @@ async fn kube_informer(
         stop_ms: Some(stopped.stop_ms),
     })
 }
+
+/// The end of the names of the starts whose informer has a handler registered before it
+/// starts, as a controller's has; they are synced once the handler has every initial add.
+const WITH_HANDLER: &str = ", with a handler";
+
+/// The starts, in the report's order.
+const SUBJECTS: [&str; 5] = [
+    "kube-informer warm",
+    "kube-informer cold",
+    "kube-informer warm, with a handler",
+    "kube-informer cold, with a handler",
+    "client-go cold",
+];
 
 /// kube-apiserver's CPU time so far, ms.
 fn apiserver_cpu(env: &TestEnv) -> anyhow::Result<f64> {
@@ -286,14 +304,22 @@ async fn run_count(args: &Args, go: &Path, pods: usize) -> anyhow::Result<Vec<St
         let slot = Slot { pods, run };
         // Cold: no snapshot yet; it writes one when it stops.
         let _ = std::fs::remove_file(&snapshot);
-        starts.push(kube_informer(&env, &namespace, &snapshot, slot, "kube-informer cold").await?);
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[1]).await?);
         let down = Instant::now();
         change_pods(&api, pods, pods * args.changed_per_mille / 1000, run).await?;
         tokio::time::sleep(
             Duration::from_secs_f64(args.down_seconds).saturating_sub(down.elapsed()),
         )
         .await;
-        starts.push(kube_informer(&env, &namespace, &snapshot, slot, "kube-informer warm").await?);
+        // Both warm starts resume from the cold start's snapshot, with the same changes
+        // to replay.
+        let after_cold = dir.path().join("after-cold.snapshot");
+        std::fs::copy(&snapshot, &after_cold)?;
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[0]).await?);
+        std::fs::copy(&after_cold, &snapshot)?;
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[2]).await?);
+        std::fs::remove_file(&snapshot)?;
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[3]).await?);
         starts.push(client_go(go, &env, &namespace, slot).await?);
         info!(pods, run, "run done");
     }
@@ -330,10 +356,15 @@ fn report(args: &Args, starts: &[Start]) -> String {
                     .collect(),
             )
         };
-        let cold_ms = of("kube-informer cold", |s| s.synced_ms);
-        let cold_read = of("kube-informer cold", |s| s.read_mib);
         let go_ms = of("client-go cold", |s| s.synced_ms);
-        for subject in ["kube-informer warm", "kube-informer cold", "client-go cold"] {
+        for subject in SUBJECTS {
+            // Each warm start against the cold start of the same informer.
+            let cold = match subject.ends_with(WITH_HANDLER) {
+                true => SUBJECTS[3],
+                false => SUBJECTS[1],
+            };
+            let cold_ms = of(cold, |s| s.synced_ms);
+            let cold_read = of(cold, |s| s.read_mib);
             let ms = of(subject, |s| s.synced_ms);
             let read = of(subject, |s| s.read_mib);
             let kube = subject.starts_with("kube-informer");

@@ -1,15 +1,24 @@
 //! The subject of the warm-restart benchmark: an informer on the Pods of one namespace with
-//! the library's defaults, and with `--snapshot` a warm restart kept at that path. It
-//! prints one JSON line once synced (time from the start of `main`, objects, whether it
+//! the library's defaults, and with `--snapshot` a warm restart kept at that path; with
+//! `--handler`, an event handler registered before it starts (as a controller's is), and
+//! synced means the handler has had every initial add too. It prints one JSON line once
+//! synced (time from the start of `main`, objects, whether it
 //! listed), holds its cache until stdin closes, then stops (writing the snapshot) and
 //! prints a second line.
 
-use std::{path::PathBuf, time::Instant};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
-use kube_informer::{SharedInformer, reflector::WarmRestart};
+use kube_informer::{SharedInformer, handler_fn, reflector::WarmRestart};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +35,10 @@ struct Args {
     /// Where the cache's snapshot is kept; without it, every start lists.
     #[arg(long)]
     snapshot: Option<PathBuf>,
+    /// Registers a handler that reads each object's labels before the informer starts,
+    /// and waits for it to sync too.
+    #[arg(long)]
+    handler: bool,
 }
 
 /// What the subject prints once synced.
@@ -55,8 +68,26 @@ async fn main() -> anyhow::Result<()> {
     if let Some(path) = &args.snapshot {
         builder = builder.warm_restart(WarmRestart::at(path));
     }
-    let informer = builder.build().spawn(CancellationToken::new());
+    let informer = builder.build();
+    let labelled = Arc::new(AtomicUsize::new(0));
+    let registration = match args.handler {
+        true => {
+            let labelled = labelled.clone();
+            Some(
+                informer.add_handler(handler_fn::<Pod>().on_add(move |pod, _| {
+                    if pod.metadata.labels.is_some() {
+                        labelled.fetch_add(1, Ordering::Relaxed);
+                    }
+                }))?,
+            )
+        }
+        false => None,
+    };
+    let informer = informer.spawn(CancellationToken::new());
     informer.wait_synced().await;
+    if let Some(registration) = &registration {
+        registration.wait_synced().await;
+    }
     let synced = Synced {
         synced_ms: started.elapsed().as_secs_f64() * 1e3,
         objects: informer.store().len(),
