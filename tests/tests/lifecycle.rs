@@ -25,7 +25,7 @@ use kube_client::{
 use kube_informer::{
     Action, CancellationToken, Controller, FactoryDefaults, HANDLER_COALESCE_AFTER,
     InformerFactory, InformerHealth, Manager, NAMESPACE_INDEX, ReconcileRequest, Scope,
-    SharedInformer, handler_fn, list_watch::ApiListWatch, reflector::WarmRestart,
+    SharedInformer, handler_fn, key_handler, list_watch::ApiListWatch, reflector::WarmRestart,
     retry_with_backoff,
 };
 use kube_testenv::TestEnv;
@@ -608,13 +608,23 @@ async fn lifecycle_a_warm_restart_after_10_s_of_changes_resumes_without_a_list()
     assert_eq!(added.load(Ordering::Relaxed), OBJECTS + OBJECTS / 3);
     informer.stop().await;
 
-    // Again with no handler: the compact cache takes the snapshot's objects as they are
-    // kept, undecoded, and reads them as any other: each decodes (the cache equals a fresh
+    // Again with a handler that takes keys, as a controller's does: the compact cache
+    // takes the snapshot's objects as they are kept, undecoded, the handler gets their
+    // keys, and the cache reads them as any other: each decodes (the cache equals a fresh
     // list), a label selector matches the labels kept beside the bytes, the namespace
     // index holds every key.
     let (lw, informer) = warm_informer(&api, &snapshot);
+    let keys = Arc::new(AtomicUsize::new(0));
+    let count = keys.clone();
+    let registration = informer
+        .add_handler(key_handler::<Secret, _>(move |_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        }))
+        .unwrap();
     let informer = informer.spawn(CancellationToken::new());
     within("the second warm restart", informer.wait_synced()).await;
+    within("the key handler's sync", registration.wait_synced()).await;
+    assert_eq!(keys.load(Ordering::Relaxed), OBJECTS);
     assert_eq!(cache_state(&informer), server_state(&api).await);
     assert!(lw.calls().lists.is_empty(), "{:?}", lw.calls().lists);
     let store = informer.store();

@@ -72,9 +72,9 @@ pub use informer::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, DivergenceCheck, DivergenceStats, Drift,
     EventHandler, FactoryDefaults, FactoryScope, HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER,
     HandlerFn, HandlerRegistration, HandlerStats, HasSynced, InformerBuilder, InformerFactory,
-    InformerHandle, InformerHealth, InformerStatus, KeyHandler, MIN_RESYNC_PERIOD, OutdatedObject,
-    Repair, RunningInformer, Scope, SharedInformer, TypedResource, handler_fn, key_handler,
-    wait_for_cache_sync,
+    InformerHandle, InformerHealth, InformerStatus, InitialAdds, KeyHandler, MIN_RESYNC_PERIOD,
+    OutdatedObject, Repair, RunningInformer, Scope, SharedInformer, TypedResource, handler_fn,
+    key_handler, wait_for_cache_sync,
 };
 pub use key::ObjectKey;
 pub use list_watch::LazyObject;

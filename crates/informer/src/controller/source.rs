@@ -134,9 +134,14 @@ where
 {
     Box::new(move |enqueue: Enqueue, grace| {
         let name = enqueue.controller.to_string();
-        let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue);
+        let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue.clone());
+        let on_initial_key = enqueue;
         let handler = handler_fn::<K>()
             .on_add(move |obj, delivery| on_add.keys(key_of(&**obj), priority(delivery)))
+            // A warm restart's objects need not be decoded to be queued.
+            .on_initial_key(move |key| {
+                on_initial_key.keys([key.clone()], priority(Delivery::InitialList))
+            })
             .on_update(move |old, new, delivery| {
                 if predicate.accepts(old, new) {
                     on_update.keys(key_of(&**new), priority(delivery));

@@ -154,17 +154,47 @@ pub trait EventHandler<K>: Send + Sync + 'static {
     fn on_delete(&self, obj: &DeletedObject<K>) {
         let _ = obj;
     }
+
+    /// What this handler needs of the objects of the initial list:
+    /// [`InitialAdds::Objects`] (the default), each through [`on_add`](Self::on_add), or
+    /// [`InitialAdds::Keys`], which lets an informer that holds them undecoded (restored
+    /// from a [warm restart](crate::reflector::WarmRestart)'s snapshot) hand over only their
+    /// keys, through [`on_initial_key`](Self::on_initial_key), and decode none.
+    fn initial_adds(&self) -> InitialAdds {
+        InitialAdds::Objects
+    }
+
+    /// An object of the initial list, by key, for a handler whose
+    /// [`initial_adds`](Self::initial_adds) are [`InitialAdds::Keys`], when the informer
+    /// holds the object undecoded: read it from the store if it is needed. Objects the
+    /// informer has decoded still come through [`on_add`](Self::on_add).
+    fn on_initial_key(&self, key: &ObjectKey) {
+        let _ = key;
+    }
+}
+
+/// What a handler needs of the objects of the initial list (see
+/// [`EventHandler::initial_adds`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InitialAdds {
+    /// Each object, decoded.
+    #[default]
+    Objects,
+    /// The key is enough where the object is not decoded yet.
+    Keys,
 }
 
 type AddFn<K> = Box<dyn Fn(&Arc<K>, Delivery) + Send + Sync>;
 type UpdateFn<K> = Box<dyn Fn(&Arc<K>, &Arc<K>, Delivery) + Send + Sync>;
 type DeleteFn<K> = Box<dyn Fn(&DeletedObject<K>) + Send + Sync>;
+type InitialKeyFn = Box<dyn Fn(&ObjectKey) + Send + Sync>;
 
 /// An [`EventHandler`] made of closures; see [`handler_fn`].
 pub struct HandlerFn<K> {
     add: Option<AddFn<K>>,
     update: Option<UpdateFn<K>>,
     delete: Option<DeleteFn<K>>,
+    initial_key: Option<InitialKeyFn>,
 }
 
 /// Starts a closure-based handler.
@@ -183,6 +213,7 @@ pub fn handler_fn<K>() -> HandlerFn<K> {
         add: None,
         update: None,
         delete: None,
+        initial_key: None,
     }
 }
 
@@ -210,9 +241,30 @@ impl<K> HandlerFn<K> {
         self.delete = Some(Box::new(f));
         self
     }
+
+    /// Takes the initial list's objects by key where the informer holds them undecoded
+    /// (see [`EventHandler::on_initial_key`]): `f(key)` instead of the add callback.
+    #[must_use]
+    pub fn on_initial_key(mut self, f: impl Fn(&ObjectKey) + Send + Sync + 'static) -> Self {
+        self.initial_key = Some(Box::new(f));
+        self
+    }
 }
 
 impl<K: Send + Sync + 'static> EventHandler<K> for HandlerFn<K> {
+    fn initial_adds(&self) -> InitialAdds {
+        match self.initial_key {
+            Some(_) => InitialAdds::Keys,
+            None => InitialAdds::Objects,
+        }
+    }
+
+    fn on_initial_key(&self, key: &ObjectKey) {
+        if let Some(f) = &self.initial_key {
+            f(key);
+        }
+    }
+
     fn on_add(&self, obj: &Arc<K>, delivery: Delivery) {
         if let Some(f) = &self.add {
             f(obj, delivery);
@@ -282,6 +334,14 @@ where
     fn on_delete(&self, obj: &DeletedObject<K>) {
         (self.f)(obj.key());
     }
+
+    fn initial_adds(&self) -> InitialAdds {
+        InitialAdds::Keys
+    }
+
+    fn on_initial_key(&self, key: &ObjectKey) {
+        (self.f)(key.clone());
+    }
 }
 
 /// What travels through a handler's buffer.
@@ -290,6 +350,8 @@ pub(super) enum Notification<K> {
         obj: Arc<K>,
         delivery: Delivery,
     },
+    /// An object of the initial list held undecoded, for a handler that takes keys.
+    AddKey(ObjectKey),
     Update {
         old: Arc<K>,
         new: Arc<K>,
@@ -313,6 +375,7 @@ impl<K> Clone for Notification<K> {
                 delivery: *delivery,
             },
             Notification::Delete(d) => Notification::Delete(d.clone()),
+            Notification::AddKey(key) => Notification::AddKey(key.clone()),
             Notification::Synced => Notification::Synced,
         }
     }

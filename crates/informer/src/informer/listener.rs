@@ -499,6 +499,7 @@ fn mergeable_key<K: Resource>(note: &Notification<K>) -> Option<ObjectKey> {
             delivery: Delivery::InitialList,
             ..
         }
+        | Notification::AddKey(_)
         | Notification::Synced => None,
         Notification::Add { obj, .. } => ObjectKey::from_object(&**obj).ok(),
         Notification::Update { new, .. } => ObjectKey::from_object(&**new).ok(),
@@ -604,6 +605,7 @@ pub(super) async fn run_listener<K: 'static>(
         let started = tokio::time::Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| match &note {
             Notification::Add { obj, delivery } => handler.on_add(obj, *delivery),
+            Notification::AddKey(key) => handler.on_initial_key(key),
             Notification::Update { old, new, delivery } => handler.on_update(old, new, *delivery),
             Notification::Delete(d) => handler.on_delete(d),
             Notification::Synced => {
@@ -739,6 +741,7 @@ mod tests {
                 format!("update {}->{} {delivery:?}", at(old), at(new))
             }
             Notification::Delete(d) => format!("delete {}", at(d.object())),
+            Notification::AddKey(key) => format!("key {key}"),
             Notification::Synced => "synced".to_owned(),
         }
     }

@@ -45,8 +45,8 @@ pub use factory::{
     FactoryDefaults, FactoryScope, InformerFactory, InformerStatus, Scope, TypedResource,
 };
 pub use handler::{
-    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, KeyHandler,
-    handler_fn, key_handler,
+    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, InitialAdds,
+    KeyHandler, handler_fn, key_handler,
 };
 pub use health::InformerHealth;
 use listener::run_listener;
@@ -729,7 +729,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         let processor = &self.inner.processor;
         let (synced_tx, synced_rx) = watch::channel(false);
         let own_token = CancellationToken::new();
-        let (id, rx, lag) = processor.add_listener(name, resync);
+        let (id, rx, lag) = processor.add_listener(name, resync, handler.initial_adds());
         let listener = run_listener(Box::new(handler), rx, synced_tx, own_token.clone());
         // A registered handler uses the informer until it is removed (also while its task
         // has not been spawned yet) or its task ends.
@@ -1195,6 +1195,79 @@ mod tests {
         assert_eq!(names(&informer.store()), fake_state(&fake, &["a", "b"]));
         assert!(fake.list_requests().iter().all(|l| l.limit == Some(1)));
         informer.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warm_restart_hands_handlers_that_take_keys_the_keys_and_decodes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("configmaps.snapshot");
+        let fake = Fake::new("configmaps");
+        for n in ["a", "b", "c"] {
+            fake.add(cm(n));
+        }
+        run_and_stop(&fake, &path).await;
+        fake.add(cm("d"));
+
+        // A handler that takes keys (a controller's, or `key_handler`): the snapshot's
+        // objects reach it as keys; the one the resumed watch brings, as an object.
+        let restart = |fake: &Fake| {
+            SharedInformer::builder(fake.clone())
+                .warm_restart(crate::reflector::WarmRestart::at(&path))
+                .build()
+        };
+        let keys_and_adds = |informer: &InformerHandle<ConfigMap>| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let added = tx.clone();
+            informer
+                .add_handler(
+                    handler_fn()
+                        .on_add(move |o: &Arc<ConfigMap>, _| {
+                            let _ = added.send(format!("add {}", name(o)));
+                        })
+                        .on_initial_key(move |key| {
+                            let _ = tx.send(format!("key {key}"));
+                        }),
+                )
+                .unwrap();
+            rx
+        };
+        let informer = restart(&fake);
+        let mut seen = keys_and_adds(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        let got = sorted_strings(&mut seen, 4).await;
+        assert_eq!(got, ["add d", "key ns/a", "key ns/b", "key ns/c"]);
+        // The store reads them back: by key, and whole.
+        assert_eq!(
+            names(&informer.store()),
+            fake_state(&fake, &["a", "b", "c", "d"])
+        );
+        informer.stop().await;
+
+        // Beside a handler that needs objects, both get every object decoded.
+        let informer = restart(&fake);
+        let mut seen = keys_and_adds(&informer);
+        let (_reg, mut objects) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        let got = sorted_strings(&mut seen, 4).await;
+        assert_eq!(got, ["add a", "add b", "add c", "add d"]);
+        let adds = take(&mut objects, 4).await;
+        assert!(
+            adds.iter().all(|ev| matches!(ev, Ev::Add(_, true))),
+            "{adds:?}"
+        );
+        informer.stop().await;
+    }
+
+    /// The next `n` strings of `rx`, sorted.
+    async fn sorted_strings(rx: &mut UnboundedReceiver<String>, n: usize) -> Vec<String> {
+        let mut got = Vec::new();
+        for _ in 0..n {
+            got.push(rx.recv().await.expect("handler channel open"));
+        }
+        got.sort();
+        got
     }
 
     #[tokio::test(start_paused = true)]

@@ -17,7 +17,9 @@ use tokio::{
 };
 use tracing::debug;
 
-use super::handler::{DeletedFinalStateUnknown, DeletedObject, Delivery, Notification};
+use super::handler::{
+    DeletedFinalStateUnknown, DeletedObject, Delivery, InitialAdds, Notification,
+};
 use super::listener::{HandlerStats, Inbox, Lag, Outbox, buffer};
 use crate::{
     error::Error,
@@ -61,6 +63,8 @@ enum Applied {
 struct Listener<K> {
     id: u64,
     tx: Outbox<K>,
+    /// What its handler needs of the initial list's objects.
+    initial_adds: InitialAdds,
     initial_done: bool,
     resync: Option<Resync>,
 }
@@ -169,12 +173,7 @@ impl<K> Sink<K> {
         match change {
             StoreChange::Added(obj) => Notification::Add {
                 obj,
-                // Objects of the first list are added before the first sync.
-                delivery: if dist.synced {
-                    Delivery::Live
-                } else {
-                    Delivery::InitialList
-                },
+                delivery: dist.add_delivery(),
             },
             StoreChange::Updated { old, new } => Notification::Update {
                 old,
@@ -229,31 +228,40 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
     }
 
     fn restores_encoded(&self) -> bool {
-        // Handlers get each object decoded, as an initial add.
-        self.0.store.takes_encoded() && lock(&self.0.dist).listeners.is_empty()
+        // A handler that needs objects gets each decoded, as an initial add.
+        self.0.store.takes_encoded() && lock(&self.0.dist).takes_keys()
     }
 
     fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
         let p = &*self.0;
-        let mut dist = lock(&p.dist);
-        let decoded = objects.iter().all(|o| o.object.is_some());
+        let dist = lock(&p.dist);
         // The store keeps the objects as they are kept whether or not they were decoded:
         // decoded, they were for the handlers, each told of its object as an initial add.
-        // Undecoded objects are stored so only while no handler is registered (one may have
-        // been added since the restore began).
-        let left = match dist.listeners.is_empty() || decoded {
-            true => {
-                let (stored, left) =
-                    store_encoded(objects, |encoded| p.store.list_encoded(encoded));
-                let notes: Vec<_> = stored
-                    .into_iter()
-                    .map(|obj| Self::notification(&dist, StoreChange::Added(obj)))
-                    .collect();
-                Processor::broadcast(&mut dist, &notes);
-                left
+        // Undecoded ones are stored so only while every handler takes keys (one that needs
+        // objects may have been added since the restore began).
+        let decoded = objects.iter().all(|o| o.object.is_some());
+        if !decoded && !dist.takes_keys() {
+            drop(dist);
+            for object in objects {
+                list_restored(self, object);
             }
-            false => objects,
-        };
+            return;
+        }
+        let (stored, left) = store_encoded(objects, |encoded| p.store.list_encoded(encoded));
+        let delivery = dist.add_delivery();
+        for listener in &dist.listeners {
+            for (key, object) in &stored {
+                let note = match object {
+                    Some(obj) => Notification::Add {
+                        obj: obj.clone(),
+                        delivery,
+                    },
+                    None => Notification::AddKey(key.clone()),
+                };
+                // A closed channel means the handler task ended (stopped or removed).
+                let _ = listener.tx.send(note);
+            }
+        }
         drop(dist);
         for object in left {
             list_restored(self, object);
@@ -336,6 +344,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         &self,
         name: Option<String>,
         resync: Option<Duration>,
+        initial_adds: InitialAdds,
     ) -> (u64, Inbox<K>, Arc<Lag>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let lag = Lag::new(name.unwrap_or_else(|| format!("handler-{id}")));
@@ -359,6 +368,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
         dist.listeners.push(Listener {
             id,
             tx,
+            initial_adds,
             initial_done,
             resync,
         });
@@ -382,6 +392,24 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
     pub(super) fn add_indexer(&self, name: &str, func: IndexFn<K>) -> Result<(), Error> {
         let _dist = lock(&self.dist);
         self.store.add_indexer(name, func)
+    }
+}
+
+impl<K> Distributor<K> {
+    /// How an added object is delivered: objects of the first list are added before the
+    /// first sync.
+    fn add_delivery(&self) -> Delivery {
+        match self.synced {
+            true => Delivery::Live,
+            false => Delivery::InitialList,
+        }
+    }
+
+    /// Whether every handler takes the initial list's objects by key.
+    fn takes_keys(&self) -> bool {
+        self.listeners
+            .iter()
+            .all(|l| l.initial_adds == InitialAdds::Keys)
     }
 }
 

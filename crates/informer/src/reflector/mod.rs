@@ -104,45 +104,45 @@ pub trait ReflectorStore<K>: Send + Sync + 'static {
     }
 }
 
+/// An object of a snapshot stored as it is kept: its key, and the object if it came decoded.
+pub(crate) type StoredObject<K> = (ObjectKey, Option<Arc<K>>);
+
 /// Hands `objects` to `store_encoded` (a store's `list_encoded`), which stores them as they
-/// are kept where it can. Returns the objects it stored that came decoded (for handlers to
-/// be told of), and those it did not store, to be decoded and stored as any other.
+/// are kept where it can. Returns the key of each object it stored, with the object if it
+/// came decoded (for handlers to be told of), and those it did not store, to be decoded
+/// and stored as any other.
 pub(crate) fn store_encoded<K>(
     objects: Vec<RestoredObject<K>>,
     store_encoded: impl FnOnce(Vec<EncodedObject>) -> Vec<EncodedObject>,
-) -> (Vec<Arc<K>>, Vec<RestoredObject<K>>) {
+) -> (Vec<StoredObject<K>>, Vec<RestoredObject<K>>) {
     let Some(decode) = objects.first().map(|o| o.decode) else {
         return (Vec::new(), objects);
     };
-    let mut decoded = Vec::with_capacity(objects.len());
+    let mut keyed = Vec::with_capacity(objects.len());
     let encoded = objects
         .into_iter()
         .map(|o| {
-            decoded.push((o.encoded.key.clone(), o.object));
+            keyed.push((o.encoded.key.clone(), o.object));
             o.encoded
         })
         .collect();
     let left = store_encoded(encoded);
     if left.is_empty() {
-        let stored = decoded
-            .into_iter()
-            .filter_map(|(_, object)| object)
-            .collect();
-        return (stored, Vec::new());
+        return (keyed, Vec::new());
     }
     // Some not stored (all, or those whose key the store held): each with its object.
     let mut left: HashMap<ObjectKey, EncodedObject> =
         left.into_iter().map(|e| (e.key.clone(), e)).collect();
     let mut stored = Vec::new();
     let mut not_stored = Vec::with_capacity(left.len());
-    for (key, object) in decoded {
+    for (key, object) in keyed {
         match left.remove(&key) {
             Some(encoded) => not_stored.push(RestoredObject {
                 encoded,
                 object,
                 decode,
             }),
-            None => stored.extend(object),
+            None => stored.push((key, object)),
         }
     }
     (stored, not_stored)

@@ -47,11 +47,13 @@ use crate::{
 /// replayed so far.
 ///
 /// How the objects are read back depends on what needs them. A compact cache (the
-/// default) with no index of its own and no handler registered yet takes each one as it
-/// is kept, decoding none: a read decodes it, as it decodes any object of a compact cache.
-/// Otherwise (a decoded cache, an index function, a handler that gets each object as an
-/// initial add) the objects are decoded on every core a part at a time. Either way they are
-/// stored as they come.
+/// default) with no index of its own, whose handlers all take keys
+/// ([`EventHandler::initial_adds`](crate::EventHandler::initial_adds): `key_handler`, a
+/// controller's primary source), takes each one as it is kept, decoding none: the handlers
+/// get keys, and a read decodes the object, as it decodes any object of a compact cache.
+/// Otherwise (a decoded cache, an index function, a handler that needs each object) the
+/// objects are decoded on every core a part at a time. Either way they are stored as they
+/// come.
 ///
 /// [`ListWatch::cached_version`]: crate::list_watch::ListWatch::cached_version
 ///
