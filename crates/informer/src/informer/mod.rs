@@ -1165,6 +1165,10 @@ mod tests {
         fake.bookmark();
         informer.wait_synced().await;
         assert_eq!(
+            informer.reflector_stats().warm_restart_caught_up(),
+            Some(crate::reflector::CatchUp::Bookmark)
+        );
+        assert_eq!(
             names(&informer.store()),
             fake_state(&fake, &["a", "b", "c", "d"])
         );
@@ -1192,6 +1196,10 @@ mod tests {
         // No bookmark: the replayed add of b is at the version the consistent read says is
         // the current one.
         informer.wait_synced().await;
+        assert_eq!(
+            informer.reflector_stats().warm_restart_caught_up(),
+            Some(crate::reflector::CatchUp::Version)
+        );
         assert_eq!(names(&informer.store()), fake_state(&fake, &["a", "b"]));
         assert!(fake.list_requests().iter().all(|l| l.limit == Some(1)));
         informer.stop().await;

@@ -425,9 +425,43 @@ struct StatCounters {
     /// Since when (milliseconds after the Unix epoch) the server has answered 404 to the
     /// resource's list or watch; 0 while it serves it.
     missing_since: AtomicU64,
+    /// How the last warm restart's watch caught up: 0 none yet, 1 by the version, 2 by a
+    /// bookmark.
+    caught_up: AtomicU8,
+}
+
+/// How a watch resumed from a [warm restart](WarmRestart)'s snapshot knew it had caught up
+/// with the server ([`ReflectorStats::warm_restart_caught_up`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatchUp {
+    /// It saw the version the API server's cache was at when it opened: the resource's
+    /// last change was the selection's.
+    Version,
+    /// At its first bookmark, which the API server sends one to two seconds after the
+    /// watch opens: the cache was ahead of the selection's last change (other objects of
+    /// the resource changed since, or a consistent read advanced it).
+    Bookmark,
 }
 
 impl ReflectorStats {
+    /// How the watch resumed from a warm restart's snapshot caught up, once it has; `None`
+    /// before, and for an informer that did not restart warm.
+    pub fn warm_restart_caught_up(&self) -> Option<CatchUp> {
+        match self.0.caught_up.load(Ordering::Relaxed) {
+            1 => Some(CatchUp::Version),
+            2 => Some(CatchUp::Bookmark),
+            _ => None,
+        }
+    }
+
+    fn caught_up(&self, by: CatchUp) {
+        let code = match by {
+            CatchUp::Version => 1,
+            CatchUp::Bookmark => 2,
+        };
+        self.0.caught_up.store(code, Ordering::Relaxed);
+    }
+
     /// Lists started: paged lists and streaming lists, the first one included.
     pub fn lists(&self) -> u64 {
         self.0.lists.load(Ordering::Relaxed)

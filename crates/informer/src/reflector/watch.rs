@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 use super::{
-    Reflector, ReflectorStore,
+    CatchUp, Reflector, ReflectorStore,
     state::{InitialEvents, WatchEnd, WatchReport},
 };
 use crate::{
@@ -133,7 +133,7 @@ where
         loop {
             if *resuming && current.is_some_and(|current| version_number(last_rv) >= Some(current))
             {
-                self.caught_up(resuming, last_rv);
+                self.caught_up(resuming, last_rv, CatchUp::Version);
             }
             // A body the connection has buffered is read without ever waiting, so without
             // this the reflector would apply a whole streaming list before the handlers'
@@ -245,7 +245,7 @@ where
                     if !resource_version.is_empty() && initial.is_none() {
                         *last_rv = resource_version;
                         if *resuming {
-                            self.caught_up(resuming, last_rv);
+                            self.caught_up(resuming, last_rv, CatchUp::Bookmark);
                         } else {
                             self.store.bookmark(last_rv);
                         }
@@ -336,10 +336,11 @@ where
 
     /// A resumed watch has seen every change up to `resource_version`: the snapshot and
     /// what it missed are the server's state.
-    fn caught_up(&self, resuming: &mut bool, resource_version: &str) {
+    fn caught_up(&self, resuming: &mut bool, resource_version: &str, by: CatchUp) {
         *resuming = false;
         self.store.caught_up(resource_version);
-        info!(rv = %resource_version, "the resumed watch caught up");
+        self.stats.caught_up(by);
+        info!(rv = %resource_version, ?by, "the resumed watch caught up");
     }
 
     /// The version the server's cache is at now ([`ListWatch::cached_version`]); `None`
