@@ -4,10 +4,12 @@
 //! It starts a local control plane with its defaults (the API server's watch cache on),
 //! applies N Pods, then per run: starts kube-informer's subject with no snapshot (a cold
 //! start, which writes the snapshot when it stops), changes some Pods while it is down for
-//! `--down-seconds`, starts it again from the snapshot (warm), does both again with an
-//! event handler registered before the informer starts (as a controller's is; synced then
-//! means the handler has had every initial add), and starts client-go's subject (cold, as
-//! client-go always starts). Each subject reports the time from the start
+//! `--down-seconds`, starts it again from the snapshot (warm), and again with an event
+//! handler registered before the informer starts (as a controller's is; synced then means
+//! the handler has had every initial add), one that reads each object and one that takes
+//! keys. It then moves the API server's cache past the Pods' last change (a write
+//! elsewhere and a consistent read) and starts it warm once more, starts it cold with each
+//! handler, and starts client-go's subject (cold, as client-go always starts). Each subject reports the time from the start
 //! of its `main` to synced; the driver reads the bytes its sockets received (the TLS stream
 //! from the API server, from iproute2's `ss`) once it has synced.
 
@@ -21,10 +23,10 @@ use std::{
 use anyhow::{Context, bail};
 use benches::{bytes_received, machine, median};
 use clap::Parser;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube_client::{
     Api,
-    api::{Patch, PatchParams},
+    api::{ListParams, Patch, PatchParams},
 };
 use kube_testenv::TestEnv;
 use serde::{Deserialize, Serialize};
@@ -75,6 +77,8 @@ struct Start {
     /// The snapshot written when kube-informer's subject stopped.
     snapshot_mib: Option<f64>,
     stop_ms: Option<f64>,
+    /// How a warm start's watch caught up: `version` or `bookmark`.
+    caught_up_by: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +89,8 @@ struct SyncedLine {
     #[serde(default)]
     cached: usize,
     lists: Option<u64>,
+    #[serde(default)]
+    caught_up_by: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,8 +207,8 @@ async fn kube_informer(
         .args(["--namespace", namespace])
         .arg("--snapshot")
         .arg(snapshot);
-    if subject.ends_with(WITH_HANDLER) {
-        command.arg("--handler");
+    if let Some(handler) = handler_of(subject) {
+        command.args(["--handler", handler]);
     }
     let (started, synced, read, server_cpu) = start_synced(env, command).await?;
     let stopped = started
@@ -221,21 +227,47 @@ async fn kube_informer(
         lists: synced.lists,
         snapshot_mib: Some(stopped.snapshot_bytes as f64 / (1024.0 * 1024.0)),
         stop_ms: Some(stopped.stop_ms),
+        caught_up_by: synced.caught_up_by,
     })
 }
 
-/// The end of the names of the starts whose informer has a handler registered before it
-/// starts, as a controller's has; they are synced once the handler has every initial add.
-const WITH_HANDLER: &str = ", with a handler";
-
-/// The starts, in the report's order.
-const SUBJECTS: [&str; 5] = [
-    "kube-informer warm",
-    "kube-informer cold",
-    "kube-informer warm, with a handler",
-    "kube-informer cold, with a handler",
-    "client-go cold",
+/// The starts, in the report's order, each with the cold start it is compared with. A
+/// handler is registered before the informer starts, as a controller's is; those starts
+/// are synced once it has every initial add.
+const SUBJECTS: [(&str, &str); 8] = [
+    ("kube-informer warm", "kube-informer cold"),
+    ("kube-informer warm, the cache ahead", "kube-informer cold"),
+    ("kube-informer cold", "kube-informer cold"),
+    (
+        "kube-informer warm, with an object handler",
+        "kube-informer cold, with an object handler",
+    ),
+    (
+        "kube-informer cold, with an object handler",
+        "kube-informer cold, with an object handler",
+    ),
+    (
+        "kube-informer warm, with a key handler",
+        "kube-informer cold, with a key handler",
+    ),
+    (
+        "kube-informer cold, with a key handler",
+        "kube-informer cold, with a key handler",
+    ),
+    ("client-go cold", "kube-informer cold"),
 ];
+
+/// The subject's `--handler` for a start: one that reads each object, or one that takes
+/// keys (as a controller's primary source does).
+fn handler_of(subject: &str) -> Option<&'static str> {
+    if subject.ends_with("an object handler") {
+        Some("objects")
+    } else if subject.ends_with("a key handler") {
+        Some("keys")
+    } else {
+        None
+    }
+}
 
 /// kube-apiserver's CPU time so far, ms.
 fn apiserver_cpu(env: &TestEnv) -> anyhow::Result<f64> {
@@ -265,7 +297,36 @@ async fn client_go(go: &Path, env: &TestEnv, namespace: &str, slot: Slot) -> any
         lists: None,
         snapshot_mib: None,
         stop_ms: None,
+        caught_up_by: None,
     })
+}
+
+/// Moves the API server's cache of Pods past their last change: a ConfigMap written, then
+/// a consistent read of the Pods (which waits for the cache to reach etcd's version).
+async fn advance_cache(
+    client: &kube_client::Client,
+    pods: &Api<Pod>,
+    namespace: &str,
+    run: usize,
+) -> anyhow::Result<()> {
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let marker = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": { "name": format!("restart-bench-{run}") },
+    });
+    config_maps
+        .patch(
+            &format!("restart-bench-{run}"),
+            &PatchParams::apply("restart-bench"),
+            &Patch::Apply(&marker),
+        )
+        .await
+        .context("writing a ConfigMap")?;
+    pods.list_metadata(&ListParams::default().limit(1))
+        .await
+        .context("a consistent read of the Pods")?;
+    Ok(())
 }
 
 /// Changes `count` Pods (a label), as a cluster does while a controller restarts.
@@ -294,7 +355,7 @@ async fn run_count(args: &Args, go: &Path, pods: usize) -> anyhow::Result<Vec<St
     let env = TestEnv::builder().start().await?;
     let client = env.client().await?;
     let namespace = env.create_namespace("restart").await?;
-    let api: Api<Pod> = Api::namespaced(client, &namespace);
+    let api: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     info!(pods, "creating the Pods");
     benches::create_pods(&api, pods, args.create_concurrency, "restart-bench").await?;
     let dir = tempfile::tempdir()?;
@@ -304,7 +365,7 @@ async fn run_count(args: &Args, go: &Path, pods: usize) -> anyhow::Result<Vec<St
         let slot = Slot { pods, run };
         // Cold: no snapshot yet; it writes one when it stops.
         let _ = std::fs::remove_file(&snapshot);
-        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[1]).await?);
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[2].0).await?);
         let down = Instant::now();
         change_pods(&api, pods, pods * args.changed_per_mille / 1000, run).await?;
         tokio::time::sleep(
@@ -315,11 +376,23 @@ async fn run_count(args: &Args, go: &Path, pods: usize) -> anyhow::Result<Vec<St
         // to replay.
         let after_cold = dir.path().join("after-cold.snapshot");
         std::fs::copy(&snapshot, &after_cold)?;
-        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[0]).await?);
+        // Every warm start resumes from the cold start's snapshot, with the same changes to
+        // replay; they run before anything reads the Pods consistently, so the Pods' own
+        // changes are the last the API server's cache has seen of them.
+        for (subject, _) in [SUBJECTS[0], SUBJECTS[3], SUBJECTS[5]] {
+            std::fs::copy(&after_cold, &snapshot)?;
+            starts.push(kube_informer(&env, &namespace, &snapshot, slot, subject).await?);
+        }
+        // The cache ahead of the Pods' last change, as on a cluster where other objects
+        // change: a write elsewhere, then a consistent read of the Pods, which brings the
+        // cache up to date with etcd. Only a bookmark tells the resumed watch it is there.
+        advance_cache(&client, &api, &namespace, run).await?;
         std::fs::copy(&after_cold, &snapshot)?;
-        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[2]).await?);
-        std::fs::remove_file(&snapshot)?;
-        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[3]).await?);
+        starts.push(kube_informer(&env, &namespace, &snapshot, slot, SUBJECTS[1].0).await?);
+        for (subject, _) in [SUBJECTS[4], SUBJECTS[6]] {
+            std::fs::remove_file(&snapshot)?;
+            starts.push(kube_informer(&env, &namespace, &snapshot, slot, subject).await?);
+        }
         starts.push(client_go(go, &env, &namespace, slot).await?);
         info!(pods, run, "run done");
     }
@@ -343,9 +416,9 @@ fn report(args: &Args, starts: &[Start]) -> String {
     );
     let _ = writeln!(
         out,
-        "| Pods | start | restart to synced (ms) | received (MiB) | time / cold | received / cold | time / client-go | API server CPU (ms) | full lists | snapshot (MiB) | writing it at stop (ms) |"
+        "| Pods | start | restart to synced (ms) | received (MiB) | time / cold | received / cold | time / client-go | API server CPU (ms) | full lists | caught up at a bookmark | snapshot (MiB) | writing it at stop (ms) |"
     );
-    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &pods in &args.pods {
         let of = |subject: &str, f: fn(&Start) -> f64| {
             median(
@@ -357,12 +430,7 @@ fn report(args: &Args, starts: &[Start]) -> String {
             )
         };
         let go_ms = of("client-go cold", |s| s.synced_ms);
-        for subject in SUBJECTS {
-            // Each warm start against the cold start of the same informer.
-            let cold = match subject.ends_with(WITH_HANDLER) {
-                true => SUBJECTS[3],
-                false => SUBJECTS[1],
-            };
+        for (subject, cold) in SUBJECTS {
             let cold_ms = of(cold, |s| s.synced_ms);
             let cold_read = of(cold, |s| s.read_mib);
             let ms = of(subject, |s| s.synced_ms);
@@ -387,9 +455,24 @@ fn report(args: &Args, starts: &[Start]) -> String {
                     "–".to_owned()
                 }
             };
+            // Warm starts whose watch waited for its first bookmark, of all of them.
+            let warm: Vec<&Start> = starts
+                .iter()
+                .filter(|s| s.pods == pods && s.subject == subject && s.caught_up_by.is_some())
+                .collect();
+            let at_bookmark = match warm.len() {
+                0 => "–".to_owned(),
+                n => {
+                    let waited = warm
+                        .iter()
+                        .filter(|s| s.caught_up_by.as_deref() == Some("bookmark"))
+                        .count();
+                    format!("{waited} of {n}")
+                }
+            };
             let _ = writeln!(
                 out,
-                "| {pods} | {subject} | {ms:.0} | {received} | {:.2} | {received_ratio} | {:.2} | {:.0} | {} | {} | {} |",
+                "| {pods} | {subject} | {ms:.0} | {received} | {:.2} | {received_ratio} | {:.2} | {:.0} | {} | {at_bookmark} | {} | {} |",
                 ms / cold_ms,
                 ms / go_ms,
                 of(subject, |s| s.apiserver_cpu_ms),

@@ -18,7 +18,10 @@ use std::{
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::Api;
-use kube_informer::{SharedInformer, handler_fn, reflector::WarmRestart};
+use kube_informer::{
+    SharedInformer, handler_fn,
+    reflector::{CatchUp, WarmRestart},
+};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -35,10 +38,18 @@ struct Args {
     /// Where the cache's snapshot is kept; without it, every start lists.
     #[arg(long)]
     snapshot: Option<PathBuf>,
-    /// Registers a handler that reads each object's labels before the informer starts,
-    /// and waits for it to sync too.
-    #[arg(long)]
-    handler: bool,
+    /// Registers a handler before the informer starts, and waits for it to sync too:
+    /// `objects` reads each object's labels, `keys` takes keys where the informer has
+    /// not decoded the objects (as a controller's primary source does).
+    #[arg(long, value_enum)]
+    handler: Option<Handler>,
+}
+
+/// The handler `--handler` registers.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Handler {
+    Objects,
+    Keys,
 }
 
 /// What the subject prints once synced.
@@ -48,6 +59,10 @@ struct Synced {
     objects: usize,
     /// Full lists it made to sync (0: resumed from the snapshot).
     lists: u64,
+    /// Objects the handler was told of, by object (with labels) or by key.
+    handled: usize,
+    /// How a warm start's watch caught up: `version`, `bookmark`, or `null` for a cold one.
+    caught_up_by: Option<&'static str>,
 }
 
 /// What it prints once stopped.
@@ -69,19 +84,23 @@ async fn main() -> anyhow::Result<()> {
         builder = builder.warm_restart(WarmRestart::at(path));
     }
     let informer = builder.build();
-    let labelled = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicUsize::new(0));
     let registration = match args.handler {
-        true => {
-            let labelled = labelled.clone();
-            Some(
-                informer.add_handler(handler_fn::<Pod>().on_add(move |pod, _| {
-                    if pod.metadata.labels.is_some() {
-                        labelled.fetch_add(1, Ordering::Relaxed);
-                    }
-                }))?,
-            )
+        Some(handler) => {
+            let (labelled, keyed) = (seen.clone(), seen.clone());
+            let mut counting = handler_fn::<Pod>().on_add(move |pod, _| {
+                if pod.metadata.labels.is_some() {
+                    labelled.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            if let Handler::Keys = handler {
+                counting = counting.on_initial_key(move |_| {
+                    keyed.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            Some(informer.add_handler(counting)?)
         }
-        false => None,
+        None => None,
     };
     let informer = informer.spawn(CancellationToken::new());
     informer.wait_synced().await;
@@ -92,6 +111,14 @@ async fn main() -> anyhow::Result<()> {
         synced_ms: started.elapsed().as_secs_f64() * 1e3,
         objects: informer.store().len(),
         lists: informer.reflector_stats().lists(),
+        handled: seen.load(Ordering::Relaxed),
+        caught_up_by: informer
+            .reflector_stats()
+            .warm_restart_caught_up()
+            .map(|by| match by {
+                CatchUp::Version => "version",
+                CatchUp::Bookmark => "bookmark",
+            }),
     };
     println!("{}", serde_json::to_string(&synced)?);
     benches::wait_for_stdin().await;

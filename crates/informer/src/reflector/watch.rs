@@ -338,8 +338,9 @@ where
     /// what it missed are the server's state.
     fn caught_up(&self, resuming: &mut bool, resource_version: &str, by: CatchUp) {
         *resuming = false;
-        self.store.caught_up(resource_version);
+        // Said before the store is synced, so that whoever waits for it reads how.
         self.stats.caught_up(by);
+        self.store.caught_up(resource_version);
         info!(rv = %resource_version, ?by, "the resumed watch caught up");
     }
 
