@@ -1111,15 +1111,22 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_warm_restart_resumes_the_watch_and_syncs_once_caught_up() {
+    /// A fake server holding ConfigMaps `names`, and the snapshot of an informer run over it
+    /// until synced, then stopped (in the directory returned with it).
+    async fn snapshot_of(names: &[&str]) -> (tempfile::TempDir, std::path::PathBuf, Fake) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("configmaps.snapshot");
         let fake = Fake::new("configmaps");
-        for n in ["a", "b", "c"] {
+        for n in names {
             fake.add(cm(n));
         }
         run_and_stop(&fake, &path).await;
+        (dir, path, fake)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_warm_restart_resumes_the_watch_and_syncs_once_caught_up() {
+        let (_dir, path, fake) = snapshot_of(&["a", "b", "c"]).await;
         let before = fake.calls();
 
         // Changes while it was down.
@@ -1207,13 +1214,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_warm_restart_hands_handlers_that_take_keys_the_keys_and_decodes_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("configmaps.snapshot");
-        let fake = Fake::new("configmaps");
-        for n in ["a", "b", "c"] {
-            fake.add(cm(n));
-        }
-        run_and_stop(&fake, &path).await;
+        let (_dir, path, fake) = snapshot_of(&["a", "b", "c"]).await;
         fake.add(cm("d"));
 
         // A handler that takes keys (a controller's, or `key_handler`): the snapshot's
