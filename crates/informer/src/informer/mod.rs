@@ -1190,11 +1190,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_warm_restart_has_caught_up_once_it_saw_the_consistent_read_s_version() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("configmaps.snapshot");
-        let fake = Fake::new("configmaps");
-        fake.add(cm("a"));
-        run_and_stop(&fake, &path).await;
+        let (_dir, path, fake) = snapshot_of(&["a"]).await;
         fake.add(cm("b"));
         let informer = SharedInformer::builder(fake.clone())
             .warm_restart(crate::reflector::WarmRestart::at(&path))
@@ -1313,12 +1309,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_snapshot_too_old_corrupt_or_of_another_selection_gives_a_full_list() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("configmaps.snapshot");
-        let fake = Fake::new("configmaps");
-        for n in ["a", "b"] {
-            fake.add(cm(n));
-        }
+        // The snapshot is of a and b.
+        let (_dir, path, fake) = snapshot_of(&["a", "b"]).await;
         let restart = |fake: &Fake, path: &std::path::Path| {
             SharedInformer::builder(fake.clone())
                 .warm_restart(crate::reflector::WarmRestart::at(path))
@@ -1348,7 +1340,6 @@ mod tests {
         };
 
         // Past the server's history (410): a full list replaces the snapshot.
-        run_and_stop(&fake, &path).await;
         fake.delete(Some("ns"), "a");
         fake.add(cm("c"));
         fake.compact();

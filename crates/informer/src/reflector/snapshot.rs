@@ -194,8 +194,8 @@ impl<K> fmt::Debug for RestoredObject<K> {
     }
 }
 
-/// Objects decoded per part handed on: a restore holds a few parts decoded at a time, not
-/// every object of the snapshot.
+/// Objects per part handed on: a restore holds a few parts at a time, not every object of
+/// the snapshot.
 const PART: usize = 1024;
 
 /// The selection a snapshot is of: the library's version, the type, the resource, the

@@ -160,13 +160,7 @@ impl Index {
 
     pub(crate) fn add(&mut self, key: &ObjectKey, values: &[String]) {
         for value in values {
-            match self.entries.get_mut(value.as_str()) {
-                Some(set) => set.insert(key.clone()),
-                None => {
-                    self.entries
-                        .insert(value.as_str().into(), KeySet::One(key.clone()));
-                }
-            }
+            self.add_one(key, value);
         }
     }
 

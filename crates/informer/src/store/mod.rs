@@ -722,13 +722,12 @@ pub(crate) struct LabelText {
 }
 
 impl LabelText {
-    /// Adds label `key` with `value`; returns the label's number.
-    pub(crate) fn push(&mut self, key: &str, value: &str) -> usize {
+    /// Adds label `key` with `value`.
+    pub(crate) fn push(&mut self, key: &str, value: &str) {
         self.text.push_str(key);
         let key_end = self.text.len();
         self.text.push_str(value);
         self.ends.push((key_end, self.text.len()));
-        self.ends.len() - 1
     }
 
     /// How many labels it holds.
@@ -1027,10 +1026,18 @@ impl<K: Resource> Writer<K> {
     /// Whether [`insert_encoded`](Self::insert_encoded) can store objects: this store keeps
     /// the server's bytes and has no index of its own.
     pub(crate) fn takes_encoded(&self) -> bool {
-        matches!(
-            self.shared.keeping,
-            Keeping::Compact(Compact { wire: Some(_), .. })
-        ) && self.writer().index_fns.len() <= 1
+        self.encoded_decoder(&self.writer()).is_some()
+    }
+
+    /// The decoder of the server's bytes, if this store keeps them and has no index but the
+    /// built-in namespace one (always the first), whose values the keys hold.
+    fn encoded_decoder(&self, writer: &WriterState<K>) -> Option<WireDecoder<K>> {
+        match &self.shared.keeping {
+            Keeping::Compact(Compact {
+                wire: Some(decode), ..
+            }) if writer.index_fns.len() <= 1 => Some(*decode),
+            _ => None,
+        }
     }
 
     /// Stores `objects` as their bytes, without decoding them, when this store can: one
@@ -1038,22 +1045,11 @@ impl<K: Resource> Writer<K> {
     /// (whose values the keys hold). Returns those it did not store (all of them when it
     /// cannot; any whose key it holds already), to be decoded and stored as any other.
     pub(crate) fn insert_encoded(&self, objects: Vec<EncodedObject>) -> Vec<EncodedObject> {
-        let Keeping::Compact(Compact {
-            wire: Some(decode), ..
-        }) = &self.shared.keeping
-        else {
+        let mut writer = self.writer();
+        let Some(decode) = self.encoded_decoder(&writer) else {
             return objects;
         };
-        let mut writer = self.writer();
         let mut st = self.write();
-        if writer.index_fns.len() > 1
-            || st
-                .indexes
-                .first()
-                .is_none_or(|i| &*i.name != NAMESPACE_INDEX)
-        {
-            return objects;
-        }
         let mut left = Vec::new();
         st.objects.reserve(objects.len());
         let State {
@@ -1080,7 +1076,7 @@ impl<K: Resource> Writer<K> {
             let slot = Slot::Encoded(slot::Encoded {
                 body: slot::Body {
                     bytes,
-                    decoder: Decoder::Wire(format, *decode),
+                    decoder: Decoder::Wire(format, decode),
                 },
                 version,
                 labels: interner.intern_pairs(labels.pairs()),
