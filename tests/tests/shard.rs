@@ -996,3 +996,147 @@ mod managed {
         }
     }
 }
+
+mod lapsed_renewals {
+    //! A replica whose slot renewals lapse (its API calls slowed by Toxiproxy) refuses
+    //! reconciles while it cannot renew, without letting the slot go; each change it
+    //! refused then is reconciled once a renewal goes through. The test waits for the lapse
+    //! and makes its changes inside it, so the window is hit every run.
+
+    use std::{
+        collections::BTreeMap,
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_client::{
+        Api,
+        api::{Patch, PatchParams},
+    };
+    use kube_informer::{
+        Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
+        list_watch::{Shard, ShardField},
+        retry_with_backoff,
+        sharding::{RingConfig, ShardRing},
+    };
+    use kube_testenv::{FaultProxy, TestEnv};
+    use serde_json::json;
+    use tests::{config_map, eventually, eventually_some_within, test_namespace};
+
+    const OBJECTS: usize = 10;
+    const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+    /// Added to every answer the ring gets: a round (the member Lease read and written,
+    /// then the slot's renewal) takes three of them, longer than the renew deadline.
+    const LATENCY: Duration = Duration::from_millis(1_500);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_changes_refused_while_renewals_lapse_are_reconciled_once_renewed() {
+        let env = TestEnv::shared().await;
+        let (client, namespace) = test_namespace(env, "shard-lapse").await;
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        let objects = (0..OBJECTS)
+            .map(|i| config_map(&format!("cm-{i}"), &[]))
+            .collect();
+        tests::create_all(&api, objects).await;
+
+        // The ring's Leases through the proxy; the informer straight to the API server.
+        let proxy = FaultProxy::for_apiserver(env).await.unwrap();
+        let ring_client = env.client_via(&proxy).await.unwrap();
+        let config = RingConfig::new(&namespace, "lapsing", "only")
+            .slots(1)
+            .lease_duration(Duration::from_secs(30))
+            .renew_deadline(RENEW_DEADLINE)
+            .retry_period(Duration::from_millis(200));
+        let ring = Arc::new(ShardRing::new(ring_client, config).unwrap());
+        let stop = CancellationToken::new();
+        let factory = InformerFactory::new(client.clone());
+        let primary = factory.informer::<ConfigMap>(
+            Scope::namespace(&namespace).shard(Shard::everything(ShardField::Uid)),
+        );
+        let controller = Controller::new("lapsing", primary).sharded(ring.clone());
+        let stats = controller.stats();
+        factory.start(&stop);
+        let latest: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
+        let reconcile = {
+            let latest = latest.clone();
+            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                let latest = latest.clone();
+                async move {
+                    if let ReconcileRequest::Present(cm) = &request {
+                        let round = cm.metadata.labels.as_ref().and_then(|l| l.get("round"));
+                        let round = round.cloned().unwrap_or_default();
+                        latest
+                            .lock()
+                            .unwrap()
+                            .insert(request.key().name().to_owned(), round);
+                    }
+                    Ok::<_, std::io::Error>(Action::done())
+                }
+            }
+        };
+        let controller = tokio::spawn(controller.run(
+            reconcile,
+            retry_with_backoff(),
+            Arc::new(()),
+            stop.clone(),
+        ));
+        let ring_task = tokio::spawn({
+            let (ring, stop) = (ring.clone(), stop.clone());
+            async move { ring.run(stop).await.unwrap() }
+        });
+        eventually("every object reconciled", || {
+            latest.lock().unwrap().len() == OBJECTS
+        })
+        .await;
+
+        proxy.latency(LATENCY, Duration::ZERO).await.unwrap();
+        // Each round a change is made while the slot, still held, admits nothing, until
+        // three have been refused (the first list's were, before the slot was taken).
+        let started = stats.elsewhere();
+        let mut changed: BTreeMap<String, String> = BTreeMap::new();
+        let mut round = 0;
+        while stats.elsewhere() - started < 3 {
+            round += 1;
+            assert!(round <= 20, "no lapse in {round} rounds");
+            eventually_some_within(Duration::from_secs(30), "the slot's renewals lapse", || {
+                let lapsed = ring.admitting().is_empty();
+                async move { lapsed.then_some(()) }
+            })
+            .await;
+            assert_eq!(ring.view().borrow().held.len(), 1, "held through the lapse");
+            let name = format!("cm-{}", round % OBJECTS);
+            let patch = json!({ "metadata": { "labels": { "round": round.to_string() } } });
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .unwrap();
+            changed.insert(name, round.to_string());
+            // Refused, or admitted if the lapse ended first: either way, on to the next.
+            let before = stats.elsewhere();
+            let _ = tokio::time::timeout(LATENCY * 4, async {
+                while stats.elsewhere() == before && ring.admitting().is_empty() {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await;
+        }
+        proxy.clear().await.unwrap();
+        eventually_some_within(
+            Duration::from_secs(30),
+            "every change refused during a lapse reconciled",
+            || {
+                let latest = latest.lock().unwrap().clone();
+                let done = changed
+                    .iter()
+                    .all(|(name, round)| latest.get(name) == Some(round));
+                async move { done.then_some(()) }
+            },
+        )
+        .await;
+
+        stop.cancel();
+        controller.await.unwrap().unwrap();
+        ring_task.await.unwrap();
+        factory.shutdown().await;
+    }
+}

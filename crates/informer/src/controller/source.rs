@@ -10,7 +10,7 @@ use std::{
 use dashmap::DashMap;
 use futures::{Stream, StreamExt, future::BoxFuture};
 use kube_core::Resource;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::predicate::Predicate;
 use crate::{
@@ -20,7 +20,7 @@ use crate::{
     },
     key::ObjectKey,
     list_watch::ShardField,
-    sharding::{RingView, ShardRing, slot_of},
+    sharding::{Grants, RingView, ShardRing, slot_of},
     workqueue::{Priority, RateLimitingQueue},
 };
 
@@ -254,9 +254,12 @@ impl Follower {
     }
 }
 
-/// Keeps a sharded controller's informers on the ring's shard, and queues the cached
-/// primaries of every slot the ring takes (their events came while another replica held
-/// them; those not cached yet arrive with the relist, as adds).
+/// Keeps a sharded controller's informers on the ring's shard, and queues again the cached
+/// primaries of every slot the ring grants again: one it takes, and one whose renewals
+/// lapsed and recovered. Keys refused on such a slot meanwhile (their events came while
+/// another replica held it, or while this one could not renew it) are reconciled so;
+/// those not cached yet arrive with the relist, as adds. Grants are counted per slot, so
+/// none is missed however the ring's changes bunch up before this task runs.
 pub(super) async fn follow_ring<K>(
     ring: Arc<ShardRing>,
     followers: Vec<Follower>,
@@ -266,28 +269,206 @@ pub(super) async fn follow_ring<K>(
     K: Resource + Send + Sync + 'static,
 {
     let mut view = ring.view();
-    let mut held = BTreeSet::new();
+    let mut grants = ring.grants();
+    // Counted from none: at first, every slot granted before this task ran.
+    let mut granted = Grants::none(view.borrow().slots);
     loop {
         let current = view.borrow_and_update().clone();
         for follower in &followers {
             follower.follow(&current);
         }
-        let taken: BTreeSet<u16> = current.held.difference(&held).copied().collect();
-        if !taken.is_empty() {
-            for obj in primary.store().list() {
-                let in_taken = obj
-                    .meta()
-                    .uid
-                    .as_deref()
-                    .is_some_and(|uid| taken.contains(&slot_of(uid, current.slots)));
-                if in_taken && let Some(key) = key_of(&*obj) {
-                    queue.add(key);
-                }
-            }
+        let now = grants.borrow_and_update().clone();
+        let regained = now.since(&granted);
+        granted = now;
+        if !regained.is_empty() {
+            requeue_slots(&primary, &queue, &regained, current.slots);
         }
-        held = current.held;
-        if view.changed().await.is_err() {
+        let changed = tokio::select! {
+            changed = view.changed() => changed,
+            changed = grants.changed() => changed,
+        };
+        if changed.is_err() {
             return;
         }
+    }
+}
+
+/// Queues every cached primary whose UID falls in one of `slots`.
+fn requeue_slots<K: Resource + Send + Sync + 'static>(
+    primary: &InformerHandle<K>,
+    queue: &RateLimitingQueue<ObjectKey>,
+    slots: &BTreeSet<u16>,
+    count: u16,
+) {
+    let mut queued = 0usize;
+    for obj in primary.store().list() {
+        let in_slots = obj
+            .meta()
+            .uid
+            .as_deref()
+            .is_some_and(|uid| slots.contains(&slot_of(uid, count)));
+        if in_slots && let Some(key) = key_of(&*obj) {
+            queue.add(key);
+            queued += 1;
+        }
+    }
+    debug!(
+        ?slots,
+        queued, "slots granted again; their cached primaries queued"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    //! A sharded controller over an in-memory list-watch, its ring's admission driven by
+    //! hand: the windows in which a slot admits nothing are hit on purpose.
+
+    use std::{
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use tokio::time::Instant;
+    use tokio_util::sync::CancellationToken;
+
+    use crate::{
+        controller::{Action, Controller, ControllerStats, ReconcileRequest, retry_with_backoff},
+        informer::{RunningInformer, SharedInformer},
+        list_watch::{Shard, ShardField},
+        sharding::{RingConfig, ShardRing},
+        testing::FakeListWatch,
+    };
+
+    const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+
+    /// A ring never run (its client points nowhere): the test grants and revokes its
+    /// slots itself.
+    fn ring() -> Arc<ShardRing> {
+        let config = kube_client::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube_client::Client::try_from(config).unwrap();
+        let config = RingConfig::new("ns", "ring", "me")
+            .slots(1)
+            .renew_deadline(RENEW_DEADLINE);
+        Arc::new(ShardRing::new(client, config).unwrap())
+    }
+
+    fn config_map(name: &str, round: u32) -> ConfigMap {
+        let mut cm = FakeListWatch::<ConfigMap>::object(Some("ns"), name);
+        cm.metadata.uid = Some(format!("uid-{name}"));
+        cm.metadata.labels = Some([("round".to_owned(), round.to_string())].into());
+        cm
+    }
+
+    type Seen = Arc<Mutex<Vec<(String, u32)>>>;
+
+    /// Waits (on the paused clock) until `name` has been reconciled at `round`.
+    async fn reconciled(seen: &Seen, name: &str, round: u32) -> bool {
+        let wanted = (format!("ns/{name}"), round);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if seen.lock().unwrap().contains(&wanted) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    async fn refused(stats: &ControllerStats, before: u64) {
+        while stats.elsewhere() == before {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    struct Running {
+        _informer: RunningInformer<ConfigMap>,
+        fake: FakeListWatch<ConfigMap>,
+        ring: Arc<ShardRing>,
+        seen: Seen,
+        stats: Arc<ControllerStats>,
+        cancel: CancellationToken,
+    }
+
+    async fn start() -> Running {
+        let fake = FakeListWatch::<ConfigMap>::new("configmaps");
+        fake.add(config_map("a", 1));
+        let ring = ring();
+        ring.admission().hold(0, Instant::now());
+        let informer = SharedInformer::builder(fake.clone())
+            .shard(Shard::everything(ShardField::Uid))
+            .build();
+        let controller = Controller::new("sharded", informer.handle()).sharded(ring.clone());
+        let stats = controller.stats();
+        let cancel = CancellationToken::new();
+        let informer = informer.spawn(cancel.clone());
+        let seen: Seen = Arc::default();
+        let record = seen.clone();
+        let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            let record = record.clone();
+            async move {
+                if let ReconcileRequest::Present(cm) = request {
+                    let labels = cm.metadata.labels.clone().unwrap_or_default();
+                    let round = labels.get("round").and_then(|r| r.parse().ok()).unwrap();
+                    let key = format!("ns/{}", cm.metadata.name.as_deref().unwrap());
+                    record.lock().unwrap().push((key, round));
+                }
+                Ok::<_, std::io::Error>(Action::done())
+            }
+        };
+        tokio::spawn(controller.run(
+            reconcile,
+            retry_with_backoff(),
+            Arc::new(()),
+            cancel.clone(),
+        ));
+        assert!(reconciled(&seen, "a", 1).await, "the first list reconciled");
+        fake.wait_for_calls(|c| c.watches >= 1).await;
+        Running {
+            _informer: informer,
+            fake,
+            ring,
+            seen,
+            stats,
+            cancel,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_refused_while_the_slot_s_renewals_lapsed_is_reconciled_once_renewed() {
+        let run = start().await;
+        // The renewals lapse: the slot is still held (the ring publishes no change), and
+        // admits nothing.
+        tokio::time::advance(RENEW_DEADLINE).await;
+        assert!(run.ring.admitting().is_empty());
+        let before = run.stats.elsewhere();
+        run.fake.update(config_map("a", 2));
+        refused(&run.stats, before).await;
+        // The renewal that ends the lapse: the change is reconciled after all.
+        run.ring.admission().hold(0, Instant::now());
+        assert!(
+            reconciled(&run.seen, "a", 2).await,
+            "the change refused during the lapse was never reconciled: {:?}",
+            run.seen.lock().unwrap()
+        );
+        run.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_refused_while_the_slot_was_away_is_reconciled_when_it_comes_back() {
+        let run = start().await;
+        // Let go and taken back between two looks of the ring's follower: its view of the
+        // held slots is the same before and after.
+        run.ring.admission().release(0);
+        let before = run.stats.elsewhere();
+        run.fake.update(config_map("a", 2));
+        refused(&run.stats, before).await;
+        run.ring.admission().hold(0, Instant::now());
+        assert!(
+            reconciled(&run.seen, "a", 2).await,
+            "the change refused while the slot was away was never reconciled: {:?}",
+            run.seen.lock().unwrap()
+        );
+        run.cancel.cancel();
     }
 }

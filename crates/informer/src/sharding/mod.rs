@@ -44,15 +44,18 @@
 //!
 //! [`Manager`]: crate::Manager
 
+mod admission;
+
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeSet, HashMap},
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicU64, Ordering},
     },
     time::Duration,
 };
 
+use futures::FutureExt;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
@@ -68,6 +71,9 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use self::admission::Admission;
+pub(crate) use self::admission::Grants;
+pub use self::admission::SlotGuard;
 use crate::{
     informer::{InformerHandle, SharedInformer, handler_fn},
     lease::{is_conflict, is_forbidden, now},
@@ -393,36 +399,6 @@ impl Counters {
     }
 }
 
-/// A reconcile admitted on a slot: the slot is not let go while one is alive.
-#[derive(Debug)]
-pub struct SlotGuard {
-    in_flight: Arc<InFlight>,
-    slot: u16,
-}
-
-/// Reconciles admitted per slot, and the wake-up of whoever waits for one to drain.
-#[derive(Debug)]
-struct InFlight {
-    counts: Vec<AtomicUsize>,
-    drained: Notify,
-}
-
-impl SlotGuard {
-    /// The slot.
-    pub fn slot(&self) -> u16 {
-        self.slot
-    }
-}
-
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        let was = self.in_flight.counts[usize::from(self.slot)].fetch_sub(1, Ordering::AcqRel);
-        if was == 1 {
-            self.in_flight.drained.notify_waiters();
-        }
-    }
-}
-
 /// What letting a slot go does about reconciles still running on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Drain {
@@ -490,9 +466,8 @@ pub struct ShardRing {
     config: RingConfig,
     api: Api<Lease>,
     view: watch::Sender<RingView>,
-    /// Slots this replica may admit reconciles on, with when each was last renewed.
-    held: Mutex<BTreeMap<u16, Instant>>,
-    in_flight: Arc<InFlight>,
+    /// Slots this replica may admit reconciles on, and the reconciles running on each.
+    admission: Admission,
     observed: Arc<Mutex<Observed>>,
     counters: Counters,
     /// The ring's Leases as this replica watches them; started by `run`.
@@ -571,11 +546,7 @@ impl ShardRing {
                 slots,
                 ..RingView::default()
             }),
-            held: Mutex::new(BTreeMap::new()),
-            in_flight: Arc::new(InFlight {
-                counts: (0..slots).map(|_| AtomicUsize::new(0)).collect(),
-                drained: Notify::new(),
-            }),
+            admission: Admission::new(slots, config.renew_deadline),
             observed,
             counters: Counters::new(),
             cache: leases.handle(),
@@ -630,29 +601,25 @@ impl ShardRing {
     /// and the slot has been renewed within the renew deadline; `None` otherwise (another
     /// replica owns the object, or this one is about to let it go).
     pub fn admit(&self, uid: &str) -> Option<SlotGuard> {
-        let slot = slot_of(uid, self.config.slots);
-        let held = lock(&self.held);
-        let renewed = held.get(&slot)?;
-        if renewed.elapsed() >= self.config.renew_deadline {
-            return None;
-        }
-        // Counted under the lock that `let_go` takes before it waits for the count.
-        self.in_flight.counts[usize::from(slot)].fetch_add(1, Ordering::AcqRel);
-        Some(SlotGuard {
-            in_flight: self.in_flight.clone(),
-            slot,
-        })
+        self.admission.admit(slot_of(uid, self.config.slots))
     }
 
     /// The slots [`admit`](Self::admit) grants guards on now: held, and renewed within the
     /// renew deadline.
     pub fn admitting(&self) -> BTreeSet<u16> {
-        let deadline = self.config.renew_deadline;
-        lock(&self.held)
-            .iter()
-            .filter(|(_, renewed)| renewed.elapsed() < deadline)
-            .map(|(slot, _)| *slot)
-            .collect()
+        self.admission.admitting()
+    }
+
+    /// Its admission, driven by hand in tests of what runs on the ring.
+    #[cfg(test)]
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.admission
+    }
+
+    /// How many times each slot started admitting on this replica, as that changes: the
+    /// keys of a slot granted again are to be queued again (see `admission`).
+    pub(crate) fn grants(&self) -> watch::Receiver<Grants> {
+        self.admission.grants()
     }
 
     /// Takes part in the ring until `cancel` fires, then lets go of every slot (after
@@ -737,24 +704,29 @@ impl ShardRing {
         } else {
             BTreeSet::new()
         };
+        let mut writes = Vec::new();
         for slot in 0..self.config.slots {
             let name = self.config.slot_lease(slot);
             let lease = by_name.get(&name).map(|l| &**l);
             let holder = lease.and_then(|l| self.live_holder(&name, l));
             let mine = holder.as_deref() == Some(self.config.identity.as_str());
             match (mine, assigned.contains(&slot), holder.is_some()) {
-                (true, true, _) => self.renew_slot(slot, lease).await,
-                (true, false, _) => self.let_go(slot, lease, Drain::NextRound).await,
-                (false, true, false) => self.take_slot(slot, lease).await,
+                (true, true, _) => writes.push(self.renew_slot(slot, lease).boxed()),
+                (true, false, _) => writes.push(self.let_go(slot, lease, Drain::NextRound).boxed()),
+                (false, true, false) => writes.push(self.take_slot(slot, lease).boxed()),
                 (false, _, _) => {
                     // Someone else holds it (or it is not ours): never admit on it.
-                    if lock(&self.held).remove(&slot).is_some() {
+                    if self.admission.release(slot) {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
                         warn!(ring = %self.config.name, slot, holder = ?holder, "lost a slot");
                     }
                 }
             }
         }
+        // Each slot's Lease is written on its own and all at once: a round lasts about one
+        // request however many slots it holds, so a slow API server does not lapse the
+        // slots that would have been renewed last.
+        futures::future::join_all(writes).await;
         self.fence();
         self.publish(members, assigned, warming);
         Ok(())
@@ -845,7 +817,7 @@ impl ShardRing {
         // seen the renewal before this one hears it went through.
         let sent = Instant::now();
         if self.renew_record(slot, lease).await {
-            lock(&self.held).insert(slot, sent);
+            self.admission.hold(slot, sent);
         }
     }
 
@@ -922,7 +894,7 @@ impl ShardRing {
         }
         match taken {
             Ok(_) => {
-                lock(&self.held).insert(slot, sent);
+                self.admission.hold(slot, sent);
                 self.counters.took();
                 info!(ring = %self.config.name, slot, "took a slot");
             }
@@ -934,24 +906,14 @@ impl ShardRing {
 
     /// Stops admitting on `slot` and, once its reconciles have finished, clears its holder.
     async fn let_go(&self, slot: u16, lease: Option<&Lease>, drain: Drain) {
-        lock(&self.held).remove(&slot);
-        let count = &self.in_flight.counts[usize::from(slot)];
-        if drain == Drain::NextRound && count.load(Ordering::Acquire) > 0 {
+        self.admission.release(slot);
+        if drain == Drain::NextRound && self.admission.running(slot) > 0 {
             // Still ours on the server while its reconciles finish, and admitted no more;
             // the next round tries again, so the other slots' renewals do not wait.
             self.renew_record(slot, lease).await;
             return;
         }
-        loop {
-            let drained = self.in_flight.drained.notified();
-            tokio::pin!(drained);
-            // Registered before the count is read, so a guard dropped in between wakes it.
-            drained.as_mut().enable();
-            if count.load(Ordering::Acquire) == 0 {
-                break;
-            }
-            drained.await;
-        }
+        self.admission.drained(slot).await;
         let Some(lease) = lease else { return };
         let mut released = lease.clone();
         released.spec = Some(LeaseSpec {
@@ -976,19 +938,14 @@ impl ShardRing {
 
     /// Drops the slots whose renewals have failed for the renew deadline.
     fn fence(&self) {
-        let deadline = self.config.renew_deadline;
-        lock(&self.held).retain(|slot, renewed| {
-            let keep = renewed.elapsed() < deadline;
-            if !keep {
-                self.counters.lost.fetch_add(1, Ordering::Relaxed);
-                warn!(ring = %self.config.name, slot, "slot renewals failed past the renew deadline; no longer reconciling it");
-            }
-            keep
-        });
+        for slot in self.admission.fence() {
+            self.counters.lost.fetch_add(1, Ordering::Relaxed);
+            warn!(ring = %self.config.name, slot, "slot renewals failed past the renew deadline; no longer reconciling it");
+        }
     }
 
     fn publish(&self, members: Vec<String>, assigned: BTreeSet<u16>, warming: BTreeSet<u16>) {
-        let held = lock(&self.held).keys().copied().collect();
+        let held = self.admission.held();
         let view = RingView {
             members,
             assigned,
@@ -1012,7 +969,7 @@ impl ShardRing {
             .map(|l| l.items)
             .unwrap_or_default();
         // Held, or still ours on the server while draining from an earlier round.
-        let mut ours: BTreeSet<u16> = lock(&self.held).keys().copied().collect();
+        let mut ours = self.admission.held();
         ours.extend((0..self.config.slots).filter(|&slot| {
             let name = self.config.slot_lease(slot);
             leases.iter().any(|l| {
