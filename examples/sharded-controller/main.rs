@@ -83,6 +83,8 @@ struct Args {
 struct Reconciled<'a> {
     replica: &'a str,
     key: String,
+    /// The object's UID (which slot it is in), when it was cached.
+    uid: Option<String>,
     labels: BTreeMap<String, String>,
     started_ns: u128,
     ended_ns: u128,
@@ -107,6 +109,12 @@ async fn reconcile(
 ) -> Result<Action, std::io::Error> {
     let started_ns = unix_nanos();
     let key = request.key().to_string();
+    let uid = match &request {
+        ReconcileRequest::Present(cm) => cm.metadata.uid.clone(),
+        ReconcileRequest::Deleted { last_known, .. } => {
+            last_known.as_ref().and_then(|cm| cm.metadata.uid.clone())
+        }
+    };
     let labels = match &request {
         ReconcileRequest::Present(cm) => {
             let labels = cm.metadata.labels.clone().unwrap_or_default();
@@ -125,6 +133,7 @@ async fn reconcile(
         let record = Reconciled {
             replica: &ctx.identity,
             key,
+            uid,
             labels,
             started_ns,
             ended_ns: unix_nanos(),

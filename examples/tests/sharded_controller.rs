@@ -2,6 +2,7 @@
 //! control plane, with its `ShardedListAndWatch` gate on and off. Each replica records its
 //! finished reconciles (`--reconcile-log`); the test checks from those records that every
 //! object is reconciled by one replica at a time, through a SIGKILL and a replica added.
+//! `SHARDED_CONTROLLER_LOG` sets the replicas' `RUST_LOG` (their logs are kept on failure).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -77,7 +78,11 @@ impl Replica {
             .arg("--reconcile-log")
             .arg(dir.join(format!("{identity}.jsonl")))
             .args(["--metrics-address", &metrics.to_string()])
-            .env("RUST_LOG", "warn,kube_informer::sharding=info")
+            .env(
+                "RUST_LOG",
+                std::env::var("SHARDED_CONTROLLER_LOG")
+                    .unwrap_or_else(|_| "warn,kube_informer::sharding=info".into()),
+            )
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
             .kill_on_drop(true)

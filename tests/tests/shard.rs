@@ -1092,11 +1092,11 @@ mod lapsed_renewals {
 
         proxy.latency(LATENCY, Duration::ZERO).await.unwrap();
         // Each round a change is made while the slot, still held, admits nothing, until
-        // three have been refused (the first list's were, before the slot was taken).
-        let started = stats.elsewhere();
+        // three have been held back.
+        let started = stats.held_back();
         let mut changed: BTreeMap<String, String> = BTreeMap::new();
         let mut round = 0;
-        while stats.elsewhere() - started < 3 {
+        while stats.held_back() - started < 3 {
             round += 1;
             assert!(round <= 20, "no lapse in {round} rounds");
             eventually_some_within(Duration::from_secs(30), "the slot's renewals lapse", || {
@@ -1112,9 +1112,9 @@ mod lapsed_renewals {
                 .unwrap();
             changed.insert(name, round.to_string());
             // Refused, or admitted if the lapse ended first: either way, on to the next.
-            let before = stats.elsewhere();
+            let before = stats.held_back();
             let _ = tokio::time::timeout(LATENCY * 4, async {
-                while stats.elsewhere() == before && ring.admitting().is_empty() {
+                while stats.held_back() == before && ring.admitting().is_empty() {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             })

@@ -667,12 +667,20 @@ where
         }
         info!(controller = %name, workers, objects = primary.store().len(), "caches synced; starting workers");
 
+        let parked = source::Parked::default();
         let follower = ring.clone().map(|ring| {
-            let follow = source::follow_ring(ring, followers, primary.clone(), queue.clone());
+            let follow = source::follow_ring(
+                ring,
+                followers,
+                primary.clone(),
+                queue.clone(),
+                parked.clone(),
+            );
             tokio::spawn(follow)
         });
         let worker = Arc::new(Worker {
             ring,
+            parked,
             name: name.clone(),
             queue: queue.clone(),
             primary,

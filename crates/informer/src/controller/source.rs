@@ -2,8 +2,8 @@
 //! children, watched objects) and streams of keys, all feeding one queue.
 
 use std::{
-    collections::{BTreeSet, HashSet},
-    sync::Arc,
+    collections::{BTreeMap, BTreeSet, HashSet},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
 
@@ -20,7 +20,7 @@ use crate::{
     },
     key::ObjectKey,
     list_watch::ShardField,
-    sharding::{Grants, RingView, ShardRing, slot_of},
+    sharding::{Granted, Grants, RingView, ShardRing, slot_of},
     workqueue::{Priority, RateLimitingQueue},
 };
 
@@ -254,17 +254,56 @@ impl Follower {
     }
 }
 
-/// Keeps a sharded controller's informers on the ring's shard, and queues again the cached
-/// primaries of every slot the ring grants again: one it takes, and one whose renewals
-/// lapsed and recovered. Keys refused on such a slot meanwhile (their events came while
-/// another replica held it, or while this one could not renew it) are reconciled so;
-/// those not cached yet arrive with the relist, as adds. Grants are counted per slot, so
-/// none is missed however the ring's changes bunch up before this task runs.
+/// Keys a sharded controller refused while their slot's renewals lapsed, by slot: queued
+/// again when a renewal resumes the slot (see [`follow_ring`]).
+#[derive(Clone, Default)]
+pub(super) struct Parked(Arc<Mutex<BTreeMap<u16, HashSet<ObjectKey>>>>);
+
+impl Parked {
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u16, HashSet<ObjectKey>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps `key` aside until `slot` resumes.
+    pub(super) fn park(&self, slot: u16, key: ObjectKey) {
+        self.lock().entry(slot).or_default().insert(key);
+    }
+
+    /// Takes `key` back out of `slot`'s keys; whether it was there.
+    pub(super) fn unpark(&self, slot: u16, key: &ObjectKey) -> bool {
+        let mut parked = self.lock();
+        let Some(keys) = parked.get_mut(&slot) else {
+            return false;
+        };
+        let was = keys.remove(key);
+        if keys.is_empty() {
+            parked.remove(&slot);
+        }
+        was
+    }
+
+    /// Every key kept aside for `slot`.
+    fn take(&self, slot: u16) -> HashSet<ObjectKey> {
+        self.lock().remove(&slot).unwrap_or_default()
+    }
+}
+
+/// Keeps a sharded controller's informers on the ring's shard, and queues again what a
+/// slot refused once the ring grants it again:
+/// - a slot **taken** has every cached primary of its queued: their events came while
+///   another replica held it and was letting it go (those not cached yet arrive with the
+///   relist, as adds);
+/// - a slot **resumed** (a renewal ended a lapse in which it refused reconciles) has the
+///   keys it refused queued, which the workers [parked](Parked).
+///
+/// Grants are counted per slot, so none is missed however the ring's changes bunch up
+/// before this task runs.
 pub(super) async fn follow_ring<K>(
     ring: Arc<ShardRing>,
     followers: Vec<Follower>,
     primary: InformerHandle<K>,
     queue: RateLimitingQueue<ObjectKey>,
+    parked: Parked,
 ) where
     K: Resource + Send + Sync + 'static,
 {
@@ -278,10 +317,23 @@ pub(super) async fn follow_ring<K>(
             follower.follow(&current);
         }
         let now = grants.borrow_and_update().clone();
-        let regained = now.since(&granted);
+        let Granted { taken, resumed } = now.since(&granted);
         granted = now;
-        if !regained.is_empty() {
-            requeue_slots(&primary, &queue, &regained, current.slots);
+        for &slot in taken.iter().chain(&resumed) {
+            let keys = parked.take(slot);
+            if !keys.is_empty() {
+                debug!(
+                    slot,
+                    keys = keys.len(),
+                    "slot resumed; the keys it refused queued"
+                );
+            }
+            for key in keys {
+                queue.add(key);
+            }
+        }
+        if !taken.is_empty() {
+            requeue_slots(&primary, &queue, &taken, current.slots);
         }
         let changed = tokio::select! {
             changed = view.changed() => changed,
@@ -312,10 +364,7 @@ fn requeue_slots<K: Resource + Send + Sync + 'static>(
             queued += 1;
         }
     }
-    debug!(
-        ?slots,
-        queued, "slots granted again; their cached primaries queued"
-    );
+    debug!(?slots, queued, "slots taken; their cached primaries queued");
 }
 
 #[cfg(test)]
@@ -375,8 +424,9 @@ mod tests {
         false
     }
 
-    async fn refused(stats: &ControllerStats, before: u64) {
-        while stats.elsewhere() == before {
+    /// Waits until `count` of `stats` has gone past `before`.
+    async fn refused(stats: &ControllerStats, count: fn(&ControllerStats) -> u64, before: u64) {
+        while count(stats) == before {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
@@ -393,6 +443,7 @@ mod tests {
     async fn start() -> Running {
         let fake = FakeListWatch::<ConfigMap>::new("configmaps");
         fake.add(config_map("a", 1));
+        fake.add(config_map("b", 1));
         let ring = ring();
         ring.admission().hold(0, Instant::now());
         let informer = SharedInformer::builder(fake.clone())
@@ -422,7 +473,7 @@ mod tests {
             Arc::new(()),
             cancel.clone(),
         ));
-        assert!(reconciled(&seen, "a", 1).await, "the first list reconciled");
+        assert!(reconciled(&seen, "a", 1).await && reconciled(&seen, "b", 1).await);
         fake.wait_for_calls(|c| c.watches >= 1).await;
         Running {
             _informer: informer,
@@ -441,9 +492,9 @@ mod tests {
         // admits nothing.
         tokio::time::advance(RENEW_DEADLINE).await;
         assert!(run.ring.admitting().is_empty());
-        let before = run.stats.elsewhere();
+        let before = run.stats.held_back();
         run.fake.update(config_map("a", 2));
-        refused(&run.stats, before).await;
+        refused(&run.stats, ControllerStats::held_back, before).await;
         // The renewal that ends the lapse: the change is reconciled after all.
         run.ring.admission().hold(0, Instant::now());
         assert!(
@@ -451,6 +502,15 @@ mod tests {
             "the change refused during the lapse was never reconciled: {:?}",
             run.seen.lock().unwrap()
         );
+        // Only what was held back: the unchanged object is not reconciled again.
+        let b = run
+            .seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(key, _)| key == "ns/b")
+            .count();
+        assert_eq!(b, 1);
         run.cancel.cancel();
     }
 
@@ -462,7 +522,7 @@ mod tests {
         run.ring.admission().release(0);
         let before = run.stats.elsewhere();
         run.fake.update(config_map("a", 2));
-        refused(&run.stats, before).await;
+        refused(&run.stats, ControllerStats::elsewhere, before).await;
         run.ring.admission().hold(0, Instant::now());
         assert!(
             reconciled(&run.seen, "a", 2).await,

@@ -20,12 +20,15 @@ use tracing::{debug, error, warn};
 
 #[cfg(feature = "prometheus")]
 use super::metrics::{Outcome, Recorder};
-use super::request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest};
+use super::{
+    request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest},
+    source::Parked,
+};
 use crate::{
     error::{error_chain, panic_message},
     informer::InformerHandle,
     key::ObjectKey,
-    sharding::ShardRing,
+    sharding::{Refusal, ShardRing},
     workqueue::RateLimitingQueue,
 };
 
@@ -37,6 +40,7 @@ pub struct ControllerStats {
     panicked: AtomicU64,
     dropped: AtomicU64,
     elsewhere: AtomicU64,
+    held_back: AtomicU64,
 }
 
 impl ControllerStats {
@@ -63,6 +67,17 @@ impl ControllerStats {
     /// Keys left to another replica of a [sharded](crate::Controller::sharded) controller.
     pub fn elsewhere(&self) -> u64 {
         self.elsewhere.load(Ordering::Relaxed)
+    }
+
+    /// Keys a [sharded](crate::Controller::sharded) controller held back while their
+    /// slot's renewals were late (a slow API server, a busy machine), each reconciled once
+    /// a renewal goes through.
+    pub fn held_back(&self) -> u64 {
+        self.held_back.load(Ordering::Relaxed)
+    }
+
+    fn record_held_back(&self) {
+        self.held_back.fetch_add(1, Ordering::Relaxed);
     }
 
     fn record_elsewhere(&self) {
@@ -101,6 +116,8 @@ pub(super) struct Worker<K, Ctx, R, P> {
     pub(super) cancel: CancellationToken,
     /// The shard ring whose held slots bound what this replica reconciles.
     pub(super) ring: Option<Arc<ShardRing>>,
+    /// Keys held back while their slot's renewals lapsed.
+    pub(super) parked: Parked,
 }
 
 impl<K, Ctx, R, P> Worker<K, Ctx, R, P>
@@ -152,10 +169,16 @@ where
                     ReconcileRequest::Present(obj) => Some(obj),
                     ReconcileRequest::Deleted { last_known, .. } => last_known.as_ref(),
                 };
-                let uid = object.and_then(|o| o.meta().uid.clone());
-                match uid.and_then(|uid| ring.admit(&uid)) {
-                    Some(guard) => Some(guard),
-                    None => {
+                let slot = object
+                    .and_then(|o| o.meta().uid.as_deref())
+                    .map(|uid| ring.slot_of(uid));
+                match slot.map(|slot| (slot, ring.admit_slot(slot))) {
+                    Some((_, Ok(guard))) => Some(guard),
+                    Some((slot, Err(Refusal::Lapsed))) => {
+                        self.hold_back(ring, slot, key);
+                        return;
+                    }
+                    Some((_, Err(Refusal::NotHeld))) | None => {
                         debug!(controller = %self.name, %key, "not in a slot this replica holds; left to its owner");
                         self.stats.record_elsewhere();
                         self.queue.forget(key);
@@ -201,6 +224,20 @@ where
                 }
             }
             Err(error) => self.failed(key, &error),
+        }
+    }
+
+    /// Keeps `key` aside until `slot`, held but not renewed in time, resumes.
+    fn hold_back(&self, ring: &ShardRing, slot: u16, key: &ObjectKey) {
+        debug!(controller = %self.name, %key, slot, "the slot's renewals are late; held back until it is renewed");
+        self.stats.record_held_back();
+        self.queue.forget(key);
+        self.parked.park(slot, key.clone());
+        // A renewal between the refusal and the parking resumed the slot before the
+        // follower could see this key: asked again, the slot either admits now (queued
+        // here) or has noted the refusal (queued by the follower when it resumes).
+        if ring.admit_slot(slot).is_ok() && self.parked.unpark(slot, key) {
+            self.queue.add(key.clone());
         }
     }
 

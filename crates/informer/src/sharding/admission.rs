@@ -1,14 +1,15 @@
 //! Which slots a replica may reconcile on at this instant, the reconciles running on each,
 //! and a count per slot of the times it started admitting again.
 //!
-//! A reconcile refused on a slot is dropped by the controller that asked (another replica
-//! owns the key, or will once it takes the slot). When this replica itself starts
-//! admitting on the slot again (it takes the slot, or renews it after its renewals lapsed)
-//! whatever it refused meanwhile must be reconciled after all: the slot's count of
-//! [`Grants`] goes up, and the controllers on the ring queue their cached objects of the
-//! slot again. The count is bumped under the lock [`Admission::admit`] decides under, so a
-//! refusal either comes before the bump (and the requeue, which reads the cache after the
-//! bump, sees at least what the refused reconcile would have) or is not a refusal.
+//! A reconcile refused on a slot this replica does not hold is dropped by the controller
+//! that asked: another replica owns the key, or this one will once it takes the slot, and
+//! a slot taken has all its cached objects queued again (the previous owner may have
+//! refused changes while it let go). A reconcile refused on a slot this replica holds but
+//! cannot renew in time is kept aside by the controller, and queued again when a renewal
+//! ends the lapse. Both are counted per slot in [`Grants`], bumped under the lock
+//! [`Admission::admit`] decides under: a refusal either comes before the bump (and the
+//! requeue, which reads the cache and the keys kept aside after the bump, sees at least
+//! what the refused reconcile would have) or is not a refusal.
 
 use std::{
     collections::BTreeSet,
@@ -54,26 +55,56 @@ struct InFlight {
     drained: Notify,
 }
 
-/// How many times each slot has started admitting reconciles on this replica: a slot whose
-/// count changed may admit keys it refused before.
+/// Why a reconcile was not admitted on a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// This replica does not hold the slot.
+    NotHeld,
+    /// It holds the slot, but its renewals are late past the renew deadline: the renewal
+    /// that ends the lapse resumes it.
+    Lapsed,
+}
+
+/// How many times each slot has started admitting reconciles on this replica, taken (after
+/// not being held) or resumed (after a lapse in which a reconcile was refused).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Grants(Vec<u64>);
+pub(crate) struct Grants {
+    taken: Vec<u64>,
+    resumed: Vec<u64>,
+}
+
+/// The slots granted between two [`Grants`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Granted {
+    /// Taken: every cached object of theirs is to be reconciled.
+    pub(crate) taken: BTreeSet<u16>,
+    /// Resumed: the keys refused in the lapse are to be reconciled.
+    pub(crate) resumed: BTreeSet<u16>,
+}
 
 impl Grants {
     /// No grant yet, of `slots` slots.
     pub(crate) fn none(slots: u16) -> Self {
-        Self(vec![0; usize::from(slots)])
+        Self {
+            taken: vec![0; usize::from(slots)],
+            resumed: vec![0; usize::from(slots)],
+        }
     }
 
-    /// The slots granted again since `earlier`.
-    pub(crate) fn since(&self, earlier: &Grants) -> BTreeSet<u16> {
-        self.0
-            .iter()
-            .zip(&earlier.0)
-            .zip(0u16..)
-            .filter(|((now, then), _)| now != then)
-            .map(|(_, slot)| slot)
-            .collect()
+    /// The slots granted since `earlier`.
+    pub(crate) fn since(&self, earlier: &Grants) -> Granted {
+        let moved = |now: &[u64], then: &[u64]| -> BTreeSet<u16> {
+            now.iter()
+                .zip(then)
+                .zip(0u16..)
+                .filter(|((now, then), _)| now != then)
+                .map(|(_, slot)| slot)
+                .collect()
+        };
+        Granted {
+            taken: moved(&self.taken, &earlier.taken),
+            resumed: moved(&self.resumed, &earlier.resumed),
+        }
     }
 }
 
@@ -120,18 +151,18 @@ impl Admission {
 
     /// A guard for a reconcile on `slot` if it is held and renewed within the renew
     /// deadline. A refusal on a held slot is remembered, so the renewal that ends the lapse
-    /// grants the slot again.
-    pub(crate) fn admit(&self, slot: u16) -> Option<SlotGuard> {
+    /// resumes the slot.
+    pub(crate) fn admit(&self, slot: u16) -> Result<SlotGuard, Refusal> {
         let mut held = self.lock();
-        let state = held.get_mut(usize::from(slot))?;
-        let renewed = state.renewed?;
+        let state = held.get_mut(usize::from(slot)).ok_or(Refusal::NotHeld)?;
+        let renewed = state.renewed.ok_or(Refusal::NotHeld)?;
         if !self.fresh(renewed) {
             state.refused = true;
-            return None;
+            return Err(Refusal::Lapsed);
         }
         // Counted under the lock that `release` takes before anyone waits for the count.
         self.in_flight.counts[usize::from(slot)].fetch_add(1, Ordering::AcqRel);
-        Some(SlotGuard {
+        Ok(SlotGuard {
             in_flight: self.in_flight.clone(),
             slot,
         })
@@ -157,20 +188,27 @@ impl Admission {
             .collect()
     }
 
-    /// `slot` was taken or renewed by a request sent at `sent`. A slot not held before, or
-    /// one that refused a reconcile while its renewals lapsed, is granted again (if `sent`
-    /// is recent enough for it to admit).
+    /// `slot` was taken or renewed by a request sent at `sent`. A slot not held before is
+    /// taken; one that refused a reconcile while its renewals lapsed is resumed, once `sent`
+    /// is recent enough for it to admit.
     pub(crate) fn hold(&self, slot: u16, sent: Instant) {
         let mut held = self.lock();
         let Some(state) = held.get_mut(usize::from(slot)) else {
             return;
         };
-        let newly = state.renewed.is_none();
+        let at = usize::from(slot);
+        if state.renewed.is_none() {
+            *state = Held {
+                renewed: Some(sent),
+                refused: false,
+            };
+            self.grants.send_modify(|grants| grants.taken[at] += 1);
+            return;
+        }
         state.renewed = Some(sent);
-        if self.fresh(sent) && (newly || state.refused) {
+        if state.refused && self.fresh(sent) {
             state.refused = false;
-            self.grants
-                .send_modify(|grants| grants.0[usize::from(slot)] += 1);
+            self.grants.send_modify(|grants| grants.resumed[at] += 1);
         }
     }
 
@@ -225,32 +263,43 @@ mod tests {
 
     const DEADLINE: Duration = Duration::from_secs(10);
 
-    fn regranted(admission: &Admission, before: &mut Grants) -> BTreeSet<u16> {
+    fn regranted(admission: &Admission, before: &mut Grants) -> Granted {
         let now = admission.grants().borrow().clone();
         let since = now.since(before);
         *before = now;
         since
     }
 
+    fn taken(slots: &[u16]) -> Granted {
+        Granted {
+            taken: slots.iter().copied().collect(),
+            ..Granted::default()
+        }
+    }
+
+    fn resumed(slots: &[u16]) -> Granted {
+        Granted {
+            resumed: slots.iter().copied().collect(),
+            ..Granted::default()
+        }
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_slot_taken_is_granted_and_a_renewal_in_time_is_not() {
+    async fn a_slot_held_is_taken_and_a_renewal_in_time_grants_nothing() {
         let admission = Admission::new(4, DEADLINE);
         let mut seen = admission.grants().borrow().clone();
-        assert!(admission.admit(1).is_none(), "not held");
+        assert_eq!(admission.admit(1).err(), Some(Refusal::NotHeld));
         admission.hold(1, Instant::now());
-        assert_eq!(regranted(&admission, &mut seen), [1].into());
-        assert!(admission.admit(1).is_some());
+        assert_eq!(regranted(&admission, &mut seen), taken(&[1]));
+        assert!(admission.admit(1).is_ok());
         tokio::time::advance(Duration::from_secs(5)).await;
         admission.hold(1, Instant::now());
-        assert!(
-            regranted(&admission, &mut seen).is_empty(),
-            "renewed in time"
-        );
+        assert_eq!(regranted(&admission, &mut seen), Granted::default());
         assert_eq!(admission.admitting(), [1].into());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_refusal_while_lapsed_is_granted_again_by_the_renewal_that_ends_the_lapse() {
+    async fn a_refusal_while_lapsed_is_resumed_by_the_renewal_that_ends_the_lapse() {
         let admission = Admission::new(4, DEADLINE);
         let mut seen = admission.grants().borrow().clone();
         admission.hold(2, Instant::now());
@@ -261,25 +310,25 @@ mod tests {
         assert!(admission.admitting().is_empty());
         // A renewal that lapsed with nothing refused grants nothing.
         admission.hold(2, Instant::now());
-        assert!(regranted(&admission, &mut seen).is_empty());
+        assert_eq!(regranted(&admission, &mut seen), Granted::default());
         tokio::time::advance(DEADLINE).await;
-        assert!(admission.admit(2).is_none(), "refused while lapsed");
+        assert_eq!(admission.admit(2).err(), Some(Refusal::Lapsed));
         // A renewal sent before the lapse ended (answered late) does not end it.
         let late = Instant::now() - DEADLINE;
         admission.hold(2, late);
-        assert!(regranted(&admission, &mut seen).is_empty());
+        assert_eq!(regranted(&admission, &mut seen), Granted::default());
         admission.hold(2, Instant::now());
-        assert_eq!(regranted(&admission, &mut seen), [2].into());
-        assert!(admission.admit(2).is_some());
+        assert_eq!(regranted(&admission, &mut seen), resumed(&[2]));
+        assert!(admission.admit(2).is_ok());
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_slot_fenced_or_released_then_held_again_is_granted_again() {
+    async fn a_slot_fenced_or_released_then_held_again_is_taken_again() {
         let admission = Admission::new(4, DEADLINE);
         let mut seen = admission.grants().borrow().clone();
         admission.hold(0, Instant::now());
         admission.hold(3, Instant::now());
-        assert_eq!(regranted(&admission, &mut seen), [0, 3].into());
+        assert_eq!(regranted(&admission, &mut seen), taken(&[0, 3]));
         tokio::time::advance(Duration::from_secs(6)).await;
         admission.hold(3, Instant::now());
         tokio::time::advance(Duration::from_secs(6)).await;
@@ -289,7 +338,7 @@ mod tests {
         assert!(!admission.release(3), "released once");
         admission.hold(0, Instant::now());
         admission.hold(3, Instant::now());
-        assert_eq!(regranted(&admission, &mut seen), [0, 3].into());
+        assert_eq!(regranted(&admission, &mut seen), taken(&[0, 3]));
     }
 
     #[tokio::test(start_paused = true)]
@@ -299,7 +348,7 @@ mod tests {
         let guard = admission.admit(1).unwrap();
         assert_eq!(guard.slot(), 1);
         assert!(admission.release(1));
-        assert!(admission.admit(1).is_none(), "released: admits no more");
+        assert_eq!(admission.admit(1).err(), Some(Refusal::NotHeld));
         assert_eq!(admission.running(1), 1);
         let waiting = tokio::spawn({
             let admission = admission.clone();

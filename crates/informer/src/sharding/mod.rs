@@ -72,8 +72,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use self::admission::Admission;
-pub(crate) use self::admission::Grants;
 pub use self::admission::SlotGuard;
+pub(crate) use self::admission::{Granted, Grants, Refusal};
 use crate::{
     informer::{InformerHandle, SharedInformer, handler_fn},
     lease::{is_conflict, is_forbidden, now},
@@ -601,7 +601,17 @@ impl ShardRing {
     /// and the slot has been renewed within the renew deadline; `None` otherwise (another
     /// replica owns the object, or this one is about to let it go).
     pub fn admit(&self, uid: &str) -> Option<SlotGuard> {
-        self.admission.admit(slot_of(uid, self.config.slots))
+        self.admit_slot(self.slot_of(uid)).ok()
+    }
+
+    /// A guard for a reconcile on `slot`, or why there is none.
+    pub(crate) fn admit_slot(&self, slot: u16) -> Result<SlotGuard, Refusal> {
+        self.admission.admit(slot)
+    }
+
+    /// The slot of an object with this UID, in this ring.
+    pub(crate) fn slot_of(&self, uid: &str) -> u16 {
+        slot_of(uid, self.config.slots)
     }
 
     /// The slots [`admit`](Self::admit) grants guards on now: held, and renewed within the
@@ -616,8 +626,8 @@ impl ShardRing {
         &self.admission
     }
 
-    /// How many times each slot started admitting on this replica, as that changes: the
-    /// keys of a slot granted again are to be queued again (see `admission`).
+    /// How many times each slot was taken or resumed on this replica, as that changes: the
+    /// keys refused on a slot granted again are to be queued again (see `admission`).
     pub(crate) fn grants(&self) -> watch::Receiver<Grants> {
         self.admission.grants()
     }
