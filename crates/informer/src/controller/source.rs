@@ -136,6 +136,7 @@ where
         let name = enqueue.controller.to_string();
         let (on_add, on_update, on_delete) = (enqueue.clone(), enqueue.clone(), enqueue.clone());
         let on_initial_key = enqueue;
+        let shard = primary.shard_cell();
         let handler = handler_fn::<K>()
             .on_add(move |obj, delivery| on_add.keys(key_of(&**obj), priority(delivery)))
             // A warm restart's objects need not be decoded to be queued.
@@ -149,6 +150,14 @@ where
             })
             .on_delete(move |gone: &DeletedObject<K>| {
                 let last = gone.object();
+                // A relist after a reshard leaves out what left the shard: that object is
+                // another replica's now, not deleted, and keeping its last state here
+                // would only hold memory for good.
+                let left_shard = matches!(gone, DeletedObject::FinalStateUnknown(_))
+                    && shard.as_ref().is_some_and(|shard| !shard.contains(&**last));
+                if left_shard {
+                    return;
+                }
                 if let Some(key) = key_of(&**last) {
                     deleted.insert(key.clone(), last.clone());
                     on_delete.keys([key], Priority::Normal);
@@ -383,8 +392,8 @@ mod tests {
 
     use crate::{
         controller::{Action, Controller, ControllerStats, ReconcileRequest, retry_with_backoff},
-        informer::{RunningInformer, SharedInformer},
-        list_watch::{Shard, ShardField},
+        informer::{InformerHandle, RunningInformer, SharedInformer},
+        list_watch::{HashRange, Shard, ShardField, fnv1a_64},
         sharding::{RingConfig, ShardRing},
         testing::FakeListWatch,
     };
@@ -433,6 +442,7 @@ mod tests {
 
     struct Running {
         _informer: RunningInformer<ConfigMap>,
+        primary: InformerHandle<ConfigMap>,
         fake: FakeListWatch<ConfigMap>,
         ring: Arc<ShardRing>,
         seen: Seen,
@@ -449,7 +459,10 @@ mod tests {
         let informer = SharedInformer::builder(fake.clone())
             .shard(Shard::everything(ShardField::Uid))
             .build();
-        let controller = Controller::new("sharded", informer.handle()).sharded(ring.clone());
+        let primary = informer.handle();
+        let controller = Controller::new("sharded", primary.clone())
+            .sharded(ring.clone())
+            .workers(1);
         let stats = controller.stats();
         let cancel = CancellationToken::new();
         let informer = informer.spawn(cancel.clone());
@@ -458,11 +471,17 @@ mod tests {
         let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
             let record = record.clone();
             async move {
-                if let ReconcileRequest::Present(cm) = request {
-                    let labels = cm.metadata.labels.clone().unwrap_or_default();
-                    let round = labels.get("round").and_then(|r| r.parse().ok()).unwrap();
-                    let key = format!("ns/{}", cm.metadata.name.as_deref().unwrap());
-                    record.lock().unwrap().push((key, round));
+                match request {
+                    ReconcileRequest::Present(cm) => {
+                        let labels = cm.metadata.labels.clone().unwrap_or_default();
+                        let round = labels.get("round").and_then(|r| r.parse().ok()).unwrap();
+                        let key = format!("ns/{}", cm.metadata.name.as_deref().unwrap());
+                        record.lock().unwrap().push((key, round));
+                    }
+                    // A deletion is recorded as round 0.
+                    ReconcileRequest::Deleted { key, .. } => {
+                        record.lock().unwrap().push((key.to_string(), 0));
+                    }
                 }
                 Ok::<_, std::io::Error>(Action::done())
             }
@@ -477,6 +496,7 @@ mod tests {
         fake.wait_for_calls(|c| c.watches >= 1).await;
         Running {
             _informer: informer,
+            primary,
             fake,
             ring,
             seen,
@@ -528,6 +548,27 @@ mod tests {
             reconciled(&run.seen, "a", 2).await,
             "the change refused while the slot was away was never reconciled: {:?}",
             run.seen.lock().unwrap()
+        );
+        run.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_object_that_left_the_shard_is_not_reconciled_as_deleted() {
+        let run = start().await;
+        // A shard of b's UID alone: the relist leaves a out, as a tombstone.
+        let b = fnv1a_64(b"uid-b");
+        let only_b = HashRange::new(b, u128::from(b) + 1).unwrap();
+        let shard = Shard::new(ShardField::Uid, [only_b]).unwrap();
+        run.primary.reshard(shard).unwrap();
+        while run.primary.store().len() != 1 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // b's change comes after the tombstone, and one worker takes keys in order.
+        run.fake.update(config_map("b", 2));
+        assert!(reconciled(&run.seen, "b", 2).await);
+        assert!(
+            !run.seen.lock().unwrap().contains(&("ns/a".to_owned(), 0)),
+            "an object that left the shard was reconciled as deleted"
         );
         run.cancel.cancel();
     }

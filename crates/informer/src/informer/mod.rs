@@ -654,6 +654,12 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         self.inner.reshard.as_ref()?.cell.get()
     }
 
+    /// The cell holding the shard the informer follows, for a reader that must not hold
+    /// the informer in use (a handler on it).
+    pub(crate) fn shard_cell(&self) -> Option<ShardCell> {
+        Some(self.inner.reshard.as_ref()?.cell.clone())
+    }
+
     /// The counters of the informer's reflector: lists, watches, restarts, errors.
     pub fn reflector_stats(&self) -> ReflectorStats {
         self.inner.stats.clone()

@@ -352,7 +352,8 @@ impl ShardCell {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(shard);
     }
 
-    fn contains<K: Resource>(&self, object: &K) -> bool {
+    /// Whether `object` is in the shard (every object is while there is none).
+    pub(crate) fn contains<K: Resource>(&self, object: &K) -> bool {
         let shard = self
             .0
             .read()
