@@ -599,7 +599,7 @@ impl ShardRing {
 
     /// A guard for reconciling an object with this UID, if this replica holds its slot
     /// and the slot has been renewed within the renew deadline; `None` otherwise (another
-    /// replica owns the object, or this one is about to let it go).
+    /// replica owns the object, this one is about to let it go, or its renewals are late).
     pub fn admit(&self, uid: &str) -> Option<SlotGuard> {
         self.admit_slot(self.slot_of(uid)).ok()
     }
