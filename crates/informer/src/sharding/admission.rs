@@ -170,20 +170,20 @@ impl Admission {
 
     /// The slots [`admit`](Self::admit) grants guards on now.
     pub(crate) fn admitting(&self) -> BTreeSet<u16> {
-        self.lock()
-            .iter()
-            .zip(0u16..)
-            .filter(|(state, _)| state.renewed.is_some_and(|r| self.fresh(r)))
-            .map(|(_, slot)| slot)
-            .collect()
+        self.slots_renewed(|renewed| self.fresh(renewed))
     }
 
     /// The slots held, admitting or not.
     pub(crate) fn held(&self) -> BTreeSet<u16> {
+        self.slots_renewed(|_| true)
+    }
+
+    /// The held slots whose last renewal passes `keep`.
+    fn slots_renewed(&self, keep: impl Fn(Instant) -> bool) -> BTreeSet<u16> {
         self.lock()
             .iter()
             .zip(0u16..)
-            .filter(|(state, _)| state.renewed.is_some())
+            .filter(|(state, _)| state.renewed.is_some_and(&keep))
             .map(|(_, slot)| slot)
             .collect()
     }
