@@ -16,7 +16,7 @@ use kube_informer::leader_election::{
     LeaderElectionConfig, LeaderElectionError, LeaderElector, OnCancel,
 };
 use kube_testenv::TestEnv;
-use tests::{eventually, lease_holder, test_namespace, within};
+use tests::{eventually, eventually_some, lease_holder, test_namespace, within};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -62,33 +62,53 @@ impl Candidate {
     }
 }
 
+/// A Lease far longer than any wait in the test: a takeover inside [`PATIENCE`] can only
+/// come from a release (the takeover is awaited for [`tests::PATIENCE`]), and a leader's renewals cannot lapse on a busy machine.
+const LONG_LEASE: Duration = Duration::from_secs(600);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
     let env = TestEnv::shared().await;
     let (client, namespace) = test_namespace(env, "lease-release").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let long = |identity| {
+        LeaderElectionConfig::new(&namespace, "the-lease", identity).timing(
+            LONG_LEASE,
+            LONG_LEASE * 2 / 3,
+            Duration::from_millis(300),
+        )
+    };
 
-    let a = Candidate::start(client.clone(), &namespace, "a");
+    let a = Candidate::with_config(client.clone(), long("a"));
     eventually("a to lead", || a.elector.is_leader()).await;
-    let b = Candidate::start(client.clone(), &namespace, "b");
-    // b campaigns for longer than a lease while a renews: a keeps it.
-    tokio::time::sleep(LEASE * 2).await;
+    let b = Candidate::with_config(client.clone(), long("b"));
+    // b campaigns while a renews three times: each of b's tries finds a's Lease held.
+    let mut renewals = Vec::new();
+    while renewals.len() < 4 {
+        let last = renewals.last().cloned();
+        let leases = &leases;
+        let renewed = eventually_some("a's next renewal", || {
+            let last = last.clone();
+            async move {
+                let renewed = leases.get("the-lease").await.ok()?.spec?.renew_time?.0;
+                (last != Some(renewed)).then_some(renewed)
+            }
+        })
+        .await;
+        assert!(!b.elector.is_leader(), "b led while a renewed");
+        renewals.push(renewed);
+    }
     assert!(a.elector.is_leader());
-    assert!(!b.elector.is_leader());
     assert_eq!(
         lease_holder(&leases, "the-lease").await.as_deref(),
         Some("a")
     );
 
-    let stopped = Instant::now();
     a.stop.cancel();
     assert!(matches!(a.task.await.unwrap(), Ok(Some(()))));
+    assert!(!a.elector.is_leader());
+    // Within the patience, far inside LONG_LEASE: b took the released Lease, not an expired one.
     eventually("b to lead", || b.elector.is_leader()).await;
-    let takeover = stopped.elapsed();
-    assert!(
-        takeover < LEASE,
-        "a released lease is taken over without waiting for expiry: {takeover:?}"
-    );
     assert_eq!(
         lease_holder(&leases, "the-lease").await.as_deref(),
         Some("b")
