@@ -4,6 +4,7 @@
 
 mod client;
 mod finalizer;
+mod handover;
 #[cfg(feature = "prometheus")]
 mod metrics;
 mod own_writes;
@@ -453,6 +454,7 @@ where
     /// [`SlotGuard`]: crate::sharding::SlotGuard
     #[must_use]
     pub fn sharded(mut self, ring: Arc<ShardRing>) -> Self {
+        ring.expect_handover();
         self.ring = Some(ring);
         self
     }
@@ -613,6 +615,18 @@ where
             queue: queue.clone(),
             controller: Arc::from(name.as_str()),
         };
+        // Reported from before the first list (as following nothing), so no slot is
+        // handed to this replica before its cache can take the slot's changes.
+        let _handover = ring.as_ref().map(|ring| {
+            ring.report_handover(Arc::new(handover::CacheHandover {
+                handler: name.clone(),
+                primary: primary.clone(),
+                queue: queue.clone(),
+                deleted: deleted.clone(),
+                slots: ring.view().borrow().slots,
+                relist_asked: std::sync::Mutex::default(),
+            }))
+        });
         let mut registered = Vec::new();
         let mut syncs = Vec::new();
         for source in sources {
@@ -675,6 +689,7 @@ where
                 primary.clone(),
                 queue.clone(),
                 parked.clone(),
+                deleted.clone(),
             );
             tokio::spawn(follow)
         });

@@ -263,8 +263,9 @@ impl Follower {
     }
 }
 
-/// Keys a sharded controller refused while their slot's renewals lapsed, by slot: queued
-/// again when a renewal resumes the slot (see [`follow_ring`]).
+/// Keys a sharded controller refused while their slot's renewals lapsed, or before it took
+/// a slot dealt to it, by slot: queued again when a renewal resumes the slot or the slot
+/// is taken (see [`follow_ring`]).
 #[derive(Clone, Default)]
 pub(super) struct Parked(Arc<Mutex<BTreeMap<u16, HashSet<ObjectKey>>>>);
 
@@ -295,6 +296,17 @@ impl Parked {
     fn take(&self, slot: u16) -> HashSet<ObjectKey> {
         self.lock().remove(&slot).unwrap_or_default()
     }
+
+    /// Takes out the keys of every slot `keep` refuses: slots that went to another replica
+    /// before this one got to them.
+    fn drop_slots(&self, keep: impl Fn(u16) -> bool) -> Vec<ObjectKey> {
+        let mut parked = self.lock();
+        let gone: Vec<u16> = parked.keys().copied().filter(|&s| !keep(s)).collect();
+        gone.into_iter()
+            .filter_map(|slot| parked.remove(&slot))
+            .flatten()
+            .collect()
+    }
 }
 
 /// Keeps a sharded controller's informers on the ring's shard, and queues again what a
@@ -303,7 +315,12 @@ impl Parked {
 ///   another replica held it and was letting it go (those not cached yet arrive with the
 ///   relist, as adds);
 /// - a slot **resumed** (a renewal ended a lapse in which it refused reconciles) has the
-///   keys it refused queued, which the workers [parked](Parked).
+///   keys it refused queued, which the workers [parked](Parked);
+/// - a slot taken also has the keys it refused while it was dealt here and not yet taken
+///   queued: deletions among them, which no list shows, are reconciled as deletions.
+///
+/// Keys parked for a slot that is no longer dealt, held or warming here are another
+/// replica's: they are dropped, with the last state kept for a deletion.
 ///
 /// Grants are counted per slot, so none is missed however the ring's changes bunch up
 /// before this task runs.
@@ -313,6 +330,7 @@ pub(super) async fn follow_ring<K>(
     primary: InformerHandle<K>,
     queue: RateLimitingQueue<ObjectKey>,
     parked: Parked,
+    deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
 ) where
     K: Resource + Send + Sync + 'static,
 {
@@ -324,6 +342,14 @@ pub(super) async fn follow_ring<K>(
         let current = view.borrow_and_update().clone();
         for follower in &followers {
             follower.follow(&current);
+        }
+        let elsewhere = parked.drop_slots(|slot| {
+            current.held.contains(&slot)
+                || current.assigned.contains(&slot)
+                || current.warming.contains(&slot)
+        });
+        for key in elsewhere {
+            deleted.remove(&key);
         }
         let now = grants.borrow_and_update().clone();
         let Granted { taken, resumed } = now.since(&granted);
@@ -433,9 +459,11 @@ mod tests {
         false
     }
 
-    /// Waits until `count` of `stats` has gone past `before`.
+    /// Waits (on the paused clock) until `count` of `stats` has gone past `before`.
     async fn refused(stats: &ControllerStats, count: fn(&ControllerStats) -> u64, before: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
         while count(stats) == before {
+            assert!(Instant::now() < deadline, "the change was never refused");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
@@ -456,6 +484,7 @@ mod tests {
         fake.add(config_map("b", 1));
         let ring = ring();
         ring.admission().hold(0, Instant::now());
+        ring.deal_for_test([0].into());
         let informer = SharedInformer::builder(fake.clone())
             .shard(Shard::everything(ShardField::Uid))
             .build();
@@ -540,16 +569,115 @@ mod tests {
         // Let go and taken back between two looks of the ring's follower: its view of the
         // held slots is the same before and after.
         run.ring.admission().release(0);
+        run.ring.deal_for_test([].into());
         let before = run.stats.elsewhere();
         run.fake.update(config_map("a", 2));
         refused(&run.stats, ControllerStats::elsewhere, before).await;
         run.ring.admission().hold(0, Instant::now());
+        run.ring.deal_for_test([0].into());
         assert!(
             reconciled(&run.seen, "a", 2).await,
             "the change refused while the slot was away was never reconciled: {:?}",
             run.seen.lock().unwrap()
         );
         run.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_seen_before_a_dealt_slot_is_taken_is_reconciled_once_it_is() {
+        let run = start().await;
+        // The slot is dealt here and its old owner is still handing it over: not held yet.
+        run.ring.admission().release(0);
+        run.ring.deal_for_test([0].into());
+        let refusals = |stats: &ControllerStats| stats.held_back() + stats.elsewhere();
+        let before = refusals(&run.stats);
+        run.fake.delete(Some("ns"), "a");
+        refused(&run.stats, refusals, before).await;
+        // Taken: no list can show a deletion, so it is reconciled from what was held back.
+        run.ring.admission().hold(0, Instant::now());
+        run.ring.deal_for_test([0].into());
+        assert!(
+            reconciled(&run.seen, "a", 0).await,
+            "a deletion refused before the slot was taken was never reconciled: {:?}",
+            run.seen.lock().unwrap()
+        );
+        run.cancel.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deletion_during_the_object_s_reconcile_is_reconciled_with_its_last_state() {
+        let fake = FakeListWatch::<ConfigMap>::new("configmaps");
+        fake.add(config_map("a", 1));
+        let ring = ring();
+        ring.admission().hold(0, Instant::now());
+        ring.deal_for_test([0].into());
+        let informer = SharedInformer::builder(fake.clone())
+            .shard(Shard::everything(ShardField::Uid))
+            .build();
+        let primary = informer.handle();
+        let controller = Controller::new("sharded", primary.clone())
+            .sharded(ring.clone())
+            .workers(1);
+        let cancel = CancellationToken::new();
+        let _informer = informer.spawn(cancel.clone());
+        let (entered, release) = (
+            Arc::new(tokio::sync::Notify::new()),
+            Arc::new(tokio::sync::Notify::new()),
+        );
+        let deletions: Arc<Mutex<Vec<bool>>> = Arc::default();
+        let reconcile = {
+            let (entered, release, deletions) =
+                (entered.clone(), release.clone(), deletions.clone());
+            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                let (entered, release, deletions) =
+                    (entered.clone(), release.clone(), deletions.clone());
+                async move {
+                    match request {
+                        ReconcileRequest::Present(_) => {
+                            entered.notify_one();
+                            release.notified().await;
+                        }
+                        ReconcileRequest::Deleted { last_known, .. } => {
+                            deletions.lock().unwrap().push(last_known.is_some());
+                        }
+                    }
+                    Ok::<_, std::io::Error>(Action::done())
+                }
+            }
+        };
+        tokio::spawn(controller.run(
+            reconcile,
+            retry_with_backoff(),
+            Arc::new(()),
+            cancel.clone(),
+        ));
+        // Deleted while its reconcile runs: the key comes back once it is done.
+        entered.notified().await;
+        fake.delete(Some("ns"), "a");
+        // The controller's handler has taken the add and the deletion.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !primary
+            .handler_stats()
+            .iter()
+            .any(|h| h.name == "sharded" && h.delivered >= 2 && h.waiting == 0)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the deletion never reached the handler"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        release.notify_one();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while deletions.lock().unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            *deletions.lock().unwrap(),
+            [true],
+            "the deletion was lost, or reconciled without the object's last state"
+        );
+        cancel.cancel();
     }
 
     #[tokio::test(start_paused = true)]

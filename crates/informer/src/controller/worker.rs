@@ -174,18 +174,23 @@ where
                     .map(|uid| ring.slot_of(uid));
                 match slot.map(|slot| (slot, ring.admit_slot(slot))) {
                     Some((_, Ok(guard))) => Some(guard),
-                    Some((slot, Err(Refusal::Lapsed))) => {
-                        self.hold_back(ring, slot, key);
+                    Some((slot, Err(refusal @ (Refusal::Lapsed | Refusal::Incoming)))) => {
+                        self.hold_back(ring, slot, key, refusal);
                         return;
                     }
                     Some((_, Err(Refusal::NotHeld))) | None => {
                         debug!(controller = %self.name, %key, "not in a slot this replica holds; left to its owner");
                         self.stats.record_elsewhere();
                         self.queue.forget(key);
+                        self.deleted.remove(key);
                         return;
                     }
                 }
             }
+        };
+        let reconciled = match &request {
+            ReconcileRequest::Present(obj) => Reconciled::Present(obj.meta().uid.clone()),
+            ReconcileRequest::Deleted { last_known, .. } => Reconciled::Deleted(last_known.clone()),
         };
         let token = self.cancel.child_token();
         #[cfg(feature = "prometheus")]
@@ -216,8 +221,7 @@ where
             Ok(action) => {
                 self.stats.record_synced();
                 self.queue.forget(key);
-                // A deletion reconciled (or an object that exists again) needs no last state.
-                self.deleted.remove(key);
+                self.forget_last_state(key, &reconciled);
                 if let Some(delay) = action.requeue_after {
                     debug!(controller = %self.name, %key, ?delay, "requeued after");
                     self.queue.add_after(key.clone(), delay);
@@ -227,9 +231,31 @@ where
         }
     }
 
-    /// Keeps `key` aside until `slot`, held but not renewed in time, resumes.
-    fn hold_back(&self, ring: &ShardRing, slot: u16, key: &ObjectKey) {
-        debug!(controller = %self.name, %key, slot, "the slot's renewals are late; held back until it is renewed");
+    /// Drops the last state kept for `key` once it is of no more use: the deletion it was
+    /// kept for is reconciled, or the key names another object now. A deletion recorded
+    /// while the reconcile ran is kept: its own reconcile comes next.
+    fn forget_last_state(&self, key: &ObjectKey, reconciled: &Reconciled<K>) {
+        match reconciled {
+            Reconciled::Deleted(Some(last)) => {
+                self.deleted
+                    .remove_if(key, |_, kept| Arc::ptr_eq(kept, last));
+            }
+            Reconciled::Deleted(None) => {}
+            Reconciled::Present(uid) => {
+                self.deleted
+                    .remove_if(key, |_, kept| kept.meta().uid.as_ref() != uid.as_ref());
+            }
+        }
+    }
+
+    /// Keeps `key` aside until `slot` admits: once renewed again (its renewals were late),
+    /// or once taken (it is dealt to this replica and its old owner is handing it over).
+    fn hold_back(&self, ring: &ShardRing, slot: u16, key: &ObjectKey, refusal: Refusal) {
+        if refusal == Refusal::Lapsed {
+            debug!(controller = %self.name, %key, slot, "the slot's renewals are late; held back until it is renewed");
+        } else {
+            debug!(controller = %self.name, %key, slot, "the slot is not taken yet; held back until it is");
+        }
         self.stats.record_held_back();
         self.queue.forget(key);
         self.parked.park(slot, key.clone());
@@ -313,4 +339,12 @@ where
             Err(panic) => Err(ReconcileError::Panicked(panic_message(&*panic).to_owned())),
         }
     }
+}
+
+/// What a reconcile was handed, as far as the last state kept for its key goes.
+enum Reconciled<K> {
+    /// An object, by its UID.
+    Present(Option<String>),
+    /// A deletion, with the last state kept for it.
+    Deleted(Option<Arc<K>>),
 }

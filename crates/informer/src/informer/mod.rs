@@ -654,6 +654,19 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         self.inner.reshard.as_ref()?.cell.get()
     }
 
+    /// Relists a sharded informer from a consistent read, as a reshard does, so its
+    /// cache passes the server's current version even where no event comes; `false` for
+    /// an informer built without a shard.
+    pub(crate) fn relist(&self) -> bool {
+        match &self.inner.reshard {
+            Some(reshard) => {
+                reshard.relist.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The cell holding the shard the informer follows, for a reader that must not hold
     /// the informer in use (a handler on it).
     pub(crate) fn shard_cell(&self) -> Option<ShardCell> {

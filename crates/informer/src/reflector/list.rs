@@ -5,7 +5,7 @@ use kube_core::Resource;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Reflector, ReflectorStore, state::ListFrom};
+use super::{Listed, Reflector, ReflectorStore, state::ListFrom};
 use crate::{
     error::{Error, Verb},
     list_watch::{ListItem, ListOptions, ListWatch, RawObject, Shard, ShardMode},
@@ -116,6 +116,12 @@ where
         }
         self.store.finish_list(&list_rv);
         self.synced.set(&list_rv);
+        if let (Some(cell), Some(shard)) = (&self.shard, shard) {
+            cell.set_listed(Listed {
+                shard,
+                resource_version: list_rv.clone(),
+            });
+        }
         info!(
             rv = %list_rv,
             objects = listed,

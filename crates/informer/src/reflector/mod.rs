@@ -333,13 +333,25 @@ impl Default for ReflectorConfig {
 }
 
 /// The shard a reflector follows, replaceable while it runs: the next list and watch ask
-/// for the new one, and every object from then on is kept or dropped by it.
+/// for the new one, and every object from then on is kept or dropped by it. It also keeps
+/// the shard of the last full list and that list's resourceVersion: what the cache is
+/// known to follow since.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct ShardCell(Arc<std::sync::RwLock<Option<Shard>>>);
+pub(crate) struct ShardCell {
+    wanted: Arc<std::sync::RwLock<Option<Shard>>>,
+    listed: Arc<std::sync::RwLock<Option<Listed>>>,
+}
+
+/// The shard a full list was made with, and its resourceVersion.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub(crate) shard: Shard,
+    pub(crate) resource_version: String,
+}
 
 impl ShardCell {
     pub(crate) fn get(&self) -> Option<Shard> {
-        self.0
+        self.wanted
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -347,7 +359,7 @@ impl ShardCell {
 
     pub(crate) fn set(&self, shard: Shard) {
         *self
-            .0
+            .wanted
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(shard);
     }
@@ -355,10 +367,26 @@ impl ShardCell {
     /// Whether `object` is in the shard (every object is while there is none).
     pub(crate) fn contains<K: Resource>(&self, object: &K) -> bool {
         let shard = self
-            .0
+            .wanted
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         shard.as_ref().is_none_or(|s| s.contains(object))
+    }
+
+    /// The last full list's shard and resourceVersion: every change in that shard since
+    /// then reaches the cache through the watch.
+    pub(crate) fn listed(&self) -> Option<Listed> {
+        self.listed
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_listed(&self, listed: Listed) {
+        *self
+            .listed
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(listed);
     }
 }
 

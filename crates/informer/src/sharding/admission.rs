@@ -63,6 +63,9 @@ pub(crate) enum Refusal {
     /// It holds the slot, but its renewals are late past the renew deadline: the renewal
     /// that ends the lapse resumes it.
     Lapsed,
+    /// The slot is dealt to this replica (or warming for it) and not taken yet: what it
+    /// refuses now is its to reconcile once it takes the slot.
+    Incoming,
 }
 
 /// How many times each slot has started admitting reconciles on this replica, taken (after

@@ -38,6 +38,10 @@
 //! likely gone: the others cache the slots its leaving would deal them
 //! ([`RingView::warming`]) while its Leases run out, so a replica killed outright hands
 //! over to caches that are already warm.
+//!
+//! A slot dealt to another live replica is let go only once that replica's cache follows
+//! it and this one has reconciled what it saw before (see `handover`): a deletion, which
+//! the new owner's list cannot show, is reconciled by one of the two.
 //! [`ShardRing::stats`] counts the slots taken, released and lost, and how long each
 //! handover took from the membership change that caused it; a [`Manager`] serves them on
 //! `/metrics`.
@@ -45,6 +49,7 @@
 //! [`Manager`]: crate::Manager
 
 mod admission;
+mod handover;
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -74,6 +79,9 @@ use tracing::{debug, info, warn};
 use self::admission::Admission;
 pub use self::admission::SlotGuard;
 pub(crate) use self::admission::{Granted, Grants, Refusal};
+pub use self::handover::COVERAGE_ANNOTATION;
+use self::handover::Handovers;
+pub(crate) use self::handover::{Coverage, Handover, HandoverRegistration};
 use crate::{
     informer::{InformerHandle, SharedInformer, handler_fn},
     lease::{is_conflict, is_forbidden, now},
@@ -461,6 +469,15 @@ fn holder_of(lease: &Lease) -> Option<&str> {
     lease.spec.as_ref()?.holder_identity.as_deref()
 }
 
+fn coverage_of(lease: &Lease) -> Option<&str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(COVERAGE_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// One replica's place in a shard ring; see the [module docs](self).
 pub struct ShardRing {
     config: RingConfig,
@@ -473,8 +490,10 @@ pub struct ShardRing {
     /// The ring's Leases as this replica watches them; started by `run`.
     leases: Mutex<Option<SharedInformer<Lease>>>,
     cache: InformerHandle<Lease>,
-    /// Rings when a Lease changes holder, appears or goes.
+    /// Rings when a Lease changes holder or coverage, appears or goes.
     changed: Arc<Notify>,
+    /// The controllers that report what their caches follow.
+    handovers: Arc<Handovers>,
 }
 
 impl std::fmt::Debug for ShardRing {
@@ -526,7 +545,7 @@ impl ShardRing {
                 if let Some(name) = &new.metadata.name {
                     lock(&on_update.0).seen(name, new.spec.as_ref());
                 }
-                if holder_of(old) != holder_of(new) {
+                if holder_of(old) != holder_of(new) || coverage_of(old) != coverage_of(new) {
                     on_update.1.notify_one();
                 }
             })
@@ -552,6 +571,7 @@ impl ShardRing {
             cache: leases.handle(),
             leases: Mutex::new(Some(leases)),
             changed,
+            handovers: Arc::default(),
             config,
         })
     }
@@ -606,7 +626,28 @@ impl ShardRing {
 
     /// A guard for a reconcile on `slot`, or why there is none.
     pub(crate) fn admit_slot(&self, slot: u16) -> Result<SlotGuard, Refusal> {
-        self.admission.admit(slot)
+        match self.admission.admit(slot) {
+            Err(Refusal::NotHeld) if self.incoming(slot) => Err(Refusal::Incoming),
+            admitted => admitted,
+        }
+    }
+
+    /// Whether `slot` is dealt to this replica (or warming for it) without being held yet.
+    fn incoming(&self, slot: u16) -> bool {
+        let view = self.view.borrow();
+        view.assigned.contains(&slot) || view.warming.contains(&slot)
+    }
+
+    /// A controller is built on the ring: until it reports its cache, this replica is
+    /// handed no slot another replica holds.
+    pub(crate) fn expect_handover(&self) {
+        self.handovers.expect();
+    }
+
+    /// Reports a controller's cache to the ring until the registration is dropped, so
+    /// the ring hands its slots over without a gap (see `handover`).
+    pub(crate) fn report_handover(&self, handover: Arc<dyn Handover>) -> HandoverRegistration {
+        HandoverRegistration::new(&self.handovers, handover)
     }
 
     /// The slot of an object with this UID, in this ring.
@@ -624,6 +665,17 @@ impl ShardRing {
     #[cfg(test)]
     pub(crate) fn admission(&self) -> &Admission {
         &self.admission
+    }
+
+    /// Publishes a view dealing `assigned` to this replica, as a round would, for tests of
+    /// what runs on the ring.
+    #[cfg(test)]
+    pub(crate) fn deal_for_test(&self, assigned: BTreeSet<u16>) {
+        self.publish(
+            vec![self.config.identity.clone()],
+            assigned,
+            BTreeSet::new(),
+        );
     }
 
     /// How many times each slot was taken or resumed on this replica, as that changes: the
@@ -700,6 +752,7 @@ impl ShardRing {
             *lock(&self.counters.membership_changed) = Some(Instant::now());
         }
         let assigned = self.dealt(&members);
+        let held = self.admission.held();
         // Members silent for a while are likely gone: cache what their leaving would deal
         // this replica now, so their slots are warm when their Leases expire.
         let renewing: Vec<String> = members
@@ -722,6 +775,13 @@ impl ShardRing {
             let mine = holder.as_deref() == Some(self.config.identity.as_str());
             match (mine, assigned.contains(&slot), holder.is_some()) {
                 (true, true, _) => writes.push(self.renew_slot(slot, lease).boxed()),
+                // Kept, and reconciled on, until its next owner can take it without a gap;
+                // once letting go has begun, it goes on.
+                (true, false, _)
+                    if held.contains(&slot) && !self.may_let_go(slot, &members, &by_name) =>
+                {
+                    writes.push(self.renew_slot(slot, lease).boxed())
+                }
                 (true, false, _) => writes.push(self.let_go(slot, lease, Drain::NextRound).boxed()),
                 (false, true, false) => writes.push(self.take_slot(slot, lease).boxed()),
                 (false, _, _) => {
@@ -740,6 +800,42 @@ impl ShardRing {
         self.fence();
         self.publish(members, assigned, warming);
         Ok(())
+    }
+
+    /// Whether this replica may let go of `slot`, dealt to another of `members`: that
+    /// replica is renewing, says its cache follows the slot (or says nothing of its
+    /// caches), and this replica's controllers have caught up with the version it follows
+    /// from.
+    fn may_let_go(
+        &self,
+        slot: u16,
+        members: &[String],
+        leases: &HashMap<String, Arc<Lease>>,
+    ) -> bool {
+        let owners = deal(members, self.config.slots);
+        let Some(owner) = owners.get(usize::from(slot)).and_then(|&i| members.get(i)) else {
+            return true;
+        };
+        if self.silent(owner) {
+            // Likely gone: the slot comes back here or goes to a live replica.
+            return false;
+        }
+        let said = leases
+            .get(&self.config.member_lease(owner))
+            .and_then(|lease| coverage_of(lease));
+        let Some(said) = said else {
+            return true;
+        };
+        match Coverage::parse(said) {
+            Some(coverage) => {
+                coverage.slots.contains(&slot)
+                    && self.handovers.caught_up(slot, coverage.resource_version)
+            }
+            None => {
+                warn!(ring = %self.config.name, %owner, annotation = %said, "a member's coverage cannot be read; handing the slot over without it");
+                true
+            }
+        }
     }
 
     /// The slots this replica is dealt among `members` (sorted).
@@ -803,19 +899,36 @@ impl ShardRing {
 
     async fn renew_member(&self) -> Result<(), kube_client::Error> {
         let name = self.config.member_lease(&self.config.identity);
+        let coverage = self
+            .handovers
+            .coverage(self.config.slots)
+            .map(|c| c.encode());
+        let annotate = |meta: &mut ObjectMeta| {
+            let annotations = meta.annotations.get_or_insert_default();
+            match &coverage {
+                Some(coverage) => {
+                    annotations.insert(COVERAGE_ANNOTATION.to_owned(), coverage.clone());
+                }
+                None => {
+                    annotations.remove(COVERAGE_ANNOTATION);
+                }
+            }
+        };
         match self.api.get_opt(&name).await? {
             Some(mut lease) => {
                 let acquired = lease.spec.as_ref().and_then(|s| s.acquire_time.clone());
                 lease.spec = Some(self.spec(acquired));
+                annotate(&mut lease.metadata);
                 self.api
                     .replace(&name, &PostParams::default(), &lease)
                     .await?;
             }
             None => {
-                let lease = Lease {
+                let mut lease = Lease {
                     metadata: self.labelled(name),
                     spec: Some(self.spec(None)),
                 };
+                annotate(&mut lease.metadata);
                 self.api.create(&PostParams::default(), &lease).await?;
             }
         }

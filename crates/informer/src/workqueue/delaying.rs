@@ -168,6 +168,12 @@ where
         self.queue.done(item);
     }
 
+    /// The items ready or being processed, copied; items whose delay has not passed are
+    /// not among them.
+    pub(crate) fn items(&self) -> Vec<T> {
+        self.queue.items()
+    }
+
     /// The number of items ready and waiting for a worker; items whose delay has not passed
     /// are not counted.
     pub fn len(&self) -> usize {

@@ -708,6 +708,12 @@ where
         }
     }
 
+    /// The items waiting for a worker or being processed, copied.
+    pub(crate) fn items(&self) -> Vec<T> {
+        let state = self.inner.lock();
+        state.items.iter().map(|entry| entry.item.clone()).collect()
+    }
+
     /// The number of items waiting for a worker (not counting those processing).
     pub fn len(&self) -> usize {
         let state = self.inner.lock();

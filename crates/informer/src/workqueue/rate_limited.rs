@@ -126,6 +126,11 @@ where
         self.queue.done(item);
     }
 
+    /// See [`DelayingQueue::items`].
+    pub(crate) fn items(&self) -> Vec<T> {
+        self.queue.items()
+    }
+
     /// See [`DelayingQueue::len`].
     pub fn len(&self) -> usize {
         self.queue.len()
