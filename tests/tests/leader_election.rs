@@ -85,14 +85,11 @@ async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
     // b campaigns while a renews three times: each of b's tries finds a's Lease held.
     let mut renewals = Vec::new();
     while renewals.len() < 4 {
-        let last = renewals.last().cloned();
+        let last = renewals.last().copied();
         let leases = &leases;
-        let renewed = eventually_some("a's next renewal", || {
-            let last = last.clone();
-            async move {
-                let renewed = leases.get("the-lease").await.ok()?.spec?.renew_time?.0;
-                (last != Some(renewed)).then_some(renewed)
-            }
+        let renewed = eventually_some("a's next renewal", || async move {
+            let renewed = leases.get("the-lease").await.ok()?.spec?.renew_time?.0;
+            (last != Some(renewed)).then_some(renewed)
         })
         .await;
         assert!(!b.elector.is_leader(), "b led while a renewed");
