@@ -29,7 +29,8 @@ pub enum Rule {
     Complete,
     /// A controller's last reconcile of a key did not see the key's final state.
     LevelTriggered,
-    /// A controller reconciled one key twice at once.
+    /// A controller reconciled one key twice at once (in one process, or in two of its
+    /// replicas).
     Exclusive,
     /// Something the run itself observed: a panic, an error logged without its cause,
     /// tasks left running, a subject that did not stop cleanly.
@@ -80,7 +81,16 @@ pub struct Findings {
     /// Calm writes' delivery lag per stream, milliseconds: p50, p99, max, count.
     pub calm_lag_ms: BTreeMap<String, LagSummary>,
     pub reconciles: BTreeMap<String, usize>,
+    /// Per controller, deletions no live replica could see (see [`Kills`]).
+    pub unseen_deletions: BTreeMap<String, usize>,
 }
+
+/// When each replica of a controller run as processes was killed, Unix ns. A deletion
+/// made after the last reconcile of its key by a replica killed since is not held against
+/// the controller if no replica reconciled the key after the kill: the object's owner died
+/// knowing it, and whoever took its slot listed after the deletion (a controller down for
+/// a moment misses deletions the same way; a finalizer is how one makes sure to see them).
+pub type Kills = BTreeMap<String, Vec<i64>>;
 
 /// A lag distribution.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
@@ -153,6 +163,7 @@ pub fn check(
     relists: &Relists,
     calm: &Calm,
     bounds: Bounds,
+    kills: &Kills,
 ) -> Findings {
     let mut findings = Findings::default();
     for (stream, events) in streams(events) {
@@ -192,7 +203,18 @@ pub fn check(
         findings
             .reconciles
             .insert(controller.to_owned(), records.len());
-        check_controller(history, controller, &records, &mut findings.violations);
+        let unseen = check_controller(
+            history,
+            controller,
+            &records,
+            kills,
+            &mut findings.violations,
+        );
+        if unseen > 0 {
+            findings
+                .unseen_deletions
+                .insert(controller.to_owned(), unseen);
+        }
     }
     findings
 }
@@ -477,20 +499,51 @@ fn calm_lags(
     lags
 }
 
+/// A key whose last reconcile missed its final state: the key, the write that reconcile
+/// saw, and the final write (`None`: deleted).
+pub type Missed<'a> = (&'a str, Option<u64>, Option<u64>);
+
 /// The Pods whose last reconcile by one controller (`records`) did not see their final
-/// state: the key, the write that reconcile saw, and the final write (`None`: deleted).
+/// state. Deletions no live replica could see (see [`Kills`]) are left out.
 pub fn unreconciled<'a>(
     history: &'a ServerHistory,
     records: &[&ReconcileRecord],
-) -> Vec<(&'a str, Option<u64>, Option<u64>)> {
+    kills: &Kills,
+) -> Vec<Missed<'a>> {
+    unreconciled_and_unseen(history, records, kills).0
+}
+
+/// [`unreconciled`], and how many deletions it left out.
+fn unreconciled_and_unseen<'a>(
+    history: &'a ServerHistory,
+    records: &[&ReconcileRecord],
+    kills: &Kills,
+) -> (Vec<Missed<'a>>, usize) {
+    // The object a key names last is the one its latest reconcile of a present object
+    // saw: a deletion of an earlier object of the name, reconciled later on another
+    // replica (its UID fell in another slot), says nothing of it.
+    let mut latest_present: HashMap<&str, &ReconcileRecord> = HashMap::new();
+    for record in records.iter().filter(|r| r.marker.is_some()) {
+        let entry = latest_present.entry(&record.key).or_insert(record);
+        if record.started_ns >= entry.started_ns {
+            *entry = record;
+        }
+    }
+    let of_an_earlier_object = |record: &ReconcileRecord| {
+        record.marker.is_none()
+            && latest_present
+                .get(record.key.as_str())
+                .is_some_and(|present| two_objects(present, record))
+    };
     let mut last: HashMap<&str, &ReconcileRecord> = HashMap::new();
-    for record in records {
+    for record in records.iter().filter(|r| !of_an_earlier_object(r)) {
         let entry = last.entry(&record.key).or_insert(record);
         if record.started_ns >= entry.started_ns {
             *entry = record;
         }
     }
-    history
+    let mut unseen = 0;
+    let missed = history
         .states
         .iter()
         .filter(|(id, _)| id.resource == Resource::Pods)
@@ -498,19 +551,113 @@ pub fn unreconciled<'a>(
             let final_marker = states.last().and_then(|s| s.marker);
             // Never reconciled counts as having seen nothing: right for a key whose
             // final state is deleted.
-            let seen = last.get(id.key.as_str()).and_then(|r| r.marker);
-            (seen != final_marker).then_some((id.key.as_str(), seen, final_marker))
+            let last = last.get(id.key.as_str());
+            let seen = last.and_then(|r| r.marker);
+            if seen == final_marker {
+                return None;
+            }
+            let owner_died = final_marker.is_none()
+                && last.is_some_and(|r| {
+                    r.replica.as_ref().is_some_and(|replica| {
+                        kills
+                            .get(replica)
+                            .is_some_and(|k| k.iter().any(|&at| at > r.started_ns))
+                    })
+                });
+            if owner_died {
+                unseen += 1;
+                return None;
+            }
+            Some((id.key.as_str(), seen, final_marker))
         })
-        .collect()
+        .collect();
+    (missed, unseen)
+}
+
+/// Reconciles of one key whose spans overlap, each pair as (earlier, later): what two
+/// workers or two replicas of one controller must never do. Two objects of one name (one
+/// deleted, one created again) are not one: a controller sharded by UID may find them in
+/// two slots of two replicas, and reconcile both at once (see [`recreated_at_once`]).
+pub fn overlapping<'a>(
+    records: &[&'a ReconcileRecord],
+) -> Vec<(&'a ReconcileRecord, &'a ReconcileRecord)> {
+    let mut by_key: HashMap<&str, Vec<&ReconcileRecord>> = HashMap::new();
+    for record in records {
+        by_key.entry(&record.key).or_default().push(record);
+    }
+    let mut overlaps = Vec::new();
+    for spans in by_key.values_mut() {
+        spans.sort_by_key(|r| r.started_ns);
+        // The span still running longest among those started so far.
+        let mut open: Option<&ReconcileRecord> = None;
+        for record in spans.iter().copied() {
+            if let Some(earlier) = open
+                && record.started_ns < earlier.finished_ns
+                && !two_objects(earlier, record)
+            {
+                overlaps.push((earlier, record));
+            }
+            if open.is_none_or(|earlier| record.finished_ns > earlier.finished_ns) {
+                open = Some(record);
+            }
+        }
+    }
+    overlaps.sort_by_key(|(_, later)| later.started_ns);
+    overlaps
+}
+
+/// Checks one controller's reconciles; returns the deletions no live replica could see.
+/// Whether two reconciles of one key were of two objects (known UIDs that differ).
+fn two_objects(a: &ReconcileRecord, b: &ReconcileRecord) -> bool {
+    matches!((&a.uid, &b.uid), (Some(a), Some(b)) if a != b)
+}
+
+/// Reconciles of two objects of one name that overlapped: allowed, and counted.
+pub fn recreated_at_once(records: &[&ReconcileRecord]) -> usize {
+    let mut by_key: HashMap<&str, Vec<&ReconcileRecord>> = HashMap::new();
+    for record in records {
+        by_key.entry(&record.key).or_default().push(record);
+    }
+    by_key
+        .values()
+        .map(|spans| {
+            spans
+                .iter()
+                .enumerate()
+                .flat_map(|(i, a)| spans[i + 1..].iter().map(move |b| (a, b)))
+                .filter(|(a, b)| {
+                    two_objects(a, b)
+                        && a.started_ns < b.finished_ns
+                        && b.started_ns < a.finished_ns
+                })
+                .count()
+        })
+        .sum()
 }
 
 fn check_controller(
     history: &ServerHistory,
     controller: &str,
     records: &[&ReconcileRecord],
+    kills: &Kills,
     violations: &mut Vec<Violation>,
-) {
-    for (key, seen, final_marker) in unreconciled(history, records) {
+) -> usize {
+    let replica = |r: &ReconcileRecord| r.replica.clone().unwrap_or_else(|| "a worker".into());
+    for (earlier, later) in overlapping(records) {
+        violations.push(Violation {
+            rule: Rule::Exclusive,
+            source: controller.to_owned(),
+            key: later.key.clone(),
+            detail: format!(
+                "{} started it {} µs before {} finished it",
+                replica(later),
+                (earlier.finished_ns - later.started_ns) / 1_000,
+                replica(earlier),
+            ),
+        });
+    }
+    let (missed, unseen) = unreconciled_and_unseen(history, records, kills);
+    for (key, seen, final_marker) in missed {
         violations.push(Violation {
             rule: Rule::LevelTriggered,
             source: controller.to_owned(),
@@ -520,6 +667,7 @@ fn check_controller(
             ),
         });
     }
+    unseen
 }
 
 #[cfg(test)]
@@ -590,6 +738,7 @@ mod tests {
             &Relists::default(),
             &Calm::default(),
             bounds,
+            &Kills::new(),
         )
         .violations
         .into_iter()
@@ -610,11 +759,27 @@ mod tests {
         // A relist after the write, before it was replaced, passes over it: even in calm.
         let relists = Relists::from([("s".to_owned(), vec![2_500])]);
         let bounds = Bounds { calm_lag_ns: 500 };
-        let found = check(&history(), &events, &[], &relists, &Calm::default(), bounds);
+        let found = check(
+            &history(),
+            &events,
+            &[],
+            &relists,
+            &Calm::default(),
+            bounds,
+            &Kills::new(),
+        );
         assert!(found.violations.is_empty(), "{:?}", found.violations);
         // One long after it was replaced excuses nothing.
         let relists = Relists::from([("s".to_owned(), vec![9_000_000_000])]);
-        let found = check(&history(), &events, &[], &relists, &Calm::default(), bounds);
+        let found = check(
+            &history(),
+            &events,
+            &[],
+            &relists,
+            &Calm::default(),
+            bounds,
+            &Kills::new(),
+        );
         let rules: Vec<_> = found.violations.iter().map(|v| v.rule).collect();
         assert_eq!(rules, [Rule::Complete, Rule::Lag]);
     }
@@ -681,9 +846,17 @@ mod tests {
         };
         let bounds = Bounds { calm_lag_ns: 500 };
         assert!(
-            check(&history(), &events, &[], &Relists::default(), &calm, bounds)
-                .violations
-                .is_empty()
+            check(
+                &history(),
+                &events,
+                &[],
+                &Relists::default(),
+                &calm,
+                bounds,
+                &Kills::new()
+            )
+            .violations
+            .is_empty()
         );
     }
 
@@ -691,6 +864,8 @@ mod tests {
     fn a_controller_must_see_the_final_state_last() {
         let reconcile = |marker, at| ReconcileRecord {
             controller: "c".into(),
+            replica: None,
+            uid: None,
             key: "ns/a".into(),
             marker,
             started_ns: at,
@@ -714,6 +889,126 @@ mod tests {
         assert_eq!(
             rules(&events, &[reconcile(Some(2), 2_200)]),
             [Rule::LevelTriggered]
+        );
+    }
+
+    #[test]
+    fn replicas_reconciling_one_key_at_once_are_caught() {
+        let reconcile = |replica: &str, key: &str, started_ns, finished_ns| ReconcileRecord {
+            controller: "sharded".into(),
+            replica: Some(replica.into()),
+            uid: None,
+            key: key.into(),
+            marker: Some(4),
+            started_ns,
+            finished_ns,
+        };
+        let handed_over = [
+            reconcile("a", "ns/a", 4_100_000, 4_200_000),
+            reconcile("b", "ns/a", 4_200_000, 4_300_000),
+            reconcile("b", "ns/b", 4_150_000, 4_250_000),
+        ];
+        assert_eq!(rules(&faithful(), &handed_over), []);
+        // c starts while a's long reconcile still runs, after b's short one ended.
+        let mut overlapped = handed_over.to_vec();
+        overlapped.insert(0, reconcile("a", "ns/a", 4_000_000, 4_500_000));
+        overlapped.push(reconcile("c", "ns/a", 4_400_000, 4_600_000));
+        let found = check(
+            &history(),
+            &faithful(),
+            &overlapped,
+            &Relists::default(),
+            &Calm::default(),
+            Bounds { calm_lag_ns: 500 },
+            &Kills::new(),
+        );
+        let found: Vec<_> = found
+            .violations
+            .iter()
+            .map(|v| (v.rule, v.detail.as_str()))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                (Rule::Exclusive, "a started it 400 µs before a finished it"),
+                (Rule::Exclusive, "b started it 300 µs before a finished it"),
+                (Rule::Exclusive, "c started it 100 µs before a finished it"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_deletion_after_its_owner_was_killed_is_unseen_not_missed() {
+        // Write 4 reconciled by r0, then the key deleted; r0 was killed in between.
+        let mut history = history();
+        history
+            .states
+            .values_mut()
+            .for_each(|states| states.push(state(None, None, 5_000)));
+        let reconciled = ReconcileRecord {
+            controller: "sharded".into(),
+            replica: Some("r0".into()),
+            uid: None,
+            key: "ns/a".into(),
+            marker: Some(4),
+            started_ns: 4_200,
+            finished_ns: 4_300,
+        };
+        let records = [&reconciled];
+        let killed = |at| Kills::from([("r0".to_owned(), vec![at])]);
+        assert_eq!(
+            unreconciled_and_unseen(&history, &records, &killed(4_500)).1,
+            1
+        );
+        assert!(unreconciled(&history, &records, &killed(4_500)).is_empty());
+        // Killed before that reconcile, or another replica killed: a deletion missed.
+        assert_eq!(unreconciled(&history, &records, &killed(4_100)).len(), 1);
+        let other = Kills::from([("r1".to_owned(), vec![4_500])]);
+        assert_eq!(unreconciled(&history, &records, &other).len(), 1);
+    }
+
+    #[test]
+    fn two_objects_of_one_name_may_be_reconciled_at_once() {
+        let reconcile = |replica: &str, uid: &str, started_ns, finished_ns| ReconcileRecord {
+            controller: "sharded".into(),
+            replica: Some(replica.into()),
+            uid: Some(uid.into()),
+            key: "ns/a".into(),
+            marker: Some(4),
+            started_ns,
+            finished_ns,
+        };
+        // The deleted object's reconcile on r0, the one created again on r1.
+        let gone = reconcile("r0", "uid-old", 4_000_000, 4_500_000);
+        let again = reconcile("r1", "uid-new", 4_100_000, 4_600_000);
+        assert!(overlapping(&[&gone, &again]).is_empty());
+        assert_eq!(recreated_at_once(&[&gone, &again]), 1);
+        let same = reconcile("r1", "uid-old", 4_100_000, 4_600_000);
+        assert_eq!(overlapping(&[&gone, &same]).len(), 1);
+        assert_eq!(recreated_at_once(&[&gone, &same]), 0);
+    }
+
+    #[test]
+    fn an_earlier_object_s_deletion_reconciled_last_says_nothing_of_the_new_one() {
+        let reconcile = |uid: &str, marker, started_ns| ReconcileRecord {
+            controller: "sharded".into(),
+            replica: Some(uid.into()),
+            uid: Some(uid.into()),
+            key: "ns/a".into(),
+            marker,
+            started_ns,
+            finished_ns: started_ns + 1,
+        };
+        // Write 4 is the object created again; the first one's deletion comes last.
+        let new = reconcile("uid-new", Some(4), 4_200);
+        let old_gone = reconcile("uid-old", None, 4_300);
+        let kills = Kills::new();
+        assert!(unreconciled(&history(), &[&new, &old_gone], &kills).is_empty());
+        // The new object's own deletion does count.
+        let new_gone = reconcile("uid-new", None, 4_300);
+        assert_eq!(
+            unreconciled(&history(), &[&new, &new_gone], &kills),
+            [("ns/a", None, Some(4))]
         );
     }
 }

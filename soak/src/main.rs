@@ -12,6 +12,10 @@
 //! bound; then the checks of [`check`] run over everything recorded, and the last line
 //! says how many violations they found.
 //!
+//! Beside them, replicas of a sharded controller split the Pods through a shard ring on
+//! the same faulty link, one killed and started again each storm, one more joining
+//! halfway ([`sharded`]).
+//!
 //! ```text
 //! cargo run -p soak -- --seconds 120           # the short mode CI runs
 //! cargo run -p soak -- --seconds 1800 --seed 7 # a long run; the seed replays its faults
@@ -21,6 +25,7 @@ mod check;
 mod client_go;
 mod faults;
 mod record;
+mod sharded;
 mod subject;
 mod watchdog;
 mod writer;
@@ -61,7 +66,22 @@ use crate::{
 /// Runs kube-informer's and client-go's informers under steady load and random combined
 /// faults on a real control plane, and checks every event history against the server's.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "soak")]
+#[command(name = "soak", args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    mode: Option<Mode>,
+    #[command(flatten)]
+    args: Args,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+enum Mode {
+    /// One replica of the sharded subject (the driver starts these itself).
+    #[command(hide = true)]
+    ShardedReplica(sharded::ReplicaArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
 struct Args {
     /// How long the load and the faults last, seconds (about 120 is the short mode CI
     /// runs; 1800 or more is a long run).
@@ -98,6 +118,13 @@ struct Args {
     /// Runs kube-informer's subject alone.
     #[arg(long)]
     no_client_go: bool,
+    /// Replicas of the sharded controller at the start (one more joins halfway; 0, the
+    /// default, runs none; 3 is the sharded subject's usual run).
+    #[arg(long, default_value_t = 0)]
+    replicas: usize,
+    /// How long the shard ring's Leases last without renewal, milliseconds.
+    #[arg(long, default_value_t = 4_000)]
+    replica_lease_ms: u64,
     /// The bound on a write's delivery to a fast handler while no fault is active, ms.
     #[arg(long, default_value_t = 5_000)]
     lag_bound_ms: u64,
@@ -120,7 +147,15 @@ struct Args {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let cli = Cli::parse();
+    if let Some(Mode::ShardedReplica(replica)) = cli.mode {
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(EnvFilter::from_default_env())
+            .init();
+        return sharded::run_replica(replica).await;
+    }
+    let args = cli.args;
     let uncaused = Uncaused::default();
     tracing_subscriber::registry()
         .with(
@@ -169,6 +204,15 @@ struct Report {
     seed: u64,
     seconds: u64,
     tuning: String,
+    /// Whether the API server had the `ShardedListAndWatch` gate (drawn from the seed).
+    sharded_list_and_watch: bool,
+    /// The sharded subject's replicas: killed, restarted, joined, and what went wrong.
+    churn: sharded::Churn,
+    /// The sharded subject's reconciles per replica.
+    replica_reconciles: BTreeMap<String, usize>,
+    /// Reconciles of a deleted object and of one created again under its name that ran at
+    /// once on two replicas (their UIDs fall in two slots).
+    recreated_at_once: usize,
     writes: u64,
     unanswered_writes: u64,
     faults: Vec<Injected>,
@@ -194,8 +238,13 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     } else {
         Some(client_go::build()?)
     };
-    info!("starting the control plane");
-    let env = Arc::new(TestEnv::builder().start().await?);
+    let sharded_list_and_watch = StdRng::seed_from_u64(seed ^ 0x6a7e).random_bool(0.5);
+    info!(sharded_list_and_watch, "starting the control plane");
+    let mut builder = TestEnv::builder();
+    if sharded_list_and_watch {
+        builder = builder.apiserver_arg("--feature-gates=ShardedListAndWatch=true");
+    }
+    let env = Arc::new(builder.start().await?);
     let tasks_before = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
@@ -226,7 +275,9 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         slow_handler_delay: Duration::from_millis(10),
     };
     info!(?tuning, "starting the subjects");
+    // One proxy per subject: ours, client-go's, the sharded replicas'.
     let proxies = Arc::new(vec![
+        FaultProxy::for_apiserver(&env).await?,
         FaultProxy::for_apiserver(&env).await?,
         FaultProxy::for_apiserver(&env).await?,
     ]);
@@ -248,6 +299,20 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         }
         None => None,
     };
+    // Beside the records when they are kept: the replicas' logs explain their findings.
+    let replica_dir = args.records.as_ref().map_or_else(
+        || scratch.join("sharded"),
+        |records| records.join("sharded"),
+    );
+    std::fs::create_dir_all(&replica_dir)?;
+    let replica_kubeconfig = scratch.join("sharded.kubeconfig");
+    env.kubeconfig_via(&proxies[2], &replica_kubeconfig)?;
+    let replicas = Arc::new(tokio::sync::Mutex::new(sharded::ReplicaSet::start(
+        args.replicas,
+        &replica_kubeconfig,
+        &replica_dir,
+        Duration::from_millis(args.replica_lease_ms),
+    )?));
     let deadline = Instant::now() + Duration::from_secs(120);
     while !(subject.has_synced() && client_go.as_ref().is_none_or(|c| c.said().synced)) {
         if Instant::now() > deadline {
@@ -302,6 +367,17 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     ));
     let stop_relists = CancellationToken::new();
     let relists_recorded = subject.record_relists(stop_relists.clone());
+    let churn = (args.replicas > 0).then(|| {
+        tokio::spawn(sharded::churn(
+            replicas.clone(),
+            seed,
+            started,
+            span,
+            Duration::from_secs(args.calm_seconds),
+            Duration::from_secs(args.storm_seconds),
+            stop_load.clone(),
+        ))
+    });
     let mut memory = Vec::new();
     let mut late_added = None;
     let lists_at_start = subject.lists();
@@ -337,6 +413,9 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     stop_load.cancel();
     load.await?;
     injector.await?;
+    if let Some(churn) = churn {
+        churn.await??;
+    }
     if !env.apiserver_running() {
         env.start_apiserver().await?;
     }
@@ -348,7 +427,21 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
 
     let history = recorded.history();
     let settle = Duration::from_secs(args.settle_seconds);
-    let settled_s = settle_all(&history, &subject, client_go.as_ref(), settle, quiet_ns).await?;
+    let settled_s = settle_all(
+        &history,
+        &subject,
+        client_go.as_ref(),
+        &replicas,
+        args.replicas > 0,
+        settle,
+        quiet_ns,
+    )
+    .await?;
+    let mut replicas = Arc::try_unwrap(replicas)
+        .map_err(|_| anyhow::anyhow!("the replicas are still shared"))?
+        .into_inner();
+    let churn = replicas.stop().await;
+    let replica_records = replicas.reconciles()?;
 
     stop_relists.cancel();
     let mut relists = check::Relists::new();
@@ -402,7 +495,16 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         calm.unsettled
             .push((fault.applied_ns - lag_bound, fault.lifted_ns + grace));
     }
-    let reconciles = reconciles_recorded.snapshot();
+    let recreated_at_once = check::recreated_at_once(&replica_records.iter().collect::<Vec<_>>());
+    let mut reconciles = reconciles_recorded.snapshot();
+    let mut replica_reconciles = BTreeMap::new();
+    for record in &replica_records {
+        if let Some(replica) = &record.replica {
+            *replica_reconciles.entry(replica.clone()).or_default() += 1;
+        }
+    }
+    reconciles.extend(replica_records);
+    process.extend(churn.unexpected.iter().cloned());
     if let Some(dir) = &args.records {
         save_records(dir, &history, &events, &reconciles)?;
     }
@@ -415,14 +517,10 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         Bounds {
             calm_lag_ns: lag_bound,
         },
+        &churn.kills(),
     );
-    for key in reconciles_recorded.overlaps() {
-        findings.violations.push(Violation {
-            rule: Rule::Exclusive,
-            source: "controller".into(),
-            key,
-            detail: "two reconciles of one key at once".into(),
-        });
+    if args.replicas > 0 && replica_reconciles.is_empty() {
+        process.push("the sharded replicas recorded no reconcile".to_owned());
     }
     for panic in watchdog::panics() {
         process.push(format!("panic: {panic}"));
@@ -449,6 +547,10 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         seed,
         seconds: args.seconds,
         tuning: format!("{tuning:?}"),
+        sharded_list_and_watch,
+        churn,
+        replica_reconciles,
+        recreated_at_once,
         writes: recorded.writes(),
         unanswered_writes: recorded.unanswered(),
         worst_lag_after_fault_ms: worst_lag_after_faults(&history, &events, &faults, grace),
@@ -476,18 +578,20 @@ fn save_records(
     Ok(())
 }
 
-/// Namespaces and the custom resource, ready to serve.
+/// Namespaces (the writer's, and the shard ring's) and the custom resource, ready to serve.
 async fn prepare(client: &Client, count: usize) -> anyhow::Result<Vec<String>> {
     let mut namespaces = Vec::new();
-    for i in 0..count {
-        let name = format!("soak-{i}");
+    let names = (0..count).map(|i| format!("soak-{i}"));
+    for name in names.chain([sharded::RING_NAMESPACE.to_owned()]) {
         let namespace: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": { "name": name }
         }))?;
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &namespace)
             .await?;
-        namespaces.push(name);
+        if name != sharded::RING_NAMESPACE {
+            namespaces.push(name);
+        }
     }
     let crd: CustomResourceDefinition = serde_json::from_value(writer::widget_crd())?;
     Api::<CustomResourceDefinition>::all(client.clone())
@@ -518,6 +622,8 @@ async fn settle_all(
     history: &ServerHistory,
     subject: &subject::Subject,
     client_go: Option<&client_go::Subject>,
+    replicas: &tokio::sync::Mutex<sharded::ReplicaSet>,
+    expect_sharded: bool,
     bound: Duration,
     quiet_ns: i64,
 ) -> anyhow::Result<BTreeMap<String, Option<f64>>> {
@@ -536,7 +642,11 @@ async fn settle_all(
                 *entry = Some(now_s);
             }
         }
-        let reconciled = controllers_settled(history, subject);
+        let (sharded, kills) = {
+            let mut replicas = replicas.lock().await;
+            (replicas.reconciles()?, replicas.kills())
+        };
+        let reconciled = controllers_settled(history, subject, &sharded, &kills, expect_sharded);
         let all = streams.len() == settled.len() && settled.values().all(Option::is_some);
         if (all && reconciled) || Instant::now() > deadline {
             settled.insert("controllers".into(), reconciled.then_some(now_s));
@@ -546,15 +656,22 @@ async fn settle_all(
     }
 }
 
-fn controllers_settled(history: &ServerHistory, subject: &subject::Subject) -> bool {
+fn controllers_settled(
+    history: &ServerHistory,
+    subject: &subject::Subject,
+    sharded: &[record::ReconcileRecord],
+    kills: &check::Kills,
+    expect_sharded: bool,
+) -> bool {
     let reconciles = subject.reconciles.snapshot();
+    let replicas: Vec<_> = sharded.iter().collect();
     subject::CONTROLLERS.iter().all(|controller| {
         let records: Vec<_> = reconciles
             .iter()
             .filter(|r| r.controller == *controller)
             .collect();
-        check::unreconciled(history, &records).is_empty()
-    })
+        check::unreconciled(history, &records, &check::Kills::new()).is_empty()
+    }) && (!expect_sharded || check::unreconciled(history, &replicas, kills).is_empty())
 }
 
 /// Tasks of this runtime still alive beyond those running before the subjects started,
@@ -674,6 +791,18 @@ fn print_report(report: &Report) {
         "{} s of load: {} writes ({} settled by reading back), {:?}",
         report.seconds, report.writes, report.unanswered_writes, report.tuning
     );
+    println!(
+        "sharded replicas (ShardedListAndWatch {}): {} killed and restarted, {} joined; reconciles per replica {:?}; a deleted and a new object of one name reconciled at once: {}",
+        if report.sharded_list_and_watch {
+            "on"
+        } else {
+            "off"
+        },
+        report.churn.killed.len(),
+        report.churn.joined.len(),
+        report.replica_reconciles,
+        report.recreated_at_once
+    );
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     for fault in &report.faults {
         *by_kind.entry(format!("{:?}", fault.kind)).or_default() += 1;
@@ -705,7 +834,15 @@ fn print_report(report: &Report) {
         );
     }
     for (controller, count) in &report.findings.reconciles {
-        println!("controller {controller}: {count} reconciles");
+        let unseen = report
+            .findings
+            .unseen_deletions
+            .get(controller)
+            .copied()
+            .unwrap_or(0);
+        println!(
+            "controller {controller}: {count} reconciles; {unseen} deletions no live replica could see"
+        );
     }
     println!(
         "worst lag of a write made during a fault (ms): {:?}",

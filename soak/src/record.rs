@@ -146,9 +146,15 @@ impl std::fmt::Display for Stream {
 }
 
 /// One reconcile of one controller.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ReconcileRecord {
     pub controller: String,
+    /// Which replica of the controller ran it, for one run as several processes.
+    #[serde(default)]
+    pub replica: Option<String>,
+    /// The object's UID (its last state's, for a deletion), where the replica knew it.
+    #[serde(default)]
+    pub uid: Option<String>,
     pub key: String,
     /// The marker of the object the reconcile was handed; `None` for a deleted object.
     pub marker: Option<u64>,

@@ -7,7 +7,6 @@ use std::{
     time::Duration,
 };
 
-use dashmap::DashSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource as KubeResource, api::DynamicObject};
 use kube_informer::{
@@ -38,25 +37,15 @@ pub struct Tuning {
     pub slow_handler_delay: Duration,
 }
 
-/// Reconciles, and the overlaps seen while recording them.
+/// Reconciles as they finish.
 #[derive(Clone, Default)]
 pub struct Reconciles {
     records: Arc<Mutex<Vec<ReconcileRecord>>>,
-    in_flight: Arc<DashSet<(String, String)>>,
-    overlaps: Arc<Mutex<Vec<String>>>,
 }
 
 impl Reconciles {
     pub fn snapshot(&self) -> Vec<ReconcileRecord> {
         self.records
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Keys one controller was reconciling twice at once.
-    pub fn overlaps(&self) -> Vec<String> {
-        self.overlaps
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
@@ -244,24 +233,17 @@ async fn record_reconcile<K: KubeResource>(
         ReconcileRequest::Present(object) => marker_of(object.meta()),
         ReconcileRequest::Deleted { .. } => None,
     };
-    let slot = (controller.to_owned(), key.clone());
-    if !reconciles.in_flight.insert(slot.clone()) {
-        reconciles
-            .overlaps
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(format!("{controller}: {key}"));
-    }
     // A reconcile takes a moment, as a real one would: long enough for two workers to
-    // overlap on one key if the queue let them.
+    // overlap on one key if the queue let them (the checks compare the spans).
     tokio::time::sleep(Duration::from_millis(1)).await;
-    reconciles.in_flight.remove(&slot);
     reconciles
         .records
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(ReconcileRecord {
             controller: controller.to_owned(),
+            replica: None,
+            uid: None,
             key,
             marker,
             started_ns,
@@ -269,7 +251,7 @@ async fn record_reconcile<K: KubeResource>(
         });
 }
 
-fn marker_of(meta: &kube_client::core::ObjectMeta) -> Option<u64> {
+pub fn marker_of(meta: &kube_client::core::ObjectMeta) -> Option<u64> {
     meta.annotations.as_ref()?.get(MARKER)?.parse().ok()
 }
 

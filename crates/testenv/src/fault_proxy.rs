@@ -21,9 +21,11 @@ const PROXY: &str = "kube-testenv";
 /// How long toxiproxy-server may take to answer its API after it starts.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long one request to Toxiproxy's API may take; it answers in
-/// milliseconds, so hitting this means it hangs.
-const API_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long one request to Toxiproxy's API may take. It answers in
+/// milliseconds, except that removing a toxic waits for each link's toxics to
+/// take the change, and a link held by a stall (a `timeout` toxic) takes it only
+/// once the stall is lifted: seconds, with stalls and latency held at once.
+const API_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// A TCP proxy in front of a server (usually the API server of a
 /// [`TestEnv`]) that injects network faults on command: connections reset,
