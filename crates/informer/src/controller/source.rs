@@ -300,12 +300,15 @@ impl Parked {
     /// Takes out the keys of every slot `keep` refuses: slots that went to another replica
     /// before this one got to them.
     fn drop_slots(&self, keep: impl Fn(u16) -> bool) -> Vec<ObjectKey> {
-        let mut parked = self.lock();
-        let gone: Vec<u16> = parked.keys().copied().filter(|&s| !keep(s)).collect();
-        gone.into_iter()
-            .filter_map(|slot| parked.remove(&slot))
-            .flatten()
-            .collect()
+        let mut dropped = Vec::new();
+        self.lock().retain(|&slot, keys| {
+            let kept = keep(slot);
+            if !kept {
+                dropped.extend(keys.drain());
+            }
+            kept
+        });
+        dropped
     }
 }
 
