@@ -1147,6 +1147,11 @@ mod handover_deletions {
     //! follows them. Objects are deleted inside that window every run, so a handover that
     //! let the slots go first would lose their deletions: the newcomer's list cannot
     //! show them.
+    //!
+    //! A holder cut off for a Lease duration cannot hand over: it loses its slots by
+    //! expiry, and what was deleted before the survivor listed them is in no cache but
+    //! the old holder's, once it reconnects. It forwards those deletions to the slots'
+    //! new holders through its member Lease.
 
     use std::{
         collections::{BTreeMap, BTreeSet},
@@ -1163,7 +1168,7 @@ mod handover_deletions {
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
         list_watch::{Shard, ShardField},
         retry_with_backoff,
-        sharding::{COVERAGE_ANNOTATION, RingConfig, ShardRing, slot_of},
+        sharding::{COVERAGE_ANNOTATION, RingConfig, ShardRing, dealt_slots, slot_of},
     };
     use kube_testenv::{FaultProxy, TestEnv};
     use tests::{config_map, eventually, eventually_some_within, test_namespace};
@@ -1191,20 +1196,34 @@ mod handover_deletions {
         factory: InformerFactory,
     }
 
-    /// A replica whose ring talks to the API server directly and whose informer uses
-    /// `informer_client`.
+    /// The ring's Lease timings: `lease_duration` and `renew_deadline`, renewed every
+    /// 200 ms.
+    fn ring_config(
+        namespace: &str,
+        identity: &str,
+        (lease_duration, renew_deadline): (Duration, Duration),
+    ) -> RingConfig {
+        RingConfig::new(namespace, "handover", identity)
+            .slots(SLOTS)
+            .lease_duration(lease_duration)
+            .renew_deadline(renew_deadline)
+            .retry_period(Duration::from_millis(200))
+    }
+
+    /// Timings under which no slot is lost by expiry while a test runs.
+    const STEADY: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(20));
+
+    /// A replica whose ring talks to the API server through `ring_client` and whose
+    /// informer uses `informer_client`.
     fn replica(
         identity: &'static str,
         ring_client: &Client,
         informer_client: Client,
         namespace: &str,
         log: &Log,
+        timings: (Duration, Duration),
     ) -> Replica {
-        let config = RingConfig::new(namespace, "handover", identity)
-            .slots(SLOTS)
-            .lease_duration(Duration::from_secs(30))
-            .renew_deadline(Duration::from_secs(20))
-            .retry_period(Duration::from_millis(200));
+        let config = ring_config(namespace, identity, timings);
         let ring = Arc::new(ShardRing::new(ring_client.clone(), config).unwrap());
         let stop = CancellationToken::new();
         let factory = InformerFactory::new(informer_client);
@@ -1300,7 +1319,7 @@ mod handover_deletions {
             .collect();
         let log: Log = Arc::default();
 
-        let a = replica("a", &client, client.clone(), &namespace, &log);
+        let a = replica("a", &client, client.clone(), &namespace, &log, STEADY);
         eventually("a to reconcile every object", || {
             log.lock().unwrap().len() >= OBJECTS
         })
@@ -1310,7 +1329,7 @@ mod handover_deletions {
         let proxy = FaultProxy::for_apiserver(env).await.unwrap();
         proxy.cut().await.unwrap();
         let b_client = env.client_via(&proxy).await.unwrap();
-        let b = replica("b", &client, b_client, &namespace, &log);
+        let b = replica("b", &client, b_client, &namespace, &log, STEADY);
         let dealt_to_b =
             eventually_some_within(Duration::from_secs(30), "b to be dealt slots", || {
                 let (a_view, b_view) = (
@@ -1401,6 +1420,137 @@ mod handover_deletions {
                 );
             }
         }
+        b.stop().await;
+        a.stop().await;
+    }
+
+    /// Lease timings short enough to lose slots by expiry within a test, long enough that
+    /// the deletions below are done before the survivor warms the lost slots.
+    const LOSABLE: (Duration, Duration) = (Duration::from_secs(12), Duration::from_secs(8));
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shard_deletions_a_cut_off_holder_missed_are_forwarded_to_the_new_holder() {
+        let env = TestEnv::shared().await;
+        let (client, namespace) = test_namespace(env, "shard-forward").await;
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+        let objects = (0..OBJECTS)
+            .map(|i| config_map(&format!("cm-{i}"), &[]))
+            .collect();
+        tests::create_all(&api, objects).await;
+        let slots: BTreeMap<String, u16> = api
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|cm| {
+                let slot = slot_of(cm.metadata.uid.as_deref().unwrap(), SLOTS);
+                (cm.metadata.name.unwrap(), slot)
+            })
+            .collect();
+        let members = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
+        // A newcomer whose joining moves slots of a's elsewhere, and those slots (a
+        // deletion there that a misses is in nobody's cache but a's once a catches up).
+        let (c_name, moving) = ["c", "d", "e", "f", "g", "h"]
+            .into_iter()
+            .find_map(|newcomer| {
+                let moving: BTreeSet<u16> = dealt_slots(&members(&["a", "b"]), "a", SLOTS)
+                    .difference(&dealt_slots(&members(&["a", "b", newcomer]), "a", SLOTS))
+                    .copied()
+                    .collect();
+                (!moving.is_empty()).then_some((newcomer, moving))
+            })
+            .expect("some newcomer takes a slot of a's");
+        let doomed: BTreeSet<String> = slots
+            .iter()
+            .filter(|(_, slot)| moving.contains(slot))
+            .map(|(name, _)| name.clone())
+            .collect();
+        assert!(!doomed.is_empty(), "no object in the slots {moving:?}");
+        let log: Log = Arc::default();
+
+        // a reaches the API server, ring and informer, through a proxy; b directly.
+        let proxy = FaultProxy::for_apiserver(env).await.unwrap();
+        let a_client = env.client_via(&proxy).await.unwrap();
+        let a = replica("a", &a_client, a_client.clone(), &namespace, &log, LOSABLE);
+        let b = replica("b", &client, client.clone(), &namespace, &log, LOSABLE);
+        eventually("a and b to hold the slots dealt to them", || {
+            let a_held = a.ring.view().borrow().held.clone();
+            let b_held = b.ring.view().borrow().held.clone();
+            a_held == dealt_slots(&members(&["a", "b"]), "a", SLOTS)
+                && b_held == dealt_slots(&members(&["a", "b"]), "b", SLOTS)
+        })
+        .await;
+        eventually("every object to be reconciled", || {
+            let reconciled: BTreeSet<String> =
+                log.lock().unwrap().iter().map(|r| r.key.clone()).collect();
+            reconciled.len() == OBJECTS
+        })
+        .await;
+
+        // a is cut off; the objects go while nobody but a caches their slots, and a
+        // cannot see them go.
+        proxy.cut().await.unwrap();
+        delete(&api, &doomed).await;
+        let b_view = b.ring.view().borrow().clone();
+        assert!(
+            b_view.held.is_disjoint(&moving) && b_view.warming.is_disjoint(&moving),
+            "b cached {moving:?} before the deletions were done (holds {:?}, warms {:?}): \
+             the window this test drives was missed",
+            b_view.held,
+            b_view.warming
+        );
+
+        // a's Leases expire; b takes every slot, then the newcomer joins and takes its share.
+        eventually_some_within(Duration::from_secs(90), "b to take a's slots", || {
+            let held = b.ring.view().borrow().held.len();
+            async move { (held == usize::from(SLOTS)).then_some(()) }
+        })
+        .await;
+        let c = replica(c_name, &client, client.clone(), &namespace, &log, LOSABLE);
+        eventually_some_within(
+            Duration::from_secs(60),
+            "the newcomer to take its share",
+            || {
+                let held = c.ring.view().borrow().held.clone();
+                let dealt = dealt_slots(&members(&["b", c_name]), c_name, SLOTS);
+                async move { (held == dealt).then_some(()) }
+            },
+        )
+        .await;
+        let deleted = deletions(&log);
+        assert!(
+            doomed.iter().all(|name| !deleted.contains_key(name)),
+            "a deletion nobody could see was reconciled: {deleted:?}"
+        );
+
+        // a comes back: it sees the deletions in slots it no longer holds and forwards
+        // them; their holders reconcile them.
+        proxy.restore().await.unwrap();
+        let dealt = |member: &str| dealt_slots(&members(&["a", "b", c_name]), member, SLOTS);
+        eventually_some_within(
+            Duration::from_secs(120),
+            "the deletions a missed to be reconciled by their slots' holders",
+            || {
+                let deleted = deletions(&log);
+                let all = doomed.iter().all(|name| {
+                    let holder = deleted.get(name).copied();
+                    holder.is_some_and(|holder| dealt(holder).contains(&slots[name]))
+                });
+                async move { all.then_some(()) }
+            },
+        )
+        .await;
+        eventually_some_within(
+            Duration::from_secs(60),
+            "a to owe nothing once the holders follow its lost slots",
+            || {
+                let owed = a.ring.view().borrow().owed.clone();
+                async move { owed.is_empty().then_some(()) }
+            },
+        )
+        .await;
+        c.stop().await;
         b.stop().await;
         a.stop().await;
     }

@@ -2,17 +2,17 @@
 //! the slots its primary's cache follows, and whether it has caught up with a version on
 //! a slot it is handing over.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
-use dashmap::DashMap;
 use kube_core::Resource;
 use tracing::debug;
 
+use super::last_state::{LastState, LastStates};
 use crate::{
     informer::InformerHandle,
     key::ObjectKey,
     list_watch::{HashRange, Shard},
-    sharding::{Coverage, Handover},
+    sharding::{Coverage, ForwardedDeletion, Handover},
     workqueue::RateLimitingQueue,
 };
 
@@ -22,7 +22,7 @@ pub(super) struct CacheHandover<K> {
     pub(super) handler: String,
     pub(super) primary: InformerHandle<K>,
     pub(super) queue: RateLimitingQueue<ObjectKey>,
-    pub(super) deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
+    pub(super) deleted: LastStates<K>,
     pub(super) slots: u16,
     /// The version a relist was last asked for to reach.
     pub(super) relist_asked: Mutex<u64>,
@@ -37,7 +37,7 @@ impl<K: Resource + Send + Sync + 'static> CacheHandover<K> {
             None => self
                 .deleted
                 .get(key)
-                .and_then(|last| last.meta().uid.clone()),
+                .and_then(|last| last.uid().map(str::to_owned)),
         };
         Some(crate::sharding::slot_of(&uid?, self.slots))
     }
@@ -105,5 +105,21 @@ impl<K: Resource + Send + Sync + 'static> Handover for CacheHandover<K> {
                 .items()
                 .iter()
                 .any(|key| self.slot_of(key) == Some(slot))
+    }
+
+    fn take_forwarded(&self, deletions: &[ForwardedDeletion]) {
+        for deletion in deletions.iter().filter(|d| d.controller == self.handler) {
+            let key = ObjectKey::new(deletion.namespace.as_deref(), &deletion.name);
+            let cached = self.primary.store().get_by_key(&key);
+            if cached.is_some_and(|object| object.meta().uid.as_deref() == Some(&deletion.uid)) {
+                // This cache is behind, and will see the deletion itself.
+                continue;
+            }
+            debug!(%key, slot = deletion.slot, "a deletion forwarded by the slot's last holder queued");
+            self.deleted
+                .entry(key.clone())
+                .or_insert_with(|| LastState::Forwarded(deletion.uid.clone()));
+            self.queue.add(key);
+        }
     }
 }

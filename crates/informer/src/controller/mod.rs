@@ -5,6 +5,7 @@
 mod client;
 mod finalizer;
 mod handover;
+mod last_state;
 #[cfg(feature = "prometheus")]
 mod metrics;
 mod own_writes;
@@ -15,7 +16,6 @@ mod worker;
 
 use std::{error::Error as StdError, fmt, future::Future, sync::Arc, time::Duration};
 
-use dashmap::DashMap;
 use futures::Stream;
 use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
@@ -605,7 +605,7 @@ where
         };
         let limiter = rate_limiter.unwrap_or_else(|| Arc::new(default_controller_rate_limiter()));
         let queue = RateLimitingQueue::with_config(limiter, queue_config);
-        let deleted: Arc<DashMap<ObjectKey, Arc<K>>> = Arc::default();
+        let deleted: last_state::LastStates<K> = Arc::default();
 
         sources.insert(
             0,

@@ -7,12 +7,14 @@ use std::{
     time::Duration,
 };
 
-use dashmap::DashMap;
 use futures::{Stream, StreamExt, future::BoxFuture};
 use kube_core::Resource;
 use tracing::{debug, warn};
 
-use super::predicate::Predicate;
+use super::{
+    last_state::{LastState, LastStates},
+    predicate::Predicate,
+};
 use crate::{
     error::Error,
     informer::{
@@ -127,7 +129,7 @@ fn registration_synced<O: Resource + Send + Sync + 'static>(
 pub(super) fn primary<K>(
     primary: InformerHandle<K>,
     predicate: Predicate<K>,
-    deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
+    deleted: LastStates<K>,
 ) -> Source
 where
     K: Resource + Send + Sync + 'static,
@@ -159,7 +161,7 @@ where
                     return;
                 }
                 if let Some(key) = key_of(&**last) {
-                    deleted.insert(key.clone(), last.clone());
+                    deleted.insert(key.clone(), LastState::Seen(last.clone()));
                     on_delete.keys([key], Priority::Normal);
                 }
             });
@@ -333,7 +335,7 @@ pub(super) async fn follow_ring<K>(
     primary: InformerHandle<K>,
     queue: RateLimitingQueue<ObjectKey>,
     parked: Parked,
-    deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
+    deleted: LastStates<K>,
 ) where
     K: Resource + Send + Sync + 'static,
 {
@@ -345,6 +347,13 @@ pub(super) async fn follow_ring<K>(
         let current = view.borrow_and_update().clone();
         for follower in &followers {
             follower.follow(&current);
+        }
+        // Keys refused on a slot before it was lost without a handover go back to the
+        // workers, which forward the deletions among them.
+        for &slot in &current.owed {
+            for key in parked.take(slot) {
+                queue.add(key);
+            }
         }
         let elsewhere = parked.drop_slots(|slot| {
             current.held.contains(&slot)

@@ -12,7 +12,6 @@ use std::{
     time::Duration,
 };
 
-use dashmap::DashMap;
 use futures::FutureExt;
 use kube_core::Resource;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +20,7 @@ use tracing::{debug, error, warn};
 #[cfg(feature = "prometheus")]
 use super::metrics::{Outcome, Recorder};
 use super::{
+    last_state::{LastState, LastStates},
     request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest},
     source::Parked,
 };
@@ -28,7 +28,7 @@ use crate::{
     error::{error_chain, panic_message},
     informer::InformerHandle,
     key::ObjectKey,
-    sharding::{Refusal, ShardRing},
+    sharding::{MAX_FORWARDED, NotForwarded, Refusal, ShardRing},
     workqueue::RateLimitingQueue,
 };
 
@@ -41,6 +41,7 @@ pub struct ControllerStats {
     dropped: AtomicU64,
     elsewhere: AtomicU64,
     held_back: AtomicU64,
+    forwarded: AtomicU64,
 }
 
 impl ControllerStats {
@@ -76,6 +77,17 @@ impl ControllerStats {
         self.held_back.load(Ordering::Relaxed)
     }
 
+    /// Deletions a [sharded](crate::Controller::sharded) controller saw in slots it lost
+    /// without handing them over (its renewals failed for the renew deadline), forwarded
+    /// to the slots' new holders.
+    pub fn forwarded(&self) -> u64 {
+        self.forwarded.load(Ordering::Relaxed)
+    }
+
+    fn record_forwarded(&self) {
+        self.forwarded.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn record_held_back(&self) {
         self.held_back.fetch_add(1, Ordering::Relaxed);
     }
@@ -105,7 +117,7 @@ pub(super) struct Worker<K, Ctx, R, P> {
     pub(super) name: String,
     pub(super) queue: RateLimitingQueue<ObjectKey>,
     pub(super) primary: InformerHandle<K>,
-    pub(super) deleted: Arc<DashMap<ObjectKey, Arc<K>>>,
+    pub(super) deleted: LastStates<K>,
     pub(super) reconcile: R,
     pub(super) error_policy: P,
     pub(super) context: Arc<Ctx>,
@@ -154,28 +166,41 @@ where
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
     {
-        let request = match self.primary.store().get_by_key(key) {
-            Some(obj) => ReconcileRequest::Present(obj),
-            None => ReconcileRequest::Deleted {
-                key: key.clone(),
-                last_known: self.deleted.get(key).map(|e| e.value().clone()),
-            },
+        let (request, uid) = match self.primary.store().get_by_key(key) {
+            Some(obj) => {
+                let uid = obj.meta().uid.clone();
+                (ReconcileRequest::Present(obj), uid)
+            }
+            None => {
+                let last = self.deleted.get(key);
+                let uid = last.as_ref().and_then(|l| l.uid().map(str::to_owned));
+                let last_known = last.as_ref().and_then(|l| l.object().cloned());
+                drop(last);
+                let deleted = ReconcileRequest::Deleted {
+                    key: key.clone(),
+                    last_known,
+                };
+                (deleted, uid)
+            }
         };
         // Held for the whole reconcile: the ring does not hand the slot over meanwhile.
         let _slot = match &self.ring {
             None => None,
             Some(ring) => {
-                let object = match &request {
-                    ReconcileRequest::Present(obj) => Some(obj),
-                    ReconcileRequest::Deleted { last_known, .. } => last_known.as_ref(),
-                };
-                let slot = object
-                    .and_then(|o| o.meta().uid.as_deref())
-                    .map(|uid| ring.slot_of(uid));
+                let slot = uid.as_deref().map(|uid| ring.slot_of(uid));
                 match slot.map(|slot| (slot, ring.admit_slot(slot))) {
                     Some((_, Ok(guard))) => Some(guard),
                     Some((slot, Err(refusal @ (Refusal::Lapsed | Refusal::Incoming)))) => {
                         self.hold_back(ring, slot, key, refusal);
+                        return;
+                    }
+                    Some((slot, Err(Refusal::Lost))) => {
+                        if let (ReconcileRequest::Deleted { .. }, Some(uid)) = (&request, &uid) {
+                            self.forward(ring, slot, key, uid);
+                        }
+                        self.stats.record_elsewhere();
+                        self.queue.forget(key);
+                        self.deleted.remove(key);
                         return;
                     }
                     Some((_, Err(Refusal::NotHeld))) | None => {
@@ -237,13 +262,34 @@ where
     fn forget_last_state(&self, key: &ObjectKey, reconciled: &Reconciled<K>) {
         match reconciled {
             Reconciled::Deleted(Some(last)) => {
-                self.deleted
-                    .remove_if(key, |_, kept| Arc::ptr_eq(kept, last));
+                self.deleted.remove_if(key, |_, kept| {
+                    kept.object().is_some_and(|kept| Arc::ptr_eq(kept, last))
+                });
             }
-            Reconciled::Deleted(None) => {}
+            Reconciled::Deleted(None) => {
+                self.deleted
+                    .remove_if(key, |_, kept| matches!(kept, LastState::Forwarded(_)));
+            }
             Reconciled::Present(uid) => {
                 self.deleted
-                    .remove_if(key, |_, kept| kept.meta().uid.as_ref() != uid.as_ref());
+                    .remove_if(key, |_, kept| kept.uid() != uid.as_deref());
+            }
+        }
+    }
+
+    /// Forwards the deletion of `key` (UID `uid`) in `slot`, lost without a handover, to
+    /// the slot's holder.
+    fn forward(&self, ring: &ShardRing, slot: u16, key: &ObjectKey, uid: &str) {
+        match ring.forward_deletion(slot, &self.name, key, uid) {
+            Ok(()) => {
+                debug!(controller = %self.name, %key, slot, "deleted in a slot lost without a handover; forwarded to its holder");
+                self.stats.record_forwarded();
+            }
+            Err(NotForwarded::NotOwed) => {
+                debug!(controller = %self.name, %key, slot, "deleted in a slot whose holder follows it; left to the holder");
+            }
+            Err(NotForwarded::Full) => {
+                error!(controller = %self.name, %key, slot, max = MAX_FORWARDED, "too many deletions wait for their holders; this one is not forwarded and its reconcile is lost");
             }
         }
     }

@@ -66,6 +66,9 @@ pub(crate) enum Refusal {
     /// The slot is dealt to this replica (or warming for it) and not taken yet: what it
     /// refuses now is its to reconcile once it takes the slot.
     Incoming,
+    /// This replica lost the slot without handing it over: a deletion it sees there is
+    /// forwarded to the slot's holder (see `forward`).
+    Lost,
 }
 
 /// How many times each slot has started admitting reconciles on this replica, taken (after

@@ -12,6 +12,7 @@
 //! until it takes the slot. A replica without controllers on the ring writes no coverage,
 //! and its slots are let go as soon as they are dealt elsewhere.
 
+use super::forward::ForwardedDeletion;
 use std::{
     collections::BTreeSet,
     sync::{
@@ -68,6 +69,10 @@ pub(crate) trait Handover: Send + Sync {
     /// Whether every change of `slot` up to `version` has reached this controller's cache
     /// and its reconciles have finished or are running.
     fn caught_up(&self, slot: u16, version: u64) -> bool;
+
+    /// Deletions another replica forwards in slots this one holds (see `forward`): the
+    /// controller they name queues them.
+    fn take_forwarded(&self, deletions: &[ForwardedDeletion]);
 }
 
 /// The controllers reporting to one ring.
@@ -136,6 +141,19 @@ impl Handovers {
         shared
     }
 
+    /// Whether a controller was built on the ring here: only then is there anything to
+    /// forward from, or a cache to hand over.
+    pub(crate) fn any(&self) -> bool {
+        self.expected.load(Ordering::Relaxed) || !self.lock().is_empty()
+    }
+
+    /// Hands forwarded deletions to every registered controller.
+    pub(crate) fn take_forwarded(&self, deletions: &[ForwardedDeletion]) {
+        for (_, handover) in self.lock().iter() {
+            handover.take_forwarded(deletions);
+        }
+    }
+
     /// Whether every registered controller has caught up with `version` on `slot`.
     pub(crate) fn caught_up(&self, slot: u16, version: u64) -> bool {
         self.lock()
@@ -181,6 +199,8 @@ mod tests {
         fn caught_up(&self, _slot: u16, version: u64) -> bool {
             version <= self.1
         }
+
+        fn take_forwarded(&self, _deletions: &[ForwardedDeletion]) {}
     }
 
     fn coverage(slots: &[u16], resource_version: u64) -> Coverage {

@@ -41,7 +41,11 @@
 //!
 //! A slot dealt to another live replica is let go only once that replica's cache follows
 //! it and this one has reconciled what it saw before (see `handover`): a deletion, which
-//! the new owner's list cannot show, is reconciled by one of the two.
+//! the new owner's list cannot show, is reconciled by one of the two. A replica that
+//! loses a slot by expiry instead (cut off for a Lease duration) owes it
+//! ([`RingView::owed`]): it keeps caching it and forwards the deletions it sees there to
+//! the new holder through its member Lease ([`FORWARDED_ANNOTATION`]) until the holder's
+//! cache follows the slot.
 //! [`ShardRing::stats`] counts the slots taken, released and lost, and how long each
 //! handover took from the membership change that caused it; a [`Manager`] serves them on
 //! `/metrics`.
@@ -49,10 +53,11 @@
 //! [`Manager`]: crate::Manager
 
 mod admission;
+mod forward;
 mod handover;
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicU64, Ordering},
@@ -79,6 +84,9 @@ use tracing::{debug, info, warn};
 use self::admission::Admission;
 pub use self::admission::SlotGuard;
 pub(crate) use self::admission::{Granted, Grants, Refusal};
+pub use self::forward::{FORWARDED_ANNOTATION, TAKEN_ANNOTATION};
+pub(crate) use self::forward::{ForwardedDeletion, MAX_FORWARDED, NotForwarded};
+use self::forward::{Forwarding, MemberNotes};
 pub use self::handover::COVERAGE_ANNOTATION;
 use self::handover::Handovers;
 pub(crate) use self::handover::{Coverage, Handover, HandoverRegistration};
@@ -230,14 +238,19 @@ pub struct RingView {
     /// renew deadline (so have stopped reconciling) left: cached ahead, so a replica that
     /// died hands over to warm caches when its Leases expire.
     pub warming: BTreeSet<u16>,
+    /// Slots this replica lost without handing them over (its renewals failed for the
+    /// renew deadline): still cached, so the deletions it had not seen there when it lost
+    /// them reach it and are forwarded to their new holder, until that holder's cache
+    /// follows the slot (see [`FORWARDED_ANNOTATION`]).
+    pub owed: BTreeSet<u16>,
     /// Slots in the ring.
     pub slots: u16,
 }
 
 impl RingView {
-    /// The objects this replica should cache: those of the slots it is assigned, holds or
-    /// is warming (a slot's objects are cached before it is taken, and until it is let
-    /// go). `None` when it has none.
+    /// The objects this replica should cache: those of the slots it is assigned, holds,
+    /// is warming or owes (a slot's objects are cached before it is taken, and until it is
+    /// let go or, lost, its deletions forwarded). `None` when it has none.
     pub fn shard(&self) -> Option<Shard> {
         self.shard_by(ShardField::Uid)
     }
@@ -250,6 +263,7 @@ impl RingView {
             .iter()
             .chain(&self.held)
             .chain(&self.warming)
+            .chain(&self.owed)
             .copied()
             .collect();
         let ranges = merged_ranges(&slots, self.slots);
@@ -470,12 +484,26 @@ fn holder_of(lease: &Lease) -> Option<&str> {
 }
 
 fn coverage_of(lease: &Lease) -> Option<&str> {
+    annotation(lease, COVERAGE_ANNOTATION)
+}
+
+fn annotation<'a>(lease: &'a Lease, name: &str) -> Option<&'a str> {
     lease
         .metadata
         .annotations
         .as_ref()?
-        .get(COVERAGE_ANNOTATION)
+        .get(name)
         .map(String::as_str)
+}
+
+/// Where this run's forwarded deletions are numbered from: the time in microseconds, so a
+/// restarted replica numbers past what its previous run forwarded.
+fn first_forward_seq() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX / 2)
+        })
 }
 
 /// One replica's place in a shard ring; see the [module docs](self).
@@ -494,6 +522,8 @@ pub struct ShardRing {
     changed: Arc<Notify>,
     /// The controllers that report what their caches follow.
     handovers: Arc<Handovers>,
+    /// Slots lost without a handover, and the deletions forwarded and taken.
+    forwarding: Mutex<Forwarding>,
 }
 
 impl std::fmt::Debug for ShardRing {
@@ -545,7 +575,12 @@ impl ShardRing {
                 if let Some(name) = &new.metadata.name {
                     lock(&on_update.0).seen(name, new.spec.as_ref());
                 }
-                if holder_of(old) != holder_of(new) || coverage_of(old) != coverage_of(new) {
+                if holder_of(old) != holder_of(new)
+                    || coverage_of(old) != coverage_of(new)
+                    || annotation(old, FORWARDED_ANNOTATION)
+                        != annotation(new, FORWARDED_ANNOTATION)
+                    || annotation(old, TAKEN_ANNOTATION) != annotation(new, TAKEN_ANNOTATION)
+                {
                     on_update.1.notify_one();
                 }
             })
@@ -572,6 +607,7 @@ impl ShardRing {
             leases: Mutex::new(Some(leases)),
             changed,
             handovers: Arc::default(),
+            forwarding: Mutex::new(Forwarding::new(first_forward_seq())),
             config,
         })
     }
@@ -628,8 +664,24 @@ impl ShardRing {
     pub(crate) fn admit_slot(&self, slot: u16) -> Result<SlotGuard, Refusal> {
         match self.admission.admit(slot) {
             Err(Refusal::NotHeld) if self.incoming(slot) => Err(Refusal::Incoming),
+            Err(Refusal::NotHeld) if lock(&self.forwarding).owed().contains(&slot) => {
+                Err(Refusal::Lost)
+            }
             admitted => admitted,
         }
+    }
+
+    /// Forwards the deletion of the object `key` names (UID `uid`, a controller named
+    /// `controller` saw it go) to the holder of `slot`, which this replica lost without
+    /// handing it over.
+    pub(crate) fn forward_deletion(
+        &self,
+        slot: u16,
+        controller: &str,
+        key: &crate::key::ObjectKey,
+        uid: &str,
+    ) -> Result<(), NotForwarded> {
+        lock(&self.forwarding).forward(slot, controller, key.namespace(), key.name(), uid)
     }
 
     /// Whether `slot` is dealt to this replica (or warming for it) without being held yet.
@@ -788,6 +840,7 @@ impl ShardRing {
                     // Someone else holds it (or it is not ours): never admit on it.
                     if self.admission.release(slot) {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
+                        self.owe(slot);
                         warn!(ring = %self.config.name, slot, holder = ?holder, "lost a slot");
                     }
                 }
@@ -798,8 +851,79 @@ impl ShardRing {
         // slots that would have been renewed last.
         futures::future::join_all(writes).await;
         self.fence();
+        self.exchange_forwarded(&by_name);
         self.publish(members, assigned, warming);
         Ok(())
+    }
+
+    /// Takes the deletions other members forward in the slots held here, drops this
+    /// replica's own forwards once taken, and ends the debts on lost slots whose holders'
+    /// caches now follow them.
+    fn exchange_forwarded(&self, leases: &HashMap<String, Arc<Lease>>) {
+        let held = self.admission.held();
+        let prefix = format!("{}-member-", self.config.name);
+        let mut members = BTreeMap::new();
+        let mut coverage = HashMap::new();
+        for (name, lease) in leases {
+            let Some(member) = name.strip_prefix(&prefix) else {
+                continue;
+            };
+            if member == self.config.identity {
+                continue;
+            }
+            members.insert(
+                member.to_owned(),
+                MemberNotes {
+                    forwarded: annotation(lease, FORWARDED_ANNOTATION),
+                    taken: annotation(lease, TAKEN_ANNOTATION),
+                },
+            );
+            coverage.insert(member, coverage_of(lease));
+        }
+        let holder = |slot: u16| {
+            let name = self.config.slot_lease(slot);
+            let lease = leases.get(&name)?;
+            self.live_holder(&name, lease)
+        };
+        let mut forwarding = lock(&self.forwarding);
+        let delivered = forwarding.exchange(&self.config.identity, &held, &members, holder);
+        let owed: Vec<u16> = forwarding.owed().iter().copied().collect();
+        let settled: Vec<u16> = owed
+            .into_iter()
+            .filter(|&slot| {
+                if held.contains(&slot) {
+                    return true;
+                }
+                // Nobody holds it, or this replica's Lease cache, behind after an outage,
+                // still names it: whoever takes it may not cache it yet.
+                let Some(holder) = holder(slot).filter(|h| *h != self.config.identity) else {
+                    return false;
+                };
+                match coverage.get(holder.as_str()) {
+                    // Its controllers follow the slot from a version this replica has
+                    // reached: every deletion it could still see, the holder sees too.
+                    Some(Some(text)) => Coverage::parse(text).is_some_and(|coverage| {
+                        coverage.slots.contains(&slot)
+                            && self.handovers.caught_up(slot, coverage.resource_version)
+                    }),
+                    // No controller was built on the ring there: nothing to forward to.
+                    Some(None) => true,
+                    // Its member Lease is not cached here yet.
+                    None => false,
+                }
+            })
+            .collect();
+        for &slot in &settled {
+            forwarding.settle(slot);
+        }
+        drop(forwarding);
+        if !settled.is_empty() {
+            debug!(ring = %self.config.name, ?settled, "lost slots followed by their holders; nothing more to forward there");
+        }
+        if !delivered.is_empty() {
+            info!(ring = %self.config.name, deletions = delivered.len(), "took deletions forwarded by replicas that lost their slots");
+            self.handovers.take_forwarded(&delivered);
+        }
     }
 
     /// Whether this replica may let go of `slot`, dealt to another of `members`: that
@@ -903,14 +1027,24 @@ impl ShardRing {
             .handovers
             .coverage(self.config.slots)
             .map(|c| c.encode());
+        let (forwarded, taken) = {
+            let forwarding = lock(&self.forwarding);
+            (forwarding.encode_forwarded(), forwarding.encode_taken())
+        };
         let annotate = |meta: &mut ObjectMeta| {
             let annotations = meta.annotations.get_or_insert_default();
-            match &coverage {
-                Some(coverage) => {
-                    annotations.insert(COVERAGE_ANNOTATION.to_owned(), coverage.clone());
-                }
-                None => {
-                    annotations.remove(COVERAGE_ANNOTATION);
+            for (name, value) in [
+                (COVERAGE_ANNOTATION, &coverage),
+                (FORWARDED_ANNOTATION, &forwarded),
+                (TAKEN_ANNOTATION, &taken),
+            ] {
+                match value {
+                    Some(value) => {
+                        annotations.insert(name.to_owned(), value.clone());
+                    }
+                    None => {
+                        annotations.remove(name);
+                    }
                 }
             }
         };
@@ -1063,17 +1197,28 @@ impl ShardRing {
     fn fence(&self) {
         for slot in self.admission.fence() {
             self.counters.lost.fetch_add(1, Ordering::Relaxed);
+            self.owe(slot);
             warn!(ring = %self.config.name, slot, "slot renewals failed past the renew deadline; no longer reconciling it");
+        }
+    }
+
+    /// `slot` was lost without a handover: the deletions this replica's controllers see
+    /// there from now on are forwarded (see `forward`).
+    fn owe(&self, slot: u16) {
+        if self.handovers.any() {
+            lock(&self.forwarding).lost(slot);
         }
     }
 
     fn publish(&self, members: Vec<String>, assigned: BTreeSet<u16>, warming: BTreeSet<u16>) {
         let held = self.admission.held();
+        let owed = lock(&self.forwarding).owed().clone();
         let view = RingView {
             members,
             assigned,
             held,
             warming,
+            owed,
             slots: self.config.slots,
         };
         self.view.send_if_modified(|current| {
@@ -1112,6 +1257,9 @@ impl ShardRing {
         if let Err(error) = self.api.delete(&member, &DeleteParams::default()).await {
             debug!(ring = %self.config.name, %error, "could not delete the member Lease; it expires");
         }
+        // Gone from the ring, it can forward nothing more: what its member Lease still
+        // listed goes with it (see `forward`).
+        *lock(&self.forwarding) = Forwarding::new(first_forward_seq());
         self.publish(Vec::new(), BTreeSet::new(), BTreeSet::new());
         info!(ring = %self.config.name, identity = %self.config.identity, "left the shard ring");
     }
