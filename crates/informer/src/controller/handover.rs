@@ -7,7 +7,10 @@ use std::sync::{Mutex, PoisonError};
 use kube_core::Resource;
 use tracing::debug;
 
-use super::last_state::{LastState, LastStates};
+use super::{
+    last_state::{LastState, LastStates},
+    source::Parked,
+};
 use crate::{
     informer::InformerHandle,
     key::ObjectKey,
@@ -23,6 +26,8 @@ pub(super) struct CacheHandover<K> {
     pub(super) primary: InformerHandle<K>,
     pub(super) queue: RateLimitingQueue<ObjectKey>,
     pub(super) deleted: LastStates<K>,
+    /// Keys refused on a slot and kept aside: not reconciled yet, though not queued.
+    pub(super) parked: Parked,
     pub(super) slots: u16,
     /// The version a relist was last asked for to reach.
     pub(super) relist_asked: Mutex<u64>,
@@ -69,7 +74,7 @@ impl<K: Resource + Send + Sync + 'static> Handover for CacheHandover<K> {
         // The cache holds every change up to its synced version, and its handler's buffer
         // was filled before that version was set: once the buffer is empty, each of those
         // changes has put its key in the queue; once no key of the slot is queued or being
-        // reconciled, each has been reconciled.
+        // reconciled (nor kept aside for the slot), each has been reconciled.
         let synced = self
             .primary
             .last_sync_resource_version()
@@ -100,6 +105,7 @@ impl<K: Resource + Send + Sync + 'static> Handover for CacheHandover<K> {
         // The keys are copied out first: the queue's lock is not held while the store's
         // is taken.
         handler_idle
+            && !self.parked.any(slot)
             && !self
                 .queue
                 .items()

@@ -606,6 +606,7 @@ where
         let limiter = rate_limiter.unwrap_or_else(|| Arc::new(default_controller_rate_limiter()));
         let queue = RateLimitingQueue::with_config(limiter, queue_config);
         let deleted: last_state::LastStates<K> = Arc::default();
+        let parked = source::Parked::default();
 
         sources.insert(
             0,
@@ -623,6 +624,7 @@ where
                 primary: primary.clone(),
                 queue: queue.clone(),
                 deleted: deleted.clone(),
+                parked: parked.clone(),
                 slots: ring.view().borrow().slots,
                 relist_asked: std::sync::Mutex::default(),
             }))
@@ -681,7 +683,6 @@ where
         }
         info!(controller = %name, workers, objects = primary.store().len(), "caches synced; starting workers");
 
-        let parked = source::Parked::default();
         let follower = ring.clone().map(|ring| {
             let follow = source::follow_ring(
                 ring,

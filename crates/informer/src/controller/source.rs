@@ -294,6 +294,11 @@ impl Parked {
         was
     }
 
+    /// Whether a key is kept aside for `slot`.
+    pub(super) fn any(&self, slot: u16) -> bool {
+        self.lock().contains_key(&slot)
+    }
+
     /// Every key kept aside for `slot`.
     fn take(&self, slot: u16) -> HashSet<ObjectKey> {
         self.lock().remove(&slot).unwrap_or_default()

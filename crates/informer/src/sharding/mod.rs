@@ -663,10 +663,12 @@ impl ShardRing {
     /// A guard for a reconcile on `slot`, or why there is none.
     pub(crate) fn admit_slot(&self, slot: u16) -> Result<SlotGuard, Refusal> {
         match self.admission.admit(slot) {
-            Err(Refusal::NotHeld) if self.incoming(slot) => Err(Refusal::Incoming),
+            // Lost without a handover comes first: whether or not the slot is dealt here
+            // again, its holder now may not have seen what this replica sees there.
             Err(Refusal::NotHeld) if lock(&self.forwarding).owed().contains(&slot) => {
                 Err(Refusal::Lost)
             }
+            Err(Refusal::NotHeld) if self.incoming(slot) => Err(Refusal::Incoming),
             admitted => admitted,
         }
     }
