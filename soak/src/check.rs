@@ -1,7 +1,7 @@
 //! The checks: every stream of events (one handler of one subject, one resource) and
 //! every controller's reconciles held against the server's history.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -459,7 +459,7 @@ fn calm_lags(
         .iter()
         .filter(|(id, _)| id.resource == stream.resource)
     {
-        let mut checked = std::collections::HashSet::new();
+        let mut checked = HashSet::new();
         for (i, state) in states.iter().enumerate() {
             let Some(marker) = state.marker else { continue };
             if !state.answered || !calm.contains(state.known_at_ns) || !checked.insert(marker) {
@@ -519,29 +519,36 @@ fn unreconciled_and_unseen<'a>(
     records: &[&ReconcileRecord],
     kills: &Kills,
 ) -> (Vec<Missed<'a>>, usize) {
-    // The object a key names last is the one its latest reconcile of a present object
-    // saw: a deletion of an earlier object of the name, reconciled later on another
-    // replica (its UID fell in another slot), says nothing of it.
-    let mut latest_present: HashMap<&str, &ReconcileRecord> = HashMap::new();
-    for record in records.iter().filter(|r| r.marker.is_some()) {
-        let entry = latest_present.entry(&record.key).or_insert(record);
-        if record.started_ns >= entry.started_ns {
-            *entry = record;
-        }
+    // A key can name several objects in turn (deleted, then created again), and a
+    // controller sharded by UID reconciles each where its UID falls: a reconcile of an
+    // earlier object, even one that ends after the last object's (its deletion, or a
+    // stale cache's view of it), says nothing of the last one. The objects are told
+    // apart by the writes their reconciles saw.
+    let mut by_key: HashMap<&str, Vec<&ReconcileRecord>> = HashMap::new();
+    for record in records {
+        by_key.entry(&record.key).or_default().push(record);
     }
-    let of_an_earlier_object = |record: &ReconcileRecord| {
-        record.marker.is_none()
-            && latest_present
-                .get(record.key.as_str())
-                .is_some_and(|present| two_objects(present, record))
+    let last_object_records = |states: &[crate::record::ServerState], key: &str| {
+        let records = by_key.get(key).map(Vec::as_slice).unwrap_or_default();
+        let (earlier, last) = objects(states);
+        let uids_of = |markers: &HashSet<u64>| -> HashSet<&str> {
+            records
+                .iter()
+                .filter(|r| r.marker.is_some_and(|m| markers.contains(&m)))
+                .filter_map(|r| r.uid.as_deref())
+                .collect()
+        };
+        let (earlier, last) = (uids_of(&earlier), uids_of(&last));
+        records
+            .iter()
+            .copied()
+            .filter(|r| match r.uid.as_deref() {
+                None => true,
+                Some(uid) if !last.is_empty() => last.contains(uid),
+                Some(uid) => !earlier.contains(uid),
+            })
+            .max_by_key(|r| r.started_ns)
     };
-    let mut last: HashMap<&str, &ReconcileRecord> = HashMap::new();
-    for record in records.iter().filter(|r| !of_an_earlier_object(r)) {
-        let entry = last.entry(&record.key).or_insert(record);
-        if record.started_ns >= entry.started_ns {
-            *entry = record;
-        }
-    }
     let mut unseen = 0;
     let missed = history
         .states
@@ -551,7 +558,7 @@ fn unreconciled_and_unseen<'a>(
             let final_marker = states.last().and_then(|s| s.marker);
             // Never reconciled counts as having seen nothing: right for a key whose
             // final state is deleted.
-            let last = last.get(id.key.as_str());
+            let last = last_object_records(states, &id.key);
             let seen = last.and_then(|r| r.marker);
             if seen == final_marker {
                 return None;
@@ -572,6 +579,27 @@ fn unreconciled_and_unseen<'a>(
         })
         .collect();
     (missed, unseen)
+}
+
+/// The writes of the earlier objects a key named, and of the last one (deleted or not):
+/// a write after a deletion is a new object's.
+fn objects(states: &[crate::record::ServerState]) -> (HashSet<u64>, HashSet<u64>) {
+    let mut earlier = HashSet::new();
+    let mut last = HashSet::new();
+    let mut deleted = false;
+    for state in states {
+        match state.marker {
+            Some(marker) => {
+                if deleted {
+                    earlier.extend(last.drain());
+                    deleted = false;
+                }
+                last.insert(marker);
+            }
+            None => deleted = true,
+        }
+    }
+    (earlier, last)
 }
 
 /// Reconciles of one key whose spans overlap, each pair as (earlier, later): what two
@@ -1009,6 +1037,43 @@ mod tests {
         assert_eq!(
             unreconciled(&history(), &[&new, &new_gone], &kills),
             [("ns/a", None, Some(4))]
+        );
+    }
+
+    #[test]
+    fn a_stale_cache_s_view_of_an_earlier_object_reconciled_last_says_nothing_of_the_new_one() {
+        let reconcile = |uid: &str, marker, started_ns| ReconcileRecord {
+            controller: "sharded".into(),
+            replica: Some(uid.into()),
+            uid: Some(uid.into()),
+            key: "ns/a".into(),
+            marker,
+            started_ns,
+            finished_ns: started_ns + 1,
+        };
+        let kills = Kills::new();
+        let old = reconcile("uid-old", Some(2), 2_100);
+        let new = reconcile("uid-new", Some(4), 4_200);
+        // Another replica, its cache behind, still sees the first object after that.
+        let stale = reconcile("uid-old", Some(2), 4_300);
+        assert!(unreconciled(&history(), &[&old, &new, &stale], &kills).is_empty());
+
+        // Deleted for good: its last reconcile must see the deletion.
+        let mut gone = history();
+        for states in gone.states.values_mut() {
+            states.push(state(None, None, 5_000));
+        }
+        assert_eq!(
+            unreconciled(&gone, &[&old, &new, &stale], &kills),
+            [("ns/a", Some(4), None)]
+        );
+        let new_gone = reconcile("uid-new", None, 5_100);
+        assert!(unreconciled(&gone, &[&old, &new, &stale, &new_gone], &kills).is_empty());
+        // The first object's deletion is no stand-in for the last one's.
+        let old_gone = reconcile("uid-old", None, 5_100);
+        assert_eq!(
+            unreconciled(&gone, &[&old, &new, &stale, &old_gone], &kills).len(),
+            1
         );
     }
 }

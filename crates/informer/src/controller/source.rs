@@ -299,9 +299,19 @@ impl Parked {
         self.lock().contains_key(&slot)
     }
 
-    /// Every key kept aside for `slot`.
-    fn take(&self, slot: u16) -> HashSet<ObjectKey> {
-        self.lock().remove(&slot).unwrap_or_default()
+    /// Queues every key kept aside for `slot`; how many. The lock is held until they are
+    /// queued: a key is always either kept aside or queued, as the ring's
+    /// [`caught_up`](crate::sharding::Handover::caught_up) asks.
+    fn requeue(&self, slot: u16, queue: &RateLimitingQueue<ObjectKey>) -> usize {
+        let mut parked = self.lock();
+        let keys = parked.get(&slot).map_or(0, |keys| {
+            for key in keys {
+                queue.add(key.clone());
+            }
+            keys.len()
+        });
+        parked.remove(&slot);
+        keys
     }
 
     /// Takes out the keys of every slot `keep` refuses: slots that went to another replica
@@ -356,14 +366,13 @@ pub(super) async fn follow_ring<K>(
         // Keys refused on a slot before it was lost without a handover go back to the
         // workers, which forward the deletions among them.
         for &slot in &current.owed {
-            for key in parked.take(slot) {
-                queue.add(key);
-            }
+            parked.requeue(slot, &queue);
         }
         let elsewhere = parked.drop_slots(|slot| {
             current.held.contains(&slot)
                 || current.assigned.contains(&slot)
                 || current.warming.contains(&slot)
+                || current.owed.contains(&slot)
         });
         for key in elsewhere {
             deleted.remove(&key);
@@ -372,16 +381,9 @@ pub(super) async fn follow_ring<K>(
         let Granted { taken, resumed } = now.since(&granted);
         granted = now;
         for &slot in taken.iter().chain(&resumed) {
-            let keys = parked.take(slot);
-            if !keys.is_empty() {
-                debug!(
-                    slot,
-                    keys = keys.len(),
-                    "slot resumed; the keys it refused queued"
-                );
-            }
-            for key in keys {
-                queue.add(key);
+            let keys = parked.requeue(slot, &queue);
+            if keys > 0 {
+                debug!(slot, keys, "slot resumed; the keys it refused queued");
             }
         }
         if !taken.is_empty() {

@@ -305,10 +305,16 @@ where
         self.stats.record_held_back();
         self.queue.forget(key);
         self.parked.park(slot, key.clone());
-        // A renewal between the refusal and the parking resumed the slot before the
-        // follower could see this key: asked again, the slot either admits now (queued
-        // here) or has noted the refusal (queued by the follower when it resumes).
-        if ring.admit_slot(slot).is_ok() && self.parked.unpark(slot, key) {
+        // A renewal between the refusal and the parking resumed the slot, or the slot was
+        // lost, before the follower could see this key: asked again, the slot either
+        // admits now, or is lost and its deletions are forwarded (queued here for the
+        // workers to do so), or has noted the refusal (queued by the follower when it
+        // resumes or is lost).
+        let settled = match ring.admit_slot(slot) {
+            Ok(_) | Err(Refusal::Lost) => true,
+            Err(Refusal::Lapsed | Refusal::Incoming | Refusal::NotHeld) => false,
+        };
+        if settled && self.parked.unpark(slot, key) {
             self.queue.add(key.clone());
         }
     }

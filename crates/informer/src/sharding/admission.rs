@@ -225,12 +225,30 @@ impl Admission {
             .is_some_and(|state| std::mem::take(state).renewed.is_some())
     }
 
-    /// Releases the slots whose last renewal is older than the renew deadline; returns them.
-    pub(crate) fn fence(&self) -> Vec<u16> {
+    /// Stops admitting on `slot`, which another replica took without a handover; whether
+    /// it was held. `lost` runs first, under the lock: a reconcile refused on the slot
+    /// from then on already finds what `lost` recorded, never a slot merely not held.
+    pub(crate) fn lose(&self, slot: u16, lost: impl FnOnce(u16)) -> bool {
+        let mut held = self.lock();
+        let Some(state) = held.get_mut(usize::from(slot)) else {
+            return false;
+        };
+        if state.renewed.is_none() {
+            return false;
+        }
+        lost(slot);
+        *state = Held::default();
+        true
+    }
+
+    /// Releases the slots whose last renewal is older than the renew deadline, running
+    /// `lost` on each under the lock first (as [`lose`](Self::lose) does); returns them.
+    pub(crate) fn fence(&self, mut lost: impl FnMut(u16)) -> Vec<u16> {
         let mut held = self.lock();
         let mut dropped = Vec::new();
         for (state, slot) in held.iter_mut().zip(0u16..) {
             if state.renewed.is_some_and(|r| !self.fresh(r)) {
+                lost(slot);
                 *state = Held::default();
                 dropped.push(slot);
             }
@@ -338,10 +356,15 @@ mod tests {
         tokio::time::advance(Duration::from_secs(6)).await;
         admission.hold(3, Instant::now());
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert_eq!(admission.fence(), [0]);
+        let mut fenced = Vec::new();
+        assert_eq!(admission.fence(|slot| fenced.push(slot)), [0]);
+        assert_eq!(fenced, [0], "told before the slot stops admitting");
         assert_eq!(admission.held(), [3].into());
-        assert!(admission.release(3));
-        assert!(!admission.release(3), "released once");
+        assert!(admission.lose(3, |_| ()));
+        assert!(
+            !admission.lose(3, |_| panic!("not held any more")),
+            "lost once"
+        );
         admission.hold(0, Instant::now());
         admission.hold(3, Instant::now());
         assert_eq!(regranted(&admission, &mut seen), taken(&[0, 3]));

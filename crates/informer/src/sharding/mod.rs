@@ -840,9 +840,8 @@ impl ShardRing {
                 (false, true, false) => writes.push(self.take_slot(slot, lease).boxed()),
                 (false, _, _) => {
                     // Someone else holds it (or it is not ours): never admit on it.
-                    if self.admission.release(slot) {
+                    if self.admission.lose(slot, |slot| self.owe(slot)) {
                         self.counters.lost.fetch_add(1, Ordering::Relaxed);
-                        self.owe(slot);
                         warn!(ring = %self.config.name, slot, holder = ?holder, "lost a slot");
                     }
                 }
@@ -1197,15 +1196,16 @@ impl ShardRing {
 
     /// Drops the slots whose renewals have failed for the renew deadline.
     fn fence(&self) {
-        for slot in self.admission.fence() {
+        for slot in self.admission.fence(|slot| self.owe(slot)) {
             self.counters.lost.fetch_add(1, Ordering::Relaxed);
-            self.owe(slot);
             warn!(ring = %self.config.name, slot, "slot renewals failed past the renew deadline; no longer reconciling it");
         }
     }
 
     /// `slot` was lost without a handover: the deletions this replica's controllers see
-    /// there from now on are forwarded (see `forward`).
+    /// there from now on are forwarded (see `forward`). Called under the admission's lock
+    /// as the slot stops admitting, so no reconcile finds it refused as merely not held
+    /// (and drops a deletion) in between.
     fn owe(&self, slot: u16) {
         if self.handovers.any() {
             lock(&self.forwarding).lost(slot);
