@@ -113,7 +113,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
                 let controller = routes_swept
                     .swept_by(controller::<TraefikService>(manager, options, name), period);
                 let reconciler = Arc::new(tsvc::Reconciler {
-                    client: client.clone(),
+                    client: controller.client(client.clone()),
                     routes: routes.clone(),
                     store: controller.store(),
                     policy: policy.clone(),

@@ -23,9 +23,8 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
     jiff::Timestamp,
 };
-use kube_client::{Api, Client};
 use kube_informer::{
-    Action, FinalizerError, FinalizerEvent, ObjectKey, Store,
+    Action, ClientError, ControllerClient, FinalizerError, FinalizerEvent, ObjectKey, Store,
     apply::{Applier, ApplyError, Conflicts},
     conditions::{ConditionStatus, NewCondition, set_condition},
     events::{Event, Recorder},
@@ -171,7 +170,7 @@ pub enum SyncError {
         /// What was attempted.
         action: String,
         /// The client's error.
-        source: kube_client::Error,
+        source: ClientError,
     },
     /// The status could not be applied.
     #[error("applying the status of TraefikService {name}: {source}")]
@@ -186,8 +185,9 @@ pub enum SyncError {
 /// What the `TraefikService` sync function needs.
 #[derive(Clone)]
 pub struct Reconciler {
-    /// A Kubernetes client.
-    pub client: Client,
+    /// The controller's client: the finalizer is its own write, which the next reconcile
+    /// of the object waits for.
+    pub client: ControllerClient,
     /// The routes in the etcd Traefik reads, and who owns them.
     pub routes: Arc<Ownership>,
     /// The controller's cache.
@@ -235,8 +235,7 @@ impl Reconciler {
             }
             return Ok(());
         };
-        let api: Api<TraefikService> = Api::namespaced(self.client.clone(), &namespace);
-        let outcome = finalizer(&api, FINALIZER, obj, |event| async {
+        let outcome = finalizer(&self.client, FINALIZER, obj, |event| async {
             match event {
                 FinalizerEvent::Apply(obj) => self.apply(&key, &namespace, &obj).await,
                 FinalizerEvent::Cleanup(obj) => {

@@ -2,11 +2,14 @@
 //! children, mapped and index-backed watches reconcile their primaries; requeue-after
 //! reconciles again with nothing changed; a shutdown with 500 keys queued takes none of
 //! them and cancels the running reconciles; finalizers are added, compared and swapped,
-//! and removed after the cleanup.
+//! and removed after the cleanup, which runs once per deletion even while the cache lags.
 
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -19,9 +22,9 @@ use kube_client::{
     api::{Patch, PatchParams, PostParams},
 };
 use kube_informer::{
-    Action, CancellationToken, Controller, Delivery, FactoryDefaults, FinalizerError,
-    FinalizerEvent, InformerFactory, ObjectKey, ReconcileRequest, Scope, WorkingSet, finalizer,
-    handler_fn, retry_with_backoff,
+    Action, CancellationToken, Controller, ControllerClient, Delivery, FactoryDefaults,
+    FinalizerError, FinalizerEvent, InformerFactory, ObjectKey, ReconcileRequest, Scope,
+    WorkingSet, finalizer, handler_fn, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -667,31 +670,29 @@ async fn a_finalizer_is_added_before_apply_and_removed_after_cleanup() {
     let informer = factory.informer::<ConfigMap>(Scope::namespace(&namespace));
     let events: Arc<Mutex<Vec<(String, &'static str)>>> = Arc::default();
     let seen = events.clone();
-    let reconcile = move |request: ReconcileRequest<ConfigMap>, api: Arc<Api<ConfigMap>>, _| {
-        let seen = seen.clone();
-        async move {
-            let ReconcileRequest::Present(cm) = request else {
-                return Ok(Action::done());
-            };
-            finalizer(&api, CLEANUP, cm, |event| async move {
-                let (cm, step) = match &event {
-                    FinalizerEvent::Apply(cm) => (cm, "apply"),
-                    FinalizerEvent::Cleanup(cm) => (cm, "cleanup"),
+    let reconcile =
+        move |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>, _| {
+            let seen = seen.clone();
+            async move {
+                let ReconcileRequest::Present(cm) = request else {
+                    return Ok(Action::done());
                 };
-                seen.lock().unwrap().push((name(&**cm), step));
-                Ok::<_, std::io::Error>(Action::done())
-            })
-            .await
-        }
-    };
+                finalizer(&client, CLEANUP, cm, |event| async move {
+                    let (cm, step) = match &event {
+                        FinalizerEvent::Apply(cm) => (cm, "apply"),
+                        FinalizerEvent::Cleanup(cm) => (cm, "cleanup"),
+                    };
+                    seen.lock().unwrap().push((name(&**cm), step));
+                    Ok::<_, std::io::Error>(Action::done())
+                })
+                .await
+            }
+        };
     let cancel = CancellationToken::new();
     factory.start(&cancel);
-    let run = tokio::spawn(Controller::new("finalized", informer).run(
-        reconcile,
-        retry_with_backoff(),
-        Arc::new(api.clone()),
-        cancel.clone(),
-    ));
+    let controller = Controller::new("finalized", informer);
+    let writer = Arc::new(controller.client(client.clone()));
+    let run = tokio::spawn(controller.run(reconcile, retry_with_backoff(), writer, cancel.clone()));
     create_all(&api, vec![labelled("guarded", &[])]).await;
     eventually("an apply of guarded", || {
         events
@@ -742,7 +743,13 @@ async fn a_finalizer_is_added_before_apply_and_removed_after_cleanup() {
 async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_error() {
     let env = TestEnv::shared().await;
     let (client, namespace) = test_namespace(env, "ctrl-finalizer-cas").await;
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let factory = InformerFactory::new(client.clone());
+    let writer = Controller::new(
+        "cas",
+        factory.informer::<ConfigMap>(Scope::namespace(&namespace)),
+    )
+    .client(client);
     let created = api
         .create(&PostParams::default(), &labelled("contended", &[]))
         .await
@@ -754,16 +761,15 @@ async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_err
         .unwrap();
     let applied = Arc::new(Mutex::new(false));
     let ran = applied.clone();
-    let result = finalizer(&api, CLEANUP, Arc::new(created), |_| async move {
+    let result = finalizer(&writer, CLEANUP, Arc::new(created), |_| async move {
         *ran.lock().unwrap() = true;
         Ok::<_, std::io::Error>(Action::done())
     })
     .await;
     match result {
-        Err(FinalizerError::Add {
-            source: kube_client::Error::Api(status),
-            ..
-        }) => assert_eq!(status.code, 409, "{status:?}"),
+        Err(FinalizerError::Add { source, .. }) => {
+            assert_eq!(source.status_code(), Some(409), "{source}")
+        }
         other => panic!("a stale object's finalizer write conflicts: {other:?}"),
     }
     assert!(
@@ -774,6 +780,7 @@ async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_err
 
     // An object being deleted whose deletion completed before the finalizer came off.
     let mut gone = labelled("already-gone", &[]);
+    gone.metadata.namespace = Some(namespace.clone());
     gone.metadata.finalizers = Some(vec![CLEANUP.to_owned()]);
     gone.metadata.resource_version = Some("1".to_owned());
     gone.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -781,7 +788,7 @@ async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_err
     ));
     let cleaned = Arc::new(Mutex::new(false));
     let ran = cleaned.clone();
-    let action = finalizer(&api, CLEANUP, Arc::new(gone), |event| async move {
+    let action = finalizer(&writer, CLEANUP, Arc::new(gone), |event| async move {
         *ran.lock().unwrap() = matches!(event, FinalizerEvent::Cleanup(_));
         Ok::<_, std::io::Error>(Action::done())
     })
@@ -789,6 +796,132 @@ async fn a_finalizer_write_is_a_compare_and_swap_and_a_vanished_object_is_no_err
     .expect("a finalizer removed from an object that is gone is no error");
     assert_eq!(action, Action::done());
     assert!(*cleaned.lock().unwrap(), "the cleanup ran");
+}
+
+/// The label by which a child Secret names its parent ConfigMap.
+const PARENT: &str = "example.com/parent";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finalizer_s_cleanup_runs_once_though_the_cache_lags_behind_its_removal() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "ctrl-cleanup-once").await;
+    let parents: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    let children: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let scope = Scope::namespace(&namespace);
+    // The parents' cache reads through Toxiproxy, which delays it later on; the children's
+    // does not, so a child's deletion reaches the controller well before the parent's
+    // own changes do.
+    let proxy = within(
+        "the fault proxy",
+        kube_testenv::FaultProxy::for_apiserver(env),
+    )
+    .await
+    .unwrap();
+    let slow = InformerFactory::new(env.client_via(&proxy).await.unwrap());
+    let fast = InformerFactory::new(client.clone());
+    let controller = Controller::new(
+        "cleanup-once",
+        slow.informer::<ConfigMap>(scope.clone().labels("role=parent")),
+    )
+    .watches(fast.informer::<Secret>(scope), |child: &Secret| {
+        let ns = child.metadata.namespace.as_deref();
+        child
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .filter(|(k, _)| *k == PARENT)
+            .map(|(_, parent)| ObjectKey::new(ns, parent))
+            .collect()
+    });
+    let writer = Arc::new(controller.client(client.clone()));
+    let cleanups = Arc::new(AtomicUsize::new(0));
+    let reconciled_gone = Arc::new(AtomicBool::new(false));
+    let (counted, gone) = (cleanups.clone(), reconciled_gone.clone());
+    let reconcile = move |request: ReconcileRequest<ConfigMap>,
+                          client: Arc<ControllerClient>,
+                          _| {
+        let (counted, gone) = (counted.clone(), gone.clone());
+        async move {
+            let ReconcileRequest::Present(cm) = request else {
+                gone.store(true, Ordering::SeqCst);
+                return Ok(Action::done());
+            };
+            let parent = name(&*cm);
+            let child_key =
+                ObjectKey::new(cm.metadata.namespace.as_deref(), &format!("{parent}-child"));
+            let writer = client.clone();
+            finalizer(&client, CLEANUP, cm, |event| async move {
+                let client = writer;
+                match event {
+                    FinalizerEvent::Apply(cm) => {
+                        let mut child = Secret::default();
+                        child.metadata.name = Some(child_key.name().to_owned());
+                        child.metadata.namespace = cm.metadata.namespace.clone();
+                        child.metadata.labels = Some([(PARENT.to_owned(), parent)].into());
+                        match client.create(&child).await {
+                            Err(error) if error.status_code() != Some(409) => return Err(error),
+                            _ => {}
+                        }
+                    }
+                    FinalizerEvent::Cleanup(_) => {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        match client.delete::<Secret>(&child_key).await {
+                            Err(error) if error.status_code() != Some(404) => return Err(error),
+                            _ => {}
+                        }
+                    }
+                }
+                Ok(Action::done())
+            })
+            .await
+        }
+    };
+    let cancel = CancellationToken::new();
+    slow.start(&cancel);
+    fast.start(&cancel);
+    let run = tokio::spawn(controller.run(reconcile, retry_with_backoff(), writer, cancel.clone()));
+    create_all(&parents, vec![labelled("guarded", &[("role", "parent")])]).await;
+    tests::eventually_some("the child of guarded", || async {
+        children.get_opt("guarded-child").await.unwrap().map(drop)
+    })
+    .await;
+
+    // From here the parent's changes reach the cache 2 s late: the cleanup's deletion of
+    // the child brings a reconcile of the parent long before the cache has seen its
+    // finalizer go.
+    proxy
+        .latency(Duration::from_secs(2), Duration::ZERO)
+        .await
+        .unwrap();
+    parents
+        .delete("guarded", &Default::default())
+        .await
+        .unwrap();
+    tests::eventually_some("guarded gone after its cleanup", || async {
+        parents
+            .get_opt("guarded")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    eventually("the deletion of guarded reconciled", || {
+        reconciled_gone.load(Ordering::SeqCst)
+    })
+    .await;
+    assert_eq!(
+        cleanups.load(Ordering::SeqCst),
+        1,
+        "the cleanup ran once for one deletion"
+    );
+    proxy.clear().await.unwrap();
+    cancel.cancel();
+    within("the controller to stop", run)
+        .await
+        .unwrap()
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

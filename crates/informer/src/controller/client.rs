@@ -502,7 +502,18 @@ impl ControllerClient {
         answer: Result<C, kube_client::Error>,
     ) -> Result<C, ClientError> {
         let stored = answer.map_err(|source| api_error::<C>(verb, &key, source))?;
-        self.record_version(key, &stored);
+        let meta = stored.meta();
+        // A write that took the last finalizer off an object being deleted (with no grace
+        // period left) deleted it, and the server answers with the object's last state,
+        // at a version the cache may have passed already: the write is observed once the
+        // cache no longer holds that object.
+        let deleted = meta.deletion_timestamp.is_some()
+            && meta.finalizers.as_ref().is_none_or(Vec::is_empty)
+            && meta.deletion_grace_period_seconds.unwrap_or(0) == 0;
+        match meta.uid.clone().filter(|_| deleted) {
+            Some(uid) => self.record::<C>(key, Written::Deleted { uid }),
+            None => self.record_version(key, &stored),
+        }
         Ok(stored)
     }
 

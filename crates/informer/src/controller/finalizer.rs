@@ -2,17 +2,16 @@
 //! object is gone (kube-runtime's `finalizer`, controller-runtime's `controllerutil`
 //! finalizer helpers).
 
-use std::{fmt::Debug, future::Future, sync::Arc};
+use std::{future::Future, sync::Arc};
 
-use kube_client::{
-    Api,
-    api::{Patch, PatchParams},
-};
-use kube_core::Resource;
-use serde::de::DeserializeOwned;
+use kube_client::api::Patch;
 use serde_json::json;
 
-use super::request::Action;
+use super::{
+    client::{ClientError, ControllerClient, Writable},
+    request::Action,
+};
+use crate::key::ObjectKey;
 
 /// What [`finalizer`] asks the reconcile to do.
 #[derive(Debug)]
@@ -40,9 +39,9 @@ pub enum FinalizerError<E: std::error::Error + 'static> {
     Add {
         /// The finalizer.
         finalizer: String,
-        /// The API server's answer.
+        /// The client's error.
         #[source]
-        source: kube_client::Error,
+        source: ClientError,
     },
     /// The finalizer could not be removed after the cleanup (a 409 as for
     /// [`Add`](Self::Add)); the cleanup runs again.
@@ -50,9 +49,9 @@ pub enum FinalizerError<E: std::error::Error + 'static> {
     Remove {
         /// The finalizer.
         finalizer: String,
-        /// The API server's answer.
+        /// The client's error.
         #[source]
-        source: kube_client::Error,
+        source: ClientError,
     },
     /// The finalizer's name is not a qualified name with a domain (`example.com/cleanup`).
     #[error("finalizer {0:?} is not a domain-qualified name such as example.com/cleanup")]
@@ -69,21 +68,26 @@ pub enum FinalizerError<E: std::error::Error + 'static> {
 /// nothing is lost, since the change brings a new reconcile. An object already gone when
 /// its finalizer is removed is not an error.
 ///
+/// The finalizers are written through the controller's `client`, so they are its own
+/// writes: a reconcile of the object that comes before the cache has seen the finalizer
+/// go (a child's deletion brings one at once) waits for it, and the cleanup runs once.
+///
 /// ```no_run
 /// use std::sync::Arc;
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_client::Api;
-/// use kube_informer::{Action, FinalizerError, FinalizerEvent, ReconcileRequest, finalizer};
+/// use kube_informer::{
+///     Action, ControllerClient, FinalizerError, FinalizerEvent, ReconcileRequest, finalizer,
+/// };
 ///
 /// async fn reconcile(
 ///     request: ReconcileRequest<ConfigMap>,
-///     api: Arc<Api<ConfigMap>>,
+///     client: Arc<ControllerClient>,
 ///     _: kube_informer::CancellationToken,
 /// ) -> Result<Action, FinalizerError<std::io::Error>> {
 ///     let ReconcileRequest::Present(cm) = request else {
 ///         return Ok(Action::done()); // gone: the finalizer made sure of the cleanup
 ///     };
-///     finalizer(&api, "example.com/cleanup", cm, |event| async move {
+///     finalizer(&client, "example.com/cleanup", cm, |event| async move {
 ///         match event {
 ///             FinalizerEvent::Apply(cm) => { /* create what cm asks for */ }
 ///             FinalizerEvent::Cleanup(cm) => { /* remove it */ }
@@ -96,15 +100,15 @@ pub enum FinalizerError<E: std::error::Error + 'static> {
 ///
 /// # Errors
 ///
-/// [`FinalizerError`]: the reconcile's, or the API server's on writing the finalizers.
+/// [`FinalizerError`]: the reconcile's, or the client's on writing the finalizers.
 pub async fn finalizer<K, F, Fut, E>(
-    api: &Api<K>,
+    client: &ControllerClient,
     name: &str,
     obj: Arc<K>,
     reconcile: F,
 ) -> Result<Action, FinalizerError<E>>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Writable,
     F: FnOnce(FinalizerEvent<K>) -> Fut,
     Fut: Future<Output = Result<Action, E>>,
     E: std::error::Error + 'static,
@@ -122,10 +126,10 @@ where
         (false, false) => {
             let mut with_ours = finalizers;
             with_ours.push(name.to_owned());
-            match set_finalizers(api, &*obj, &with_ours).await {
+            match set_finalizers(client, &*obj, &with_ours).await {
                 Ok(()) => {}
                 // Gone before the write: nothing to apply.
-                Err(error) if is_not_found(&error) => return Ok(Action::done()),
+                Err(error) if error.status_code() == Some(404) => return Ok(Action::done()),
                 Err(source) => {
                     return Err(FinalizerError::Add {
                         finalizer: name.to_owned(),
@@ -142,9 +146,9 @@ where
                 .await
                 .map_err(FinalizerError::Cleanup)?;
             let rest: Vec<String> = finalizers.into_iter().filter(|f| f != name).collect();
-            match set_finalizers(api, &*obj, &rest).await {
+            match set_finalizers(client, &*obj, &rest).await {
                 Ok(()) => Ok(action),
-                Err(error) if is_not_found(&error) => Ok(action),
+                Err(error) if error.status_code() == Some(404) => Ok(action),
                 Err(source) => Err(FinalizerError::Remove {
                     finalizer: name.to_owned(),
                     source,
@@ -157,29 +161,26 @@ where
 
 /// Replaces the object's finalizers with `finalizers` if its resourceVersion is still the
 /// cached one.
-async fn set_finalizers<K>(
-    api: &Api<K>,
+async fn set_finalizers<K: Writable>(
+    client: &ControllerClient,
     obj: &K,
     finalizers: &[String],
-) -> Result<(), kube_client::Error>
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
+) -> Result<(), ClientError> {
     let meta = obj.meta();
-    let name = meta.name.as_deref().unwrap_or_default();
+    let key = ObjectKey::new(
+        meta.namespace.as_deref(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
     let patch = json!({
         "metadata": {
             "finalizers": finalizers,
             "resourceVersion": meta.resource_version,
         }
     });
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+    client
+        .patch::<K, _>(&key, &Patch::Merge(&patch))
         .await
         .map(drop)
-}
-
-fn is_not_found(error: &kube_client::Error) -> bool {
-    matches!(error, kube_client::Error::Api(status) if status.code == 404)
 }
 
 /// A finalizer must be a qualified name with a prefix (`example.com/name`); the API server

@@ -597,8 +597,6 @@ where
         if let Some(metrics) = &reconcile_metrics {
             caches.set_recorder(metrics.own_writes_of(&name));
         }
-        #[cfg(not(feature = "prometheus"))]
-        drop(caches);
         let queue_config = QueueConfig {
             name: name.clone(),
             metrics,
@@ -697,6 +695,7 @@ where
         let worker = Arc::new(Worker {
             ring,
             parked,
+            caches,
             name: name.clone(),
             queue: queue.clone(),
             primary,

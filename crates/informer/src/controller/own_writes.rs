@@ -389,6 +389,45 @@ impl Caches {
         let _ = self.recorder.set(recorder);
     }
 
+    /// Waits until the cache of `C` has observed this controller's writes to `key`, as a
+    /// reconcile of `key` does before it is handed the cached object: a reconcile the
+    /// controller's own write triggered again (through a child it deleted, say) then sees
+    /// that write, never the state before it. Returns at once when nothing was written
+    /// to `key` or writes are [ignored](OwnWrites::Ignored).
+    pub(super) async fn await_key<C: Resource + Send + Sync + 'static>(
+        &self,
+        key: &ObjectKey,
+        cancel: &CancellationToken,
+    ) -> Result<(), NotObserved> {
+        let OwnWrites::Awaited { timeout } = self.mode() else {
+            return Ok(());
+        };
+        let Some(cache) = self.cache::<C>() else {
+            return Ok(());
+        };
+        match cache.observe(Some(key), timeout, cancel).await {
+            Ok(waited) => {
+                if !waited.is_zero() {
+                    self.count_wait(waited, false);
+                }
+                Ok(())
+            }
+            Err(NotObserved::TimedOut {
+                key,
+                written,
+                waited,
+            }) => {
+                self.count_wait(waited, true);
+                Err(NotObserved::TimedOut {
+                    key,
+                    written,
+                    waited,
+                })
+            }
+            Err(other) => Err(other),
+        }
+    }
+
     pub(super) fn count_recorded(&self) {
         self.stats.recorded.fetch_add(1, AtomicOrdering::Relaxed);
     }

@@ -21,6 +21,7 @@ use tracing::{debug, error, warn};
 use super::metrics::{Outcome, Recorder};
 use super::{
     last_state::{LastState, LastStates},
+    own_writes::{Caches, NotObserved},
     request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest},
     source::Parked,
 };
@@ -130,6 +131,9 @@ pub(super) struct Worker<K, Ctx, R, P> {
     pub(super) ring: Option<Arc<ShardRing>>,
     /// Keys held back while their slot's renewals lapsed.
     pub(super) parked: Parked,
+    /// What the controller's client wrote: a key's reconcile waits until the primary's
+    /// cache has observed the writes to it.
+    pub(super) caches: Arc<Caches>,
 }
 
 impl<K, Ctx, R, P> Worker<K, Ctx, R, P>
@@ -166,6 +170,18 @@ where
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
         P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
     {
+        match self.caches.await_key::<K>(key, &self.cancel).await {
+            Ok(()) | Err(NotObserved::Stopped) => {}
+            Err(NotObserved::Cancelled) => return,
+            Err(NotObserved::TimedOut {
+                written, waited, ..
+            }) => {
+                warn!(controller = %self.name, %key, %written, ?waited, "the cache has not observed this controller's write to the key; retried later");
+                self.stats.record_failed(false);
+                self.queue.add_rate_limited(key.clone());
+                return;
+            }
+        }
         let (request, uid) = match self.primary.store().get_by_key(key) {
             Some(obj) => {
                 let uid = obj.meta().uid.clone();
