@@ -6,7 +6,7 @@
 //! cargo run -p examples --bin config-reloader -- --namespace web
 //! ```
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
 use clap::Parser;
 use examples::config_reloader::{Args, NAMES, annotation, roll_out};
@@ -14,34 +14,38 @@ use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube_client::Api;
 use kube_informer::{
     Action, CancellationToken, ClusterSource, Controller, InformerHandle, Manager, Predicate,
-    ReconcileRequest, Scope, retry_with_backoff,
+    ReconcileRequest, Reconciler, Scope,
 };
 
-/// What every reconcile shares.
-struct Context {
+/// Rolls a Deployment out when the ConfigMap it names changes.
+struct ConfigReloader {
     deployments: Api<Deployment>,
     config_maps: InformerHandle<ConfigMap>,
     resync: Duration,
 }
 
-async fn reconcile(
-    request: ReconcileRequest<Deployment>,
-    ctx: Arc<Context>,
-    _cancel: CancellationToken,
-) -> Result<Action, kube_client::Error> {
-    let ReconcileRequest::Present(deployment) = request else {
-        return Ok(Action::done());
-    };
-    let Some(config_map) = annotation(&deployment.metadata, NAMES) else {
-        return Ok(Action::done());
-    };
-    let namespace = deployment.metadata.namespace.as_deref().unwrap_or_default();
-    let cached = ctx
-        .config_maps
-        .store()
-        .get_by_key(format!("{namespace}/{config_map}"));
-    roll_out(&ctx.deployments, &deployment, cached.as_deref()).await?;
-    Ok(Action::requeue_after(ctx.resync))
+impl Reconciler<Deployment> for ConfigReloader {
+    type Error = kube_client::Error;
+
+    async fn reconcile(
+        &self,
+        request: ReconcileRequest<Deployment>,
+        _cancel: CancellationToken,
+    ) -> Result<Action, kube_client::Error> {
+        let ReconcileRequest::Present(deployment) = request else {
+            return Ok(Action::done());
+        };
+        let Some(config_map) = annotation(&deployment.metadata, NAMES) else {
+            return Ok(Action::done());
+        };
+        let namespace = deployment.metadata.namespace.as_deref().unwrap_or_default();
+        let cached = self
+            .config_maps
+            .store()
+            .get_by_key(format!("{namespace}/{config_map}"));
+        roll_out(&self.deployments, &deployment, cached.as_deref()).await?;
+        Ok(Action::requeue_after(self.resync))
+    }
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
@@ -69,12 +73,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let controller = Controller::new("config-reloader", deployments)
         .predicate(Predicate::generation_changed().or(Predicate::annotations_changed()))
         .watches_by_index(config_maps.clone(), "configmap");
-    let context = Arc::new(Context {
+    let reloader = ConfigReloader {
         deployments: Api::namespaced(client, &args.namespace),
         config_maps,
         resync: Duration::from_secs(args.resync),
-    });
-    manager.add_controller(controller, reconcile, retry_with_backoff(), context);
+    };
+    manager.add_controller(controller, reloader);
     tracing::info!(namespace = %args.namespace, "watching Deployments and ConfigMaps");
     manager
         .bind()

@@ -107,6 +107,9 @@ where
         log_labels(&cache, &key);
         std::future::ready(Ok::<(), Infallible>(()))
     };
-    manager.add_controller(controller, sync_by_key(sync), retry_up_to(5), Arc::new(()));
+    manager.add_controller(
+        controller,
+        (sync_by_key(sync), retry_up_to(5), Arc::new(())),
+    );
     store
 }

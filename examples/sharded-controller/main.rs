@@ -197,7 +197,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         hold: Duration::from_millis(args.hold_ms),
         log,
     });
-    manager.add_controller(controller, reconcile, retry_with_backoff(), context);
+    manager.add_controller(controller, (reconcile, retry_with_backoff(), context));
     tracing::info!(namespace = %args.namespace, ring = %args.ring, %identity, "joining the ring");
     manager.bind().await?.run(cancel).await?;
     Ok(())

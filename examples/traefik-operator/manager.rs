@@ -123,9 +123,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
                 let sync = |key, r: Arc<tsvc::Reconciler>| async move { r.sync(key).await };
                 manager.add_controller(
                     controller,
-                    sync_by_key(sync),
-                    retry_with_backoff(),
-                    reconciler,
+                    (sync_by_key(sync), retry_with_backoff(), reconciler),
                 );
             }
             ControllerKind::Services => {
@@ -143,9 +141,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
                 let sync = |key, r: Arc<services::Reconciler>| async move { r.sync(key).await };
                 manager.add_controller(
                     controller,
-                    sync_by_key(sync),
-                    retry_with_backoff(),
-                    reconciler,
+                    (sync_by_key(sync), retry_with_backoff(), reconciler),
                 );
             }
             ControllerKind::Pods => {
@@ -154,9 +150,7 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
                 let sync = |key, r: Arc<pods::Reconciler>| async move { r.sync(key).await };
                 manager.add_controller(
                     controller,
-                    sync_by_key(sync),
-                    retry_with_backoff(),
-                    reconciler,
+                    (sync_by_key(sync), retry_with_backoff(), reconciler),
                 );
             }
         }

@@ -103,7 +103,7 @@ pub async fn run_replica(args: ReplicaArgs) -> anyhow::Result<()> {
         identity: args.identity.clone(),
         records: Mutex::new(records),
     });
-    manager.add_controller(controller, reconcile, retry_with_backoff(), context);
+    manager.add_controller(controller, (reconcile, retry_with_backoff(), context));
     info!(identity = %args.identity, "joining the ring");
     manager.bind().await?.run(cancel).await?;
     Ok(())

@@ -109,12 +109,14 @@ impl Subject {
             controllers.spawn(async move {
                 controller
                     .run(
-                        move |request, reconciles: Arc<Reconciles>, _cancel| async move {
-                            record_reconcile(&reconciles, name, request).await;
-                            Ok::<_, std::io::Error>(Action::done())
-                        },
-                        retry_with_backoff(),
-                        Arc::new(reconciles),
+                        (
+                            move |request, reconciles: Arc<Reconciles>, _cancel| async move {
+                                record_reconcile(&reconciles, name, request).await;
+                                Ok::<_, std::io::Error>(Action::done())
+                            },
+                            retry_with_backoff(),
+                            Arc::new(reconciles),
+                        ),
                         cancel,
                     )
                     .await

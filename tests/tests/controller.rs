@@ -110,31 +110,33 @@ async fn owned_mapped_and_indexed_sources_reconcile_their_primaries() {
         .unwrap();
     let record = seen.clone();
     let run = tokio::spawn(controller.run(
-        move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
-            let key = request.key();
-            let primary = key
-                .as_str()
-                .rsplit('/')
-                .next()
-                .unwrap_or_default()
-                .to_owned();
-            let present = matches!(request, ReconcileRequest::Present(_));
-            record
-                .lock()
-                .unwrap()
-                .entry(primary.clone())
-                .or_default()
-                .push((present, Instant::now()));
-            async move {
-                Ok::<_, std::io::Error>(if primary == "periodic" {
-                    Action::requeue_after(Duration::from_secs(2))
-                } else {
-                    Action::done()
-                })
-            }
-        },
-        retry_with_backoff(),
-        Arc::new(()),
+        (
+            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                let key = request.key();
+                let primary = key
+                    .as_str()
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                let present = matches!(request, ReconcileRequest::Present(_));
+                record
+                    .lock()
+                    .unwrap()
+                    .entry(primary.clone())
+                    .or_default()
+                    .push((present, Instant::now()));
+                async move {
+                    Ok::<_, std::io::Error>(if primary == "periodic" {
+                        Action::requeue_after(Duration::from_secs(2))
+                    } else {
+                        Action::done()
+                    })
+                }
+            },
+            retry_with_backoff(),
+            Arc::new(()),
+        ),
         cancel.clone(),
     ));
     eventually("every primary reconciled once", || {
@@ -267,22 +269,24 @@ async fn a_shutdown_with_500_keys_queued_takes_none_and_cancels_the_running() {
             .workers(2)
             .shutdown_timeout(Duration::from_secs(60))
             .run(
-                move |request: ReconcileRequest<ConfigMap>,
-                      _: Arc<()>,
-                      token: CancellationToken| {
-                    record.lock().unwrap().push(request.key().to_string());
-                    let ended = ended.clone();
-                    async move {
-                        // A reconcile that waits on something slow, and stops when told to.
-                        tokio::select! {
-                            () = token.cancelled() => *ended.lock().unwrap() += 1,
-                            () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+                (
+                    move |request: ReconcileRequest<ConfigMap>,
+                          _: Arc<()>,
+                          token: CancellationToken| {
+                        record.lock().unwrap().push(request.key().to_string());
+                        let ended = ended.clone();
+                        async move {
+                            // A reconcile that waits on something slow, and stops when told to.
+                            tokio::select! {
+                                () = token.cancelled() => *ended.lock().unwrap() += 1,
+                                () = tokio::time::sleep(Duration::from_secs(3600)) => {}
+                            }
+                            Ok::<_, std::io::Error>(Action::done())
                         }
-                        Ok::<_, std::io::Error>(Action::done())
-                    }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
+                    },
+                    retry_with_backoff(),
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );
@@ -345,7 +349,7 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
         *count.lock().unwrap() += 1;
         async { Ok::<_, std::io::Error>(Action::done()) }
     };
-    manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+    manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
     let stopped_by_cancel = Arc::new(Mutex::new(false));
     let stopped = stopped_by_cancel.clone();
     manager.add("waiter", move |cancel: CancellationToken| async move {
@@ -524,7 +528,7 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
             async { Ok::<_, std::io::Error>(Action::done()) }
         };
         let controller = Controller::new("leader-only", informer);
-        manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+        manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
         manager
     };
     let first = start("first").bind().await.unwrap();
@@ -602,7 +606,7 @@ async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires
             async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_millis(50))) }
         };
         let controller = Controller::new("periodic", informer);
-        manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+        manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
         manager
     };
     let by = |identity: &str| {
@@ -692,7 +696,8 @@ async fn a_finalizer_is_added_before_apply_and_removed_after_cleanup() {
     factory.start(&cancel);
     let controller = Controller::new("finalized", informer);
     let writer = Arc::new(controller.client(client.clone()));
-    let run = tokio::spawn(controller.run(reconcile, retry_with_backoff(), writer, cancel.clone()));
+    let run =
+        tokio::spawn(controller.run((reconcile, retry_with_backoff(), writer), cancel.clone()));
     create_all(&api, vec![labelled("guarded", &[])]).await;
     eventually("an apply of guarded", || {
         events
@@ -880,7 +885,8 @@ async fn a_finalizer_s_cleanup_runs_once_though_the_cache_lags_behind_its_remova
     let cancel = CancellationToken::new();
     slow.start(&cancel);
     fast.start(&cancel);
-    let run = tokio::spawn(controller.run(reconcile, retry_with_backoff(), writer, cancel.clone()));
+    let run =
+        tokio::spawn(controller.run((reconcile, retry_with_backoff(), writer), cancel.clone()));
     create_all(&parents, vec![labelled("guarded", &[("role", "parent")])]).await;
     tests::eventually_some("the child of guarded", || async {
         children.get_opt("guarded-child").await.unwrap().map(drop)

@@ -286,12 +286,14 @@ async fn lifecycle_the_last_controller_gone_its_informer_stops_and_its_watch_clo
     let reconciled = Arc::new(AtomicUsize::new(0));
     let count = reconciled.clone();
     let run = tokio::spawn(controller.run(
-        move |_: ReconcileRequest<PodTemplate>, _: Arc<()>, _| {
-            count.fetch_add(1, Ordering::Relaxed);
-            async { Ok::<_, std::io::Error>(Action::done()) }
-        },
-        retry_with_backoff(),
-        Arc::new(()),
+        (
+            move |_: ReconcileRequest<PodTemplate>, _: Arc<()>, _| {
+                count.fetch_add(1, Ordering::Relaxed);
+                async { Ok::<_, std::io::Error>(Action::done()) }
+            },
+            retry_with_backoff(),
+            Arc::new(()),
+        ),
         stop_controller.clone(),
     ));
     within_factory_synced(&factory).await;
@@ -390,14 +392,16 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
     let record = seen.clone();
     manager.add_controller(
         controller,
-        move |request: ReconcileRequest<TraefikService>, _: Arc<()>, _| {
-            let present = matches!(request, ReconcileRequest::Present(_));
-            let name = request.key().name().to_owned();
-            record.lock().unwrap().push((name, present));
-            async { Ok::<_, std::io::Error>(Action::done()) }
-        },
-        retry_with_backoff(),
-        Arc::new(()),
+        (
+            move |request: ReconcileRequest<TraefikService>, _: Arc<()>, _| {
+                let present = matches!(request, ReconcileRequest::Present(_));
+                let name = request.key().name().to_owned();
+                record.lock().unwrap().push((name, present));
+                async { Ok::<_, std::io::Error>(Action::done()) }
+            },
+            retry_with_backoff(),
+            Arc::new(()),
+        ),
     );
     let bound = manager.bind().await.unwrap();
     let (probes, metrics) = (

@@ -202,9 +202,7 @@ async fn children_case(own_writes: OwnWrites, prefix: &str) -> (Arc<Ctx>, u64) {
     let cancel = CancellationToken::new();
     factory.start(&cancel);
     let run = tokio::spawn(controller.run(
-        ensure_child,
-        retry_with_backoff(),
-        ctx.clone(),
+        (ensure_child, retry_with_backoff(), ctx.clone()),
         cancel.clone(),
     ));
     burst_of_updates(&client, &namespace).await;
@@ -335,9 +333,7 @@ async fn status_case(own_writes: OwnWrites, prefix: &str) -> Arc<Ctx> {
     let cancel = CancellationToken::new();
     factory.start(&cancel);
     let run = tokio::spawn(controller.run(
-        count_in_status,
-        retry_with_backoff(),
-        ctx.clone(),
+        (count_in_status, retry_with_backoff(), ctx.clone()),
         cancel.clone(),
     ));
     eventually_some_within(PATIENCE, "every service counted its rounds", || {

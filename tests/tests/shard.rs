@@ -488,9 +488,7 @@ mod sharded_controller {
                 }
             };
             tasks.push(tokio::spawn(controller.run(
-                reconcile,
-                retry_with_backoff(),
-                Arc::new(()),
+                (reconcile, retry_with_backoff(), Arc::new(())),
                 stop.clone(),
             )));
             let ring_task = {
@@ -743,9 +741,7 @@ mod owned_children {
                 std::future::ready(Ok::<_, std::io::Error>(Action::done()))
             };
             let controller = tokio::spawn(controller.run(
-                reconcile,
-                retry_with_backoff(),
-                Arc::new(()),
+                (reconcile, retry_with_backoff(), Arc::new(())),
                 stop.clone(),
             ));
             let ring_task = {
@@ -947,7 +943,7 @@ mod managed {
                     .push((identity, request.key().to_string()));
                 std::future::ready(Ok::<_, std::io::Error>(Action::done()))
             };
-            manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+            manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
             let controller = manager.controller::<Secret>("leader-only", scope);
             let log = leading.clone();
             let reconcile = move |request: ReconcileRequest<Secret>, _: Arc<()>, _| {
@@ -956,7 +952,7 @@ mod managed {
                     .push((identity, request.key().to_string()));
                 std::future::ready(Ok::<_, std::io::Error>(Action::done()))
             };
-            manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+            manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
             let bound = manager.bind().await.unwrap();
             runs.push(tokio::spawn(bound.run(stop.clone())));
         }
@@ -1075,9 +1071,7 @@ mod lapsed_renewals {
             }
         };
         let controller = tokio::spawn(controller.run(
-            reconcile,
-            retry_with_backoff(),
-            Arc::new(()),
+            (reconcile, retry_with_backoff(), Arc::new(())),
             stop.clone(),
         ));
         let ring_task = tokio::spawn({
@@ -1255,7 +1249,7 @@ mod handover_deletions {
             let stop = stop.clone();
             async move {
                 controller
-                    .run(reconcile, retry_with_backoff(), Arc::new(()), stop)
+                    .run((reconcile, retry_with_backoff(), Arc::new(())), stop)
                     .await
                     .unwrap()
             }

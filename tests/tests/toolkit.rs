@@ -191,9 +191,7 @@ async fn toolkit_a_managers_recorder_publishes_from_reconciles_and_flushes_at_sh
     };
     manager.add_controller(
         controller,
-        reconcile,
-        retry_with_backoff(),
-        Arc::new(recorder.clone()),
+        (reconcile, retry_with_backoff(), Arc::new(recorder.clone())),
     );
     let bound = manager.bind().await.unwrap();
     let metrics = bound.metrics_address().unwrap();

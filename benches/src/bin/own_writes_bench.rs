@@ -269,8 +269,10 @@ async fn run_once(
     let cancel = CancellationToken::new();
     let started = Instant::now();
     factory.start(&cancel);
-    let run_task =
-        tokio::spawn(controller.run(reconcile, retry_with_backoff(), ctx.clone(), cancel.clone()));
+    let run_task = tokio::spawn(controller.run(
+        (reconcile, retry_with_backoff(), ctx.clone()),
+        cancel.clone(),
+    ));
     update_parents(&parents, args).await?;
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut ticker = tokio::time::interval(Duration::from_millis(10));

@@ -79,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
             .write_all(line.as_bytes());
         std::future::ready(written.map(|()| Action::done()))
     };
-    manager.add_controller(controller, reconcile, retry_with_backoff(), log);
+    manager.add_controller(controller, (reconcile, retry_with_backoff(), log));
     let cancel = CancellationToken::new();
     let stop = cancel.clone();
     tokio::spawn(async move {

@@ -64,7 +64,7 @@ pub use controller::ControllerMetrics;
 pub use controller::{
     Action, ClientError, Controller, ControllerClient, ControllerStats, ErrorAction, Failure,
     FinalizerError, FinalizerEvent, OwnWriteStats, OwnWrites, Predicate, ReconcileError,
-    ReconcileRequest, SyncFuture, Writable, finalizer, retry_up_to, retry_with_backoff,
+    ReconcileRequest, Reconciler, SyncFuture, Writable, finalizer, retry_up_to, retry_with_backoff,
     sync_by_key,
 };
 pub use error::{BoxError, Error, StreamingRefusal, Verb};

@@ -42,7 +42,8 @@ async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() 
         }
         action
     };
-    let run = tokio::spawn(controller.run(sync_by_key(sync), policy, Arc::new(()), cancel.clone()));
+    let run =
+        tokio::spawn(controller.run((sync_by_key(sync), policy, Arc::new(())), cancel.clone()));
 
     let (key, error) = dropped.recv().await.expect("the key is dropped");
     assert_eq!(key.as_str(), "default/broken");
@@ -89,9 +90,7 @@ async fn a_panicking_sync_does_not_kill_its_worker() {
         }
     };
     let run = tokio::spawn(controller.run(
-        sync_by_key(sync),
-        retry_up_to(1),
-        Arc::new(()),
+        (sync_by_key(sync), retry_up_to(1), Arc::new(())),
         cancel.clone(),
     ));
 
@@ -139,9 +138,7 @@ async fn a_first_list_still_forbidden_after_the_grace_fails_the_run() {
     let sync = |_key: ObjectKey, _: Arc<()>| async { Ok::<(), std::io::Error>(()) };
     let result = controller
         .run(
-            sync_by_key(sync),
-            retry_up_to(5),
-            Arc::new(()),
+            (sync_by_key(sync), retry_up_to(5), Arc::new(())),
             callers.clone(),
         )
         .await;
@@ -232,9 +229,7 @@ where
     Fut: std::future::Future<Output = Result<(), std::io::Error>> + Send + 'static,
 {
     tokio::spawn(controller.run(
-        sync_by_key(sync),
-        retry_up_to(5),
-        Arc::new(()),
+        (sync_by_key(sync), retry_up_to(5), Arc::new(())),
         cancel.clone(),
     ))
 }

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube_informer::{
     Action, CancellationToken, Controller, ErrorAction, InformerHandle, ObjectKey, Predicate,
-    ReconcileError, ReconcileRequest, RunningInformer, SharedInformer, retry_up_to,
+    ReconcileError, ReconcileRequest, Reconciler, RunningInformer, SharedInformer, retry_up_to,
     retry_with_backoff, sync_by_key, testing::FakeListWatch,
 };
 use support::*;
@@ -70,12 +70,14 @@ async fn requeue_after_reconciles_again_after_its_delay() {
     let cancel = CancellationToken::new();
     let seen = calls.clone();
     let run = tokio::spawn(Controller::new("requeue", handle(&running)).run(
-        move |request, _: Arc<()>, _| {
-            record(&seen, &request);
-            async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(30))) }
-        },
-        retry_with_backoff(),
-        Arc::new(()),
+        (
+            move |request, _: Arc<()>, _| {
+                record(&seen, &request);
+                async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(30))) }
+            },
+            retry_with_backoff(),
+            Arc::new(()),
+        ),
         cancel.clone(),
     ));
     until("three reconciles", || calls.lock().unwrap().len() == 3).await;
@@ -115,12 +117,14 @@ async fn the_error_policy_decides_backoff_requeue_after_or_give_up() {
         _ => ErrorAction::GiveUp,
     };
     let run = tokio::spawn(Controller::new("policy", handle(&running)).run(
-        move |request, _: Arc<()>, _| {
-            record(&seen, &request);
-            async { Err::<Action, _>(std::io::Error::other("backend down")) }
-        },
-        policy,
-        Arc::new(()),
+        (
+            move |request, _: Arc<()>, _| {
+                record(&seen, &request);
+                async { Err::<Action, _>(std::io::Error::other("backend down")) }
+            },
+            policy,
+            Arc::new(()),
+        ),
         cancel.clone(),
     ));
     // backoff: 1 + 3 retries, then given up; later: 1 + 1 after 60 s, then given up;
@@ -139,6 +143,105 @@ async fn the_error_policy_decides_backoff_requeue_after_or_give_up() {
     running.stop().await;
 }
 
+/// A reconciler on its own type: it keeps its calls, fails `ns/broken` and gives up on it
+/// after `give_up_after` retries.
+struct Flaky {
+    calls: Calls,
+    give_up_after: u32,
+}
+
+impl Reconciler<ConfigMap> for Flaky {
+    type Error = std::io::Error;
+
+    async fn reconcile(
+        &self,
+        request: ReconcileRequest<ConfigMap>,
+        _cancel: CancellationToken,
+    ) -> Result<Action, std::io::Error> {
+        record(&self.calls, &request);
+        match request.key().as_str() {
+            "ns/broken" => Err(std::io::Error::other("backend down")),
+            _ => Ok(Action::done()),
+        }
+    }
+
+    fn error_policy(&self, failure: &kube_informer::Failure<'_, std::io::Error>) -> ErrorAction {
+        if failure.retries < self.give_up_after {
+            ErrorAction::Backoff
+        } else {
+            ErrorAction::GiveUp
+        }
+    }
+}
+
+/// Only the reconcile: the error policy is the default one.
+struct AlwaysFails(Calls);
+
+impl Reconciler<ConfigMap> for AlwaysFails {
+    type Error = std::io::Error;
+
+    async fn reconcile(
+        &self,
+        request: ReconcileRequest<ConfigMap>,
+        _cancel: CancellationToken,
+    ) -> Result<Action, std::io::Error> {
+        record(&self.0, &request);
+        Err(std::io::Error::other("never works"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reconciler_type_is_the_reconcile_its_error_policy_and_its_context() {
+    let fake = Fake::new("configmaps");
+    for name in ["fine", "broken"] {
+        fake.add(cm(name));
+    }
+    let running = informer(fake.clone());
+    let calls: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let flaky = Flaky {
+        calls: calls.clone(),
+        give_up_after: 2,
+    };
+    let run = tokio::spawn(Controller::new("typed", handle(&running)).run(flaky, cancel.clone()));
+    until("every attempt", || calls.lock().unwrap().len() == 1 + 3).await;
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let count = |key: &str| {
+        calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.key == key)
+            .count()
+    };
+    assert_eq!(count("ns/fine"), 1);
+    assert_eq!(
+        count("ns/broken"),
+        3,
+        "1 + 2 retries, then its own policy gave up"
+    );
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+
+    // The default policy backs off for as long as the reconcile fails.
+    let retried: Calls = Arc::default();
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(
+        Controller::new("default-policy", handle(&running))
+            .run(AlwaysFails(retried.clone()), cancel.clone()),
+    );
+    until("ten attempts at each key", || {
+        let retried = retried.lock().unwrap();
+        ["ns/fine", "ns/broken"]
+            .iter()
+            .all(|key| retried.iter().filter(|c| c.key == *key).count() >= 10)
+    })
+    .await;
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    running.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_predicate_skips_updates_it_rejects_and_a_deletion_carries_the_last_state() {
     let fake = Fake::new("configmaps");
@@ -150,19 +253,21 @@ async fn a_predicate_skips_updates_it_rejects_and_a_deletion_carries_the_last_st
         Controller::new("predicate", handle(&running))
             .predicate(Predicate::labels_changed())
             .run(
-                move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
-                    let seen = match &request {
-                        ReconcileRequest::Present(o) => (true, o.metadata.labels.clone()),
-                        ReconcileRequest::Deleted { last_known, .. } => (
-                            false,
-                            last_known.as_ref().and_then(|o| o.metadata.labels.clone()),
-                        ),
-                    };
-                    let _ = tx.send(seen);
-                    async { Ok::<_, std::io::Error>(Action::done()) }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
+                (
+                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                        let seen = match &request {
+                            ReconcileRequest::Present(o) => (true, o.metadata.labels.clone()),
+                            ReconcileRequest::Deleted { last_known, .. } => (
+                                false,
+                                last_known.as_ref().and_then(|o| o.metadata.labels.clone()),
+                            ),
+                        };
+                        let _ = tx.send(seen);
+                        async { Ok::<_, std::io::Error>(Action::done()) }
+                    },
+                    retry_with_backoff(),
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );
@@ -214,12 +319,14 @@ async fn owned_children_and_watched_objects_enqueue_their_primaries() {
                     .collect()
             })
             .run(
-                move |request, _: Arc<()>, _| {
-                    record(&seen, &request);
-                    async { Ok::<_, std::io::Error>(Action::done()) }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
+                (
+                    move |request, _: Arc<()>, _| {
+                        record(&seen, &request);
+                        async { Ok::<_, std::io::Error>(Action::done()) }
+                    },
+                    retry_with_backoff(),
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );
@@ -297,7 +404,7 @@ async fn a_reconcile_past_its_timeout_is_cancelled_and_reported() {
         Controller::new("timeout", handle(&running))
             .reconcile_timeout(Duration::from_secs(5))
             .run(
-                move |_, _: Arc<()>, token: CancellationToken| {
+                (move |_, _: Arc<()>, token: CancellationToken| {
                     let saw_cancel = saw_cancel.clone();
                     async move {
                         let watcher = tokio::spawn(async move {
@@ -314,7 +421,7 @@ async fn a_reconcile_past_its_timeout_is_cancelled_and_reported() {
                     let _ = tx.send(timed_out);
                     ErrorAction::GiveUp
                 },
-                Arc::new(()),
+                Arc::new(())),
                 cancel.clone(),
             ),
     );
@@ -344,21 +451,23 @@ async fn shutdown_takes_no_new_key_and_cancels_the_running_reconciles() {
             .workers(2)
             .shutdown_timeout(Duration::from_secs(10))
             .run(
-                move |request, _: Arc<()>, token: CancellationToken| {
-                    record(&seen, &request);
-                    let done = done.clone();
-                    async move {
-                        // A long reconcile that stops early when told to.
-                        tokio::select! {
-                            () = token.cancelled() => {}
-                            () = tokio::time::sleep(Duration::from_secs(600)) => {}
+                (
+                    move |request, _: Arc<()>, token: CancellationToken| {
+                        record(&seen, &request);
+                        let done = done.clone();
+                        async move {
+                            // A long reconcile that stops early when told to.
+                            tokio::select! {
+                                () = token.cancelled() => {}
+                                () = tokio::time::sleep(Duration::from_secs(600)) => {}
+                            }
+                            *done.lock().unwrap() += 1;
+                            Ok::<_, std::io::Error>(Action::done())
                         }
-                        *done.lock().unwrap() += 1;
-                        Ok::<_, std::io::Error>(Action::done())
-                    }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
+                    },
+                    retry_with_backoff(),
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );
@@ -401,9 +510,7 @@ async fn the_key_controller_takes_no_new_key_once_cancelled() {
         }
     };
     let run = tokio::spawn(controller.run(
-        sync_by_key(sync),
-        retry_up_to(5),
-        Arc::new(()),
+        (sync_by_key(sync), retry_up_to(5), Arc::new(())),
         cancel.clone(),
     ));
     until("the first sync", || *synced.lock().unwrap() == 1).await;
@@ -439,19 +546,21 @@ async fn reconciles_are_counted_under_controller_runtime_names() {
             .workers(3)
             .reconcile_metrics(metrics)
             .run(
-                move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
-                    record(&seen, &request);
-                    let key = request.key();
-                    async move {
-                        match key.as_str() {
-                            "ns/fine" => Ok(Action::done()),
-                            "ns/again" => Ok(Action::requeue_after(Duration::from_secs(3600))),
-                            _ => Err(std::io::Error::other("no")),
+                (
+                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                        record(&seen, &request);
+                        let key = request.key();
+                        async move {
+                            match key.as_str() {
+                                "ns/fine" => Ok(Action::done()),
+                                "ns/again" => Ok(Action::requeue_after(Duration::from_secs(3600))),
+                                _ => Err(std::io::Error::other("no")),
+                            }
                         }
-                    }
-                },
-                |_: &kube_informer::Failure<'_, std::io::Error>, _: &()| ErrorAction::GiveUp,
-                Arc::new(()),
+                    },
+                    |_: &kube_informer::Failure<'_, std::io::Error>, _: &()| ErrorAction::GiveUp,
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );
@@ -486,15 +595,17 @@ async fn a_live_change_is_reconciled_before_the_replayed_initial_list() {
     let cancel = CancellationToken::new();
     let seen = calls.clone();
     let run = tokio::spawn(Controller::new("priority", handle(&running)).run(
-        move |request, _: Arc<()>, _| {
-            record(&seen, &request);
-            async {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                Ok::<_, std::io::Error>(Action::done())
-            }
-        },
-        retry_with_backoff(),
-        Arc::new(()),
+        (
+            move |request, _: Arc<()>, _| {
+                record(&seen, &request);
+                async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Ok::<_, std::io::Error>(Action::done())
+                }
+            },
+            retry_with_backoff(),
+            Arc::new(()),
+        ),
         cancel.clone(),
     ));
     until("the first reconcile", || calls.lock().unwrap().len() == 1).await;
@@ -536,12 +647,14 @@ async fn keys_from_a_stream_are_reconciled_present_or_deleted() {
         Controller::new("triggered", handle(&running))
             .reconcile_on(stream)
             .run(
-                move |request, _: Arc<()>, _| {
-                    record(&seen, &request);
-                    async { Ok::<_, std::io::Error>(Action::done()) }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
+                (
+                    move |request, _: Arc<()>, _| {
+                        record(&seen, &request);
+                        async { Ok::<_, std::io::Error>(Action::done()) }
+                    },
+                    retry_with_backoff(),
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );
@@ -593,12 +706,14 @@ async fn a_periodic_scan_reconciles_its_keys_after_the_sync_and_every_period() {
         Controller::new("scanned", handle(&running))
             .reconcile_every(Duration::from_secs(60), scan)
             .run(
-                move |request, _: Arc<()>, _| {
-                    record(&seen, &request);
-                    async { Ok::<_, std::io::Error>(Action::done()) }
-                },
-                retry_with_backoff(),
-                Arc::new(()),
+                (
+                    move |request, _: Arc<()>, _| {
+                        record(&seen, &request);
+                        async { Ok::<_, std::io::Error>(Action::done()) }
+                    },
+                    retry_with_backoff(),
+                    Arc::new(()),
+                ),
                 cancel.clone(),
             ),
     );

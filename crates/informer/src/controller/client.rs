@@ -209,7 +209,7 @@ impl<K> Writable for K where
 ///     }
 ///     Ok::<_, ClientError>(Action::done())
 /// };
-/// controller.run(reconcile, retry_with_backoff(), Arc::new(client), cancel).await
+/// controller.run((reconcile, retry_with_backoff(), Arc::new(client)), cancel).await
 /// # }
 /// ```
 #[derive(Clone)]

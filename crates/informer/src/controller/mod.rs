@@ -10,11 +10,12 @@ mod last_state;
 mod metrics;
 mod own_writes;
 mod predicate;
+mod reconciler;
 mod request;
 mod source;
 mod worker;
 
-use std::{error::Error as StdError, fmt, future::Future, sync::Arc, time::Duration};
+use std::{fmt, future::Future, sync::Arc, time::Duration};
 
 use futures::Stream;
 use kube_core::Resource;
@@ -29,6 +30,7 @@ pub use metrics::ControllerMetrics;
 use own_writes::Caches;
 pub use own_writes::{OwnWriteStats, OwnWrites};
 pub use predicate::Predicate;
+pub use reconciler::Reconciler;
 pub use request::{
     Action, ErrorAction, Failure, ReconcileError, ReconcileRequest, SyncFuture, retry_up_to,
     retry_with_backoff, sync_by_key,
@@ -106,16 +108,12 @@ use crate::{
 ///         vec![ObjectKey::new(cm.metadata.namespace.as_deref(), cm.metadata.name.as_deref().unwrap_or_default())]
 ///     });
 /// factory.start(&cancel);
+/// let reconcile = |request: ReconcileRequest<Deployment>, _ctx: Arc<()>, _cancel| async move {
+///     tracing::info!(key = %request.key(), "reconciled");
+///     Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(300)))
+/// };
 /// controller
-///     .run(
-///         |request: ReconcileRequest<Deployment>, _ctx: Arc<()>, _cancel| async move {
-///             tracing::info!(key = %request.key(), "reconciled");
-///             Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(300)))
-///         },
-///         retry_with_backoff(),
-///         Arc::new(()),
-///         cancel,
-///     )
+///     .run((reconcile, retry_with_backoff(), Arc::new(())), cancel)
 ///     .await
 /// # }
 /// ```
@@ -212,7 +210,7 @@ where
     ///         Ok::<(), std::convert::Infallible>(())
     ///     }
     /// };
-    /// controller.run(sync_by_key(sync), retry_up_to(5), Arc::new(()), CancellationToken::new()).await
+    /// controller.run((sync_by_key(sync), retry_up_to(5), Arc::new(())), CancellationToken::new()).await
     /// # }
     /// ```
     pub fn owning(name: impl Into<String>, informer: SharedInformer<K>) -> Self {
@@ -547,8 +545,9 @@ where
         self.stats.clone()
     }
 
-    /// Runs the controller until `cancel` fires: registers the sources' handlers, waits for
-    /// their informers to sync (informers someone else runs must be started, e.g. by
+    /// Runs the controller until `cancel` fires, reconciling with `reconciler` (a
+    /// [`Reconciler`], or the closure form `(reconcile, error_policy, context)`):
+    /// registers the sources' handlers, waits for their informers to sync (informers someone else runs must be started, e.g. by
     /// [`InformerFactory::start`](crate::InformerFactory::start); an
     /// [owned](Self::owning) one is started here), then reconciles.
     ///
@@ -557,20 +556,11 @@ where
     /// [`Error::InformerStopped`] when a source's informer has stopped; an error that
     /// retrying cannot fix (missing RBAC, an unknown resource) from a source's first sync
     /// that lasts past the [startup grace](Self::startup_grace).
-    pub async fn run<Ctx, E, R, Fut, P>(
+    pub async fn run(
         self,
-        reconcile: R,
-        error_policy: P,
-        context: Arc<Ctx>,
+        reconciler: impl Reconciler<K>,
         cancel: CancellationToken,
-    ) -> Result<(), Error>
-    where
-        Ctx: Send + Sync + 'static,
-        E: StdError + Send + Sync + 'static,
-        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
-    {
+    ) -> Result<(), Error> {
         let Self {
             name,
             primary,
@@ -700,9 +690,7 @@ where
             queue: queue.clone(),
             primary,
             deleted,
-            reconcile,
-            error_policy,
-            context,
+            reconciler,
             reconcile_timeout,
             stats,
             #[cfg(feature = "prometheus")]

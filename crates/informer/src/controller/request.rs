@@ -160,7 +160,7 @@ pub type SyncFuture<Fut> = MapOk<Fut, fn(()) -> Action>;
 /// let cancel = CancellationToken::new();
 /// factory.start(&cancel);
 /// Controller::new("pods", pods)
-///     .run(sync_by_key(sync), retry_up_to(5), Arc::new(()), cancel)
+///     .run((sync_by_key(sync), retry_up_to(5), Arc::new(())), cancel)
 ///     .await
 /// # }
 /// ```

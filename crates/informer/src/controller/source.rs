@@ -535,9 +535,7 @@ mod tests {
             }
         };
         tokio::spawn(controller.run(
-            reconcile,
-            retry_with_backoff(),
-            Arc::new(()),
+            (reconcile, retry_with_backoff(), Arc::new(())),
             cancel.clone(),
         ));
         assert!(reconciled(&seen, "a", 1).await && reconciled(&seen, "b", 1).await);
@@ -665,9 +663,7 @@ mod tests {
             }
         };
         tokio::spawn(controller.run(
-            reconcile,
-            retry_with_backoff(),
-            Arc::new(()),
+            (reconcile, retry_with_backoff(), Arc::new(())),
             cancel.clone(),
         ));
         // Deleted while its reconcile runs: the key comes back once it is done.

@@ -2,8 +2,6 @@
 //! action or the error policy, and count what happened.
 
 use std::{
-    error::Error as StdError,
-    future::Future,
     panic::AssertUnwindSafe,
     sync::{
         Arc,
@@ -22,6 +20,7 @@ use super::metrics::{Outcome, Recorder};
 use super::{
     last_state::{LastState, LastStates},
     own_writes::{Caches, NotObserved},
+    reconciler::Reconciler,
     request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest},
     source::Parked,
 };
@@ -114,14 +113,12 @@ impl ControllerStats {
 }
 
 /// What every worker of one controller shares.
-pub(super) struct Worker<K, Ctx, R, P> {
+pub(super) struct Worker<K, Rec> {
     pub(super) name: String,
     pub(super) queue: RateLimitingQueue<ObjectKey>,
     pub(super) primary: InformerHandle<K>,
     pub(super) deleted: LastStates<K>,
-    pub(super) reconcile: R,
-    pub(super) error_policy: P,
-    pub(super) context: Arc<Ctx>,
+    pub(super) reconciler: Rec,
     pub(super) reconcile_timeout: Option<Duration>,
     pub(super) stats: Arc<ControllerStats>,
     #[cfg(feature = "prometheus")]
@@ -136,20 +133,14 @@ pub(super) struct Worker<K, Ctx, R, P> {
     pub(super) caches: Arc<Caches>,
 }
 
-impl<K, Ctx, R, P> Worker<K, Ctx, R, P>
+impl<K, Rec> Worker<K, Rec>
 where
     K: Resource + Send + Sync + 'static,
-    Ctx: Send + Sync + 'static,
+    Rec: Reconciler<K>,
 {
     /// Takes keys until the queue shuts down or the controller is cancelled: no new key is
     /// taken once cancelled, even with keys still queued.
-    pub(super) async fn run<E, Fut>(&self, id: usize)
-    where
-        E: StdError + Send + Sync + 'static,
-        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
-    {
+    pub(super) async fn run(&self, id: usize) {
         loop {
             let key = tokio::select! {
                 biased;
@@ -163,13 +154,7 @@ where
         debug!(controller = %self.name, worker = id, "worker stopped");
     }
 
-    async fn reconcile_one<E, Fut>(&self, key: &ObjectKey)
-    where
-        E: StdError + Send + Sync + 'static,
-        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
-    {
+    async fn reconcile_one(&self, key: &ObjectKey) {
         match self.caches.await_key::<K>(key, &self.cancel).await {
             Ok(()) | Err(NotObserved::Stopped) => {}
             Err(NotObserved::Cancelled) => return,
@@ -335,11 +320,7 @@ where
         }
     }
 
-    fn failed<E>(&self, key: &ObjectKey, error: &ReconcileError<E>)
-    where
-        E: StdError + Send + Sync + 'static,
-        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
-    {
+    fn failed(&self, key: &ObjectKey, error: &ReconcileError<Rec::Error>) {
         self.stats
             .record_failed(matches!(error, ReconcileError::Panicked(_)));
         let failure = Failure {
@@ -347,7 +328,7 @@ where
             error,
             retries: self.queue.num_requeues(key),
         };
-        let action = (self.error_policy)(&failure, &self.context);
+        let action = self.reconciler.error_policy(&failure);
         let message = error_chain(error);
         match action {
             ErrorAction::Backoff => {
@@ -372,20 +353,14 @@ where
     }
 
     /// The reconcile, with its panic caught and its timeout applied.
-    async fn call<E, Fut>(
+    async fn call(
         &self,
         request: ReconcileRequest<K>,
         token: CancellationToken,
-    ) -> Result<Action, ReconcileError<E>>
-    where
-        E: StdError + Send + Sync + 'static,
-        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-    {
-        let context = self.context.clone();
+    ) -> Result<Action, ReconcileError<Rec::Error>> {
         // The reconcile may panic while building its future or while it runs.
         let future = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-            (self.reconcile)(request, context, token.clone())
+            self.reconciler.reconcile(request, token.clone())
         })) {
             Ok(future) => future,
             Err(panic) => return Err(ReconcileError::Panicked(panic_message(&*panic).to_owned())),

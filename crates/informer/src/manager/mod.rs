@@ -20,7 +20,7 @@ use kube_core::Resource;
 
 use crate::{
     apply::Applier,
-    controller::{Action, Controller, ControllerMetrics, ErrorAction, Failure, ReconcileRequest},
+    controller::{Controller, ControllerMetrics, Reconciler},
     error::error_chain,
     events::{Recorder, Reporter},
     informer::{FactoryScope, InformerFactory, Scope, TypedResource},
@@ -128,7 +128,7 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 /// let reconcile = |_: ReconcileRequest<Deployment>, _: Arc<()>, _| async {
 ///     Ok::<_, kube_client::Error>(Action::done())
 /// };
-/// manager.add_controller(deployments, reconcile, retry_with_backoff(), Arc::new(()));
+/// manager.add_controller(deployments, (reconcile, retry_with_backoff(), Arc::new(())));
 /// manager.bind().await?.run(cancel_on_signals()).await?;
 /// # Ok(()) }
 /// ```
@@ -220,7 +220,7 @@ impl Manager {
     /// let reconcile = |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| async {
     ///     Ok::<_, kube_client::Error>(Action::done())
     /// };
-    /// manager.add_controller(controller, reconcile, retry_with_backoff(), Arc::new(()));
+    /// manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
     /// manager.bind().await?.run(kube_informer::cancel_on_signals()).await?;
     /// # Ok(()) }
     /// ```
@@ -341,20 +341,10 @@ impl Manager {
     /// manager and given its shutdown timeout; a controller that fails (a source that
     /// cannot sync) stops the manager with its error. Its queue and reconcile metrics go
     /// to the manager's registry, unless it was given metrics of its own.
-    pub fn add_controller<K, Ctx, E, R, Fut, P>(
-        &mut self,
-        controller: Controller<K>,
-        reconcile: R,
-        error_policy: P,
-        context: Arc<Ctx>,
-    ) where
+    pub fn add_controller<K>(&mut self, controller: Controller<K>, reconciler: impl Reconciler<K>)
+    where
         K: Resource<DynamicType = ()> + Send + Sync + 'static,
         K::Scope: FactoryScope,
-        Ctx: Send + Sync + 'static,
-        E: StdError + Send + Sync + 'static,
-        R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
     {
         let mut controller = controller;
         if !controller.has_metrics() {
@@ -365,9 +355,7 @@ impl Manager {
         }
         let name = controller.name().to_owned();
         let Some(ring) = controller.ring().cloned() else {
-            self.add(name, move |cancel| {
-                controller.run(reconcile, error_policy, context, cancel)
-            });
+            self.add(name, move |cancel| controller.run(reconciler, cancel));
             return;
         };
         let store = controller.store();
@@ -383,7 +371,7 @@ impl Manager {
         let task: TaskFn = Box::new(move |cancel| {
             Box::pin(async move {
                 controller
-                    .run(reconcile, error_policy, context, cancel)
+                    .run(reconciler, cancel)
                     .await
                     .map_err(|e| Box::new(e) as _)
             })
