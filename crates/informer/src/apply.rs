@@ -30,6 +30,8 @@ use kube_client::{
 use kube_core::{NamespaceResourceScope, Resource};
 use serde::{Serialize, de::DeserializeOwned};
 
+use crate::error::server_says;
+
 /// What an apply does with fields another manager owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Conflicts {
@@ -65,7 +67,7 @@ pub enum ApplyError {
     #[error("cannot apply an object without a name")]
     NoName,
     /// The API server refused or did not answer.
-    #[error("apply as {manager} failed: {source}")]
+    #[error("apply as {manager} failed: {}", server_says(source))]
     Api {
         /// The applying field manager.
         manager: String,

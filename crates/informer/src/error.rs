@@ -413,16 +413,53 @@ impl Error {
     }
 }
 
-/// An error and every error it came from, `: `-separated, for logs.
+/// An error and every error it came from, `: `-separated, for logs: a cause the text
+/// already says is left out, and an API server's answer is its message, not the client's
+/// dump of the whole `Status`.
 pub(crate) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let said = match (as_a::<kube_client::Error>(cause), as_a::<Status>(cause)) {
+            (Some(client), _) => server_says(client),
+            (None, Some(status)) => status_says(status),
+            (None, None) => cause.to_string(),
+        };
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         source = cause.source();
     }
     text
+}
+
+/// `error` as a `T`, boxed or not (a boxed source is a `Box<T>` to `downcast_ref`).
+fn as_a<'a, T: std::error::Error + 'static>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    error
+        .downcast_ref::<T>()
+        .or_else(|| error.downcast_ref::<Box<T>>().map(|boxed| &**boxed))
+}
+
+/// What a client error says, with an API server's answer as its message alone (the
+/// client's own text repeats the whole `Status`).
+pub(crate) fn server_says(error: &kube_client::Error) -> String {
+    match error {
+        kube_client::Error::Api(status) => status_says(status),
+        other => other.to_string(),
+    }
+}
+
+/// An API server's answer as a reader wants it: its message, or its reason and code when
+/// it gave none.
+fn status_says(status: &Status) -> String {
+    match (status.message.is_empty(), status.reason.is_empty()) {
+        (false, _) => status.message.clone(),
+        (true, false) => format!("{} ({})", status.reason, status.code),
+        (true, true) => format!("status {}", status.code),
+    }
 }
 
 /// What a caught panic said, when it said it in text.
@@ -469,6 +506,38 @@ mod tests {
             reason: reason.into(),
             details: None,
         })
+    }
+
+    #[test]
+    fn a_chain_gives_the_server_s_message_once_not_the_client_s_status_dump() {
+        let conflict = kube_client::Error::Api(status(
+            409,
+            "Conflict",
+            "Operation cannot be fulfilled on configmaps \"a\": the object has been modified",
+        ));
+        let error = crate::ClientError::Api {
+            verb: "patch",
+            kind: "ConfigMap".into(),
+            key: "ns/a".into(),
+            source: Box::new(conflict),
+        };
+        let said = "patch ConfigMap ns/a: Operation cannot be fulfilled on configmaps \"a\": \
+                    the object has been modified";
+        assert_eq!(error.to_string(), said);
+        assert_eq!(
+            error_chain(&error),
+            said,
+            "nothing said twice, no Status dump"
+        );
+
+        let silent = kube_client::Error::Api(status(503, "ServiceUnavailable", ""));
+        assert_eq!(server_says(&silent), "ServiceUnavailable (503)");
+        let wrapped = std::io::Error::other(silent);
+        assert_eq!(
+            error_chain(&wrapped),
+            format!("{}: ServiceUnavailable (503)", wrapped),
+            "an outside error's text is kept as it is"
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::own_writes::{Cache, Caches, NotObserved, OwnWrites, ResourceVersion, Written};
 use crate::{
     apply::{Appliable, Applier, ApplyError, Conflicts},
-    error::Error,
+    error::{Error, server_says},
     informer::FactoryScope,
     key::ObjectKey,
     store::{Selector, Store},
@@ -25,7 +25,7 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The API server refused the write or did not answer.
-    #[error("{verb} {kind} {key}: {source}")]
+    #[error("{verb} {kind} {key}: {}", server_says(source))]
     Api {
         /// `create`, `replace`, `patch`, `delete`, or the status variants.
         verb: &'static str,

@@ -59,15 +59,31 @@ impl<K: Resource + 'static> Predicate<K> {
     }
 
     /// `metadata.generation` changed: the spec changed (status and metadata writes leave it
-    /// alone). An object without a generation (most built-in kinds but workloads) passes
-    /// every update.
+    /// alone). The start of a deletion (`metadata.deletionTimestamp` set) passes too,
+    /// whether or not the server moved the generation, so a finalizer's cleanup is never
+    /// filtered out. An object without a generation (most built-in kinds but workloads)
+    /// passes every update.
+    ///
+    /// ```
+    /// use k8s_openapi::{api::apps::v1::Deployment, apimachinery::pkg::apis::meta::v1::Time};
+    /// use kube_informer::Predicate;
+    ///
+    /// let spec_changes = Predicate::<Deployment>::generation_changed();
+    /// let mut old = Deployment::default();
+    /// old.metadata.generation = Some(1);
+    /// let mut deleting = old.clone();
+    /// deleting.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+    /// assert!(spec_changes.accepts(&old, &deleting));
+    /// ```
     pub fn generation_changed() -> Self {
-        Self::new(
-            |old, new| match (old.meta().generation, new.meta().generation) {
+        Self::new(|old, new| {
+            let (old, new) = (old.meta(), new.meta());
+            let generation = match (old.generation, new.generation) {
                 (Some(old), Some(new)) => old != new,
                 _ => true,
-            },
-        )
+            };
+            generation || old.deletion_timestamp != new.deletion_timestamp
+        })
     }
 
     /// `metadata.labels` changed.

@@ -220,15 +220,19 @@ where
         };
         let token = self.cancel.child_token();
         #[cfg(feature = "prometheus")]
-        let started = {
-            if let Some(recorder) = &self.recorder {
-                recorder.started();
-            }
-            tokio::time::Instant::now()
-        };
+        if let Some(recorder) = &self.recorder {
+            recorder.started();
+        }
+        let started = tokio::time::Instant::now();
         let outcome = self.call(request, token.clone()).await;
         // Whatever it did, its work is over; anything it spawned under the token stops.
         token.cancel();
+        let result = match &outcome {
+            Ok(action) if action.requeue_after.is_some() => "requeue_after",
+            Ok(_) => "success",
+            Err(_) => "error",
+        };
+        debug!(controller = %self.name, %key, result, elapsed_ms = started.elapsed().as_millis(), "reconciled");
         #[cfg(feature = "prometheus")]
         if let Some(recorder) = &self.recorder {
             let result = match &outcome {
