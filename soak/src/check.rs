@@ -389,7 +389,9 @@ fn check_complete(
     relists: &[i64],
     violations: &mut Vec<Violation>,
 ) {
-    let mut previous: HashMap<&str, (usize, i64)> = HashMap::new();
+    // Per key: the position of the last event's state, when it came, and whether it was a
+    // relist's tombstone.
+    let mut previous: HashMap<&str, (usize, i64, bool)> = HashMap::new();
     for event in events {
         let id = ObjectId {
             resource: stream.resource,
@@ -401,7 +403,21 @@ fn check_complete(
         let Some(at) = position(states, event) else {
             continue;
         };
-        if let Some(&(before, before_ns)) = previous.get(event.key.as_str())
+        let before = previous
+            .get(event.key.as_str())
+            .map(|&(before, before_ns, tombstone)| {
+                // A tombstone says the object was gone when the relist listed, not which
+                // deletion it saw: the latest one before this event's state.
+                let before = match tombstone {
+                    true if at > before => states[before..at]
+                        .iter()
+                        .rposition(|s| !s.exists())
+                        .map_or(before, |offset| before + offset),
+                    _ => before,
+                };
+                (before, before_ns)
+            });
+        if let Some((before, before_ns)) = before
             && at > before + 1
         {
             let relisted = relists
@@ -420,7 +436,7 @@ fn check_complete(
                 });
             }
         }
-        previous.insert(&event.key, (at, event.at_ns));
+        previous.insert(&event.key, (at, event.at_ns, event.tombstone));
     }
 }
 
@@ -810,6 +826,45 @@ mod tests {
         );
         let rules: Vec<_> = found.violations.iter().map(|v| v.rule).collect();
         assert_eq!(rules, [Rule::Complete, Rule::Lag]);
+    }
+
+    #[test]
+    fn a_relist_s_tombstone_stands_for_the_last_deletion_before_what_follows() {
+        // Created (1), deleted, created again (2), deleted, created a third time (3).
+        let mut history = ServerHistory::default();
+        history.states.insert(
+            ObjectId {
+                resource: Resource::Pods,
+                key: "ns/a".into(),
+            },
+            vec![
+                state(Some(1), Some(10), 1_000),
+                state(None, None, 2_000),
+                state(Some(2), Some(12), 3_000),
+                state(None, None, 4_000),
+                state(Some(3), Some(14), 5_000),
+            ],
+        );
+        let complete = |events: &[EventRecord]| {
+            let streams = streams(events);
+            let mut violations = Vec::new();
+            for (stream, events) in &streams {
+                check_complete(&history, stream, events, &[], &mut violations);
+            }
+            violations
+        };
+        // A relist after the second deletion: a tombstone for write 1, then write 3.
+        let mut tombstone = event(EventType::Delete, "ns/a", 10, 1, 4_500);
+        tombstone.tombstone = true;
+        let third = event(EventType::Add, "ns/a", 14, 3, 5_100);
+        let added = event(EventType::Add, "ns/a", 10, 1, 1_100);
+        let found = complete(&[added.clone(), tombstone.clone(), third.clone()]);
+        assert!(found.is_empty(), "{found:?}");
+        // A plain delete stands for the first deletion: write 2 was passed over.
+        let mut plain = tombstone;
+        plain.tombstone = false;
+        let found = complete(&[added, plain, third]);
+        assert_eq!(found.len(), 1, "{found:?}");
     }
 
     #[test]
