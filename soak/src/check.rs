@@ -1071,9 +1071,10 @@ mod tests {
         assert_eq!(recreated_at_once(&[&gone, &same]), 0);
     }
 
-    #[test]
-    fn an_earlier_object_s_deletion_reconciled_last_says_nothing_of_the_new_one() {
-        let reconcile = |uid: &str, marker, started_ns| ReconcileRecord {
+    /// A sharded controller's reconcile of the object `uid` named `ns/a` (on a replica
+    /// named after it), seeing write `marker` (`None`: deleted), 1 ns long.
+    fn of_object(uid: &str, marker: Option<u64>, started_ns: i64) -> ReconcileRecord {
+        ReconcileRecord {
             controller: "sharded".into(),
             replica: Some(uid.into()),
             uid: Some(uid.into()),
@@ -1081,14 +1082,18 @@ mod tests {
             marker,
             started_ns,
             finished_ns: started_ns + 1,
-        };
+        }
+    }
+
+    #[test]
+    fn an_earlier_object_s_deletion_reconciled_last_says_nothing_of_the_new_one() {
         // Write 4 is the object created again; the first one's deletion comes last.
-        let new = reconcile("uid-new", Some(4), 4_200);
-        let old_gone = reconcile("uid-old", None, 4_300);
+        let new = of_object("uid-new", Some(4), 4_200);
+        let old_gone = of_object("uid-old", None, 4_300);
         let kills = Kills::new();
         assert!(unreconciled(&history(), &[&new, &old_gone], &kills).is_empty());
         // The new object's own deletion does count.
-        let new_gone = reconcile("uid-new", None, 4_300);
+        let new_gone = of_object("uid-new", None, 4_300);
         assert_eq!(
             unreconciled(&history(), &[&new, &new_gone], &kills),
             [("ns/a", None, Some(4))]
@@ -1097,20 +1102,11 @@ mod tests {
 
     #[test]
     fn a_stale_cache_s_view_of_an_earlier_object_reconciled_last_says_nothing_of_the_new_one() {
-        let reconcile = |uid: &str, marker, started_ns| ReconcileRecord {
-            controller: "sharded".into(),
-            replica: Some(uid.into()),
-            uid: Some(uid.into()),
-            key: "ns/a".into(),
-            marker,
-            started_ns,
-            finished_ns: started_ns + 1,
-        };
         let kills = Kills::new();
-        let old = reconcile("uid-old", Some(2), 2_100);
-        let new = reconcile("uid-new", Some(4), 4_200);
+        let old = of_object("uid-old", Some(2), 2_100);
+        let new = of_object("uid-new", Some(4), 4_200);
         // Another replica, its cache behind, still sees the first object after that.
-        let stale = reconcile("uid-old", Some(2), 4_300);
+        let stale = of_object("uid-old", Some(2), 4_300);
         assert!(unreconciled(&history(), &[&old, &new, &stale], &kills).is_empty());
 
         // Deleted for good: its last reconcile must see the deletion.
@@ -1122,10 +1118,10 @@ mod tests {
             unreconciled(&gone, &[&old, &new, &stale], &kills),
             [("ns/a", Some(4), None)]
         );
-        let new_gone = reconcile("uid-new", None, 5_100);
+        let new_gone = of_object("uid-new", None, 5_100);
         assert!(unreconciled(&gone, &[&old, &new, &stale, &new_gone], &kills).is_empty());
         // The first object's deletion is no stand-in for the last one's.
-        let old_gone = reconcile("uid-old", None, 5_100);
+        let old_gone = of_object("uid-old", None, 5_100);
         assert_eq!(
             unreconciled(&gone, &[&old, &new, &stale, &old_gone], &kills).len(),
             1

@@ -1285,6 +1285,24 @@ mod handover_deletions {
             .collect()
     }
 
+    /// Creates the test's objects; each one's slot, by name.
+    async fn create_objects(api: &Api<ConfigMap>) -> BTreeMap<String, u16> {
+        let objects = (0..OBJECTS)
+            .map(|i| config_map(&format!("cm-{i}"), &[]))
+            .collect();
+        tests::create_all(api, objects).await;
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|cm| {
+                let slot = slot_of(cm.metadata.uid.as_deref().unwrap(), SLOTS);
+                (cm.metadata.name.unwrap(), slot)
+            })
+            .collect()
+    }
+
     async fn delete(api: &Api<ConfigMap>, names: &BTreeSet<String>) {
         for name in names {
             api.delete(name, &DeleteParams::default()).await.unwrap();
@@ -1296,21 +1314,7 @@ mod handover_deletions {
         let env = TestEnv::shared().await;
         let (client, namespace) = test_namespace(env, "shard-handover").await;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        let objects = (0..OBJECTS)
-            .map(|i| config_map(&format!("cm-{i}"), &[]))
-            .collect();
-        tests::create_all(&api, objects).await;
-        let slots: BTreeMap<String, u16> = api
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .map(|cm| {
-                let slot = slot_of(cm.metadata.uid.as_deref().unwrap(), SLOTS);
-                (cm.metadata.name.unwrap(), slot)
-            })
-            .collect();
+        let slots = create_objects(&api).await;
         let log: Log = Arc::default();
 
         let a = replica("a", &client, client.clone(), &namespace, &log, STEADY);
@@ -1427,21 +1431,7 @@ mod handover_deletions {
         let env = TestEnv::shared().await;
         let (client, namespace) = test_namespace(env, "shard-forward").await;
         let api: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
-        let objects = (0..OBJECTS)
-            .map(|i| config_map(&format!("cm-{i}"), &[]))
-            .collect();
-        tests::create_all(&api, objects).await;
-        let slots: BTreeMap<String, u16> = api
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .map(|cm| {
-                let slot = slot_of(cm.metadata.uid.as_deref().unwrap(), SLOTS);
-                (cm.metadata.name.unwrap(), slot)
-            })
-            .collect();
+        let slots = create_objects(&api).await;
         let members = |names: &[&str]| names.iter().map(|&n| n.to_owned()).collect::<Vec<_>>();
         // A newcomer whose joining moves slots of a's elsewhere, and those slots (a
         // deletion there that a misses is in nobody's cache but a's once a catches up).
