@@ -4,6 +4,7 @@
 
 use std::{sync::Arc, time::Duration};
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::{
     api::{
         core::v1::{ConfigMap, Service, ServicePort, ServiceSpec, ServiceStatus},
@@ -13,7 +14,7 @@ use k8s_openapi::{
 };
 use kube_client::{
     Api, Client,
-    api::{ListParams, PostParams},
+    api::{ApiResource, DynamicObject, ListParams, PostParams},
 };
 use kube_informer::{
     Action, CancellationToken, ReconcileRequest, Scope,
@@ -378,4 +379,84 @@ async fn toolkit_an_apply_over_another_managers_field_is_a_conflict_naming_it() 
         .await
         .unwrap();
     assert_eq!(taken.data.unwrap()["mode"], "fast");
+}
+
+/// A CRD of kind `kind` named `<plural>.<group>`, its spec free-form.
+fn crd(group: &str, plural: &str, kind: &str) -> CustomResourceDefinition {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": { "name": format!("{plural}.{group}") },
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": { "plural": plural, "kind": kind },
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": { "openAPIV3Schema": {
+                    "type": "object",
+                    "properties": { "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true } }
+                } }
+            }]
+        }
+    }))
+    .expect("a valid CRD")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolkit_an_installed_crd_is_established_and_serves_its_kind_when_install_returns() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "install-crd").await;
+    let applier = Applier::new(client.clone(), "example.com/installer");
+    let group = "install.toolkit.kube-informer.dev";
+    let installed = within(
+        "the CRD to install",
+        applier.install_crd(&crd(group, "gizmos", "Gizmo"), Duration::from_secs(60)),
+    )
+    .await
+    .expect("the CRD is established");
+    assert!(
+        installed
+            .status
+            .and_then(|s| s.conditions)
+            .is_some_and(|c| c
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")),
+        "returned as established"
+    );
+    // Served at once: no retry, no wait.
+    let resource = ApiResource {
+        group: group.into(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "Gizmo".into(),
+        plural: "gizmos".into(),
+    };
+    let gizmos: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource);
+    let gizmo = DynamicObject::new("first", &resource).data(serde_json::json!({ "spec": {} }));
+    gizmos
+        .create(&PostParams::default(), &gizmo)
+        .await
+        .expect("a Gizmo is created right after the install");
+    // Installing again changes nothing and returns at once.
+    within(
+        "the CRD to install again",
+        applier.install_crd(&crd(group, "gizmos", "Gizmo"), Duration::from_secs(60)),
+    )
+    .await
+    .expect("installed again");
+
+    // A second CRD claiming the same kind in the group is never accepted.
+    let clash = applier
+        .install_crd(&crd(group, "gadgets", "Gizmo"), Duration::from_secs(3))
+        .await;
+    match clash {
+        Err(ApplyError::NotEstablished {
+            name, conditions, ..
+        }) => {
+            assert_eq!(name, format!("gadgets.{group}"));
+            assert!(conditions.contains("NamesAccepted=False"), "{conditions}");
+        }
+        other => panic!("a kind clash is reported: {other:?}"),
+    }
 }

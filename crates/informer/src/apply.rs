@@ -21,16 +21,19 @@
 //! # Ok(()) }
 //! ```
 
-use std::fmt::Debug;
+use std::{fmt::Debug, time::Duration};
 
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube_client::{
     Api, Client,
-    api::{Patch, PatchParams},
+    api::{Patch, PatchParams, WatchEvent, WatchParams},
 };
-use kube_core::{NamespaceResourceScope, Resource};
+use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
+use tokio::time::Instant;
 
-use crate::error::server_says;
+use crate::{error::server_says, informer::FactoryScope};
 
 /// What an apply does with fields another manager owns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +78,46 @@ pub enum ApplyError {
         #[source]
         source: kube_client::Error,
     },
+    /// A CRD was applied, and the API server did not report it `Established` in time.
+    #[error("CustomResourceDefinition {name} not established after {waited:?}: {conditions}")]
+    NotEstablished {
+        /// The CRD's name.
+        name: String,
+        /// How long [`install_crd`](Applier::install_crd) waited.
+        waited: Duration,
+        /// The conditions the server last reported, as `Type=Status (reason)`.
+        conditions: String,
+    },
+}
+
+/// Whether the server reports `crd` `Established`.
+fn established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}
+
+fn describe_conditions(crd: &CustomResourceDefinition) -> String {
+    let conditions = crd
+        .status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref());
+    match conditions {
+        Some(conditions) if !conditions.is_empty() => conditions
+            .iter()
+            .map(|c| match c.reason.as_deref() {
+                Some(reason) => format!("{}={} ({reason})", c.type_, c.status),
+                None => format!("{}={}", c.type_, c.status),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "no conditions reported".to_owned(),
+    }
 }
 
 fn describe(conflicts: &[FieldConflict]) -> String {
@@ -85,19 +128,15 @@ fn describe(conflicts: &[FieldConflict]) -> String {
         .join(", ")
 }
 
-/// What an [`Applier`] writes: a namespaced kind with a static type, that serializes
-/// (for the patch) and deserializes (the stored object it answers with).
+/// What an [`Applier`] writes: a kind with a static type, namespaced or cluster-scoped,
+/// that serializes (for the patch) and deserializes (the stored object it answers with).
 pub trait Appliable:
-    Resource<DynamicType = (), Scope = NamespaceResourceScope>
-    + Serialize
-    + DeserializeOwned
-    + Clone
-    + Debug
+    Resource<DynamicType = (), Scope: FactoryScope> + Serialize + DeserializeOwned + Clone + Debug
 {
 }
 
 impl<K> Appliable for K where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    K: Resource<DynamicType = (), Scope: FactoryScope>
         + Serialize
         + DeserializeOwned
         + Clone
@@ -170,17 +209,91 @@ impl Applier {
             .map_err(|e| self.error(e))
     }
 
-    fn api_for<K>(&self, object: &K) -> Result<(Api<K>, String), ApplyError>
-    where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>,
-    {
+    /// Applies the CustomResourceDefinition `crd` (with [`Conflicts::TakeOwnership`]: an
+    /// operator owns its CRDs) and waits, for at most `timeout`, until the API server
+    /// reports it `Established`, so objects of its kind can be listed, watched and written
+    /// at once. Returns the CRD as stored then.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    /// use kube_informer::apply::Applier;
+    ///
+    /// # async fn doc(client: kube_client::Client, crd: CustomResourceDefinition) -> Result<(), kube_informer::apply::ApplyError> {
+    /// let applier = Applier::new(client, "example.com/operator");
+    /// applier.install_crd(&crd, Duration::from_secs(30)).await?;
+    /// // Informers and controllers of the new kind can start now.
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`apply`](Self::apply); [`ApplyError::NotEstablished`] when `timeout` passes
+    /// first (a name conflict with another CRD, say: its conditions tell).
+    pub async fn install_crd(
+        &self,
+        crd: &CustomResourceDefinition,
+        timeout: Duration,
+    ) -> Result<CustomResourceDefinition, ApplyError> {
+        let applied = self.apply(crd, Conflicts::TakeOwnership).await?;
+        let name = applied.metadata.name.clone().unwrap_or_default();
+        let api: Api<CustomResourceDefinition> = Api::all(self.client.clone());
+        let started = Instant::now();
+        let mut last = applied;
+        let waited = tokio::time::timeout(timeout, async {
+            loop {
+                if established(&last) {
+                    return Ok(());
+                }
+                // Each change of the CRD is looked at; a watch that ends is opened again
+                // from the last version seen.
+                let version = last.metadata.resource_version.clone().unwrap_or_default();
+                let params = WatchParams::default().fields(&format!("metadata.name={name}"));
+                let mut events = api
+                    .watch(&params, &version)
+                    .await
+                    .map_err(|e| self.error(e))?
+                    .boxed();
+                while let Some(event) = events.next().await {
+                    match event.map_err(|e| self.error(e))? {
+                        WatchEvent::Added(crd) | WatchEvent::Modified(crd) => {
+                            last = crd;
+                            if established(&last) {
+                                return Ok(());
+                            }
+                        }
+                        WatchEvent::Bookmark(_) | WatchEvent::Deleted(_) => {}
+                        // The version is too old (or the watch failed): read it afresh.
+                        WatchEvent::Error(_) => break,
+                    }
+                }
+                last = api.get(&name).await.map_err(|e| self.error(e))?;
+            }
+        })
+        .await;
+        match waited {
+            Ok(Ok(())) => Ok(last),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(ApplyError::NotEstablished {
+                name,
+                waited: started.elapsed(),
+                conditions: describe_conditions(&last),
+            }),
+        }
+    }
+
+    fn api_for<K: Appliable>(&self, object: &K) -> Result<(Api<K>, String), ApplyError> {
         let meta = object.meta();
         let name = meta.name.clone().ok_or(ApplyError::NoName)?;
-        let api = match meta.namespace.as_deref() {
-            Some(namespace) => Api::namespaced(self.client.clone(), namespace),
-            None => Api::default_namespaced(self.client.clone()),
+        // A namespaced object without a namespace goes where the client's config points.
+        let namespace = match meta.namespace.as_deref() {
+            None if <K::Scope as FactoryScope>::NAMESPACED => Some(self.client.default_namespace()),
+            namespace => namespace,
         };
-        Ok((api, name))
+        Ok((
+            <K::Scope as FactoryScope>::api(self.client.clone(), namespace),
+            name,
+        ))
     }
 
     fn params(&self, conflicts: Conflicts) -> PatchParams {
