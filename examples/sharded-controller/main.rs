@@ -109,12 +109,7 @@ async fn reconcile(
 ) -> Result<Action, std::io::Error> {
     let started_ns = unix_nanos();
     let key = request.key().to_string();
-    let uid = match &request {
-        ReconcileRequest::Present(cm) => cm.metadata.uid.clone(),
-        ReconcileRequest::Deleted { last_known, .. } => {
-            last_known.as_ref().and_then(|cm| cm.metadata.uid.clone())
-        }
-    };
+    let uid = request.uid().map(str::to_owned);
     let labels = match &request {
         ReconcileRequest::Present(cm) => {
             let labels = cm.metadata.labels.clone().unwrap_or_default();

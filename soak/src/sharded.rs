@@ -120,13 +120,12 @@ async fn reconcile(
     _cancel: CancellationToken,
 ) -> Result<Action, std::io::Error> {
     let started_ns = unix_nanos();
-    let (marker, uid) = match &request {
-        ReconcileRequest::Present(pod) => (marker_of(&pod.metadata), pod.metadata.uid.clone()),
-        ReconcileRequest::Deleted { last_known, .. } => (
-            None,
-            last_known.as_ref().and_then(|pod| pod.metadata.uid.clone()),
-        ),
+    let marker = match &request {
+        ReconcileRequest::Present(pod) => marker_of(&pod.metadata),
+        ReconcileRequest::Deleted { .. } => None,
     };
+    // Known for a forwarded deletion too, which comes without a last state.
+    let uid = request.uid().map(str::to_owned);
     // Long enough for a second reconcile of the key, by this replica or another, to
     // overlap it if the queue or the ring let one start.
     tokio::time::sleep(Duration::from_millis(2)).await;

@@ -22,10 +22,23 @@ pub enum ReconcileRequest<K> {
         /// Its last state, when the informer saw it (not after a restart of the controller,
         /// or for a key enqueued by hand for an object that never existed).
         last_known: Option<Arc<K>>,
+        /// Its UID, when known: from its last state, or, for a sharded controller, from the
+        /// replica that saw the deletion in a slot it lost and forwarded it here (which
+        /// then comes without a last state).
+        uid: Option<String>,
     },
 }
 
 impl<K: Resource> ReconcileRequest<K> {
+    /// The object's UID, when known (see [`Deleted::uid`](ReconcileRequest::Deleted)): a
+    /// key can name one object, then, once it is deleted, another.
+    pub fn uid(&self) -> Option<&str> {
+        match self {
+            ReconcileRequest::Present(obj) => obj.meta().uid.as_deref(),
+            ReconcileRequest::Deleted { uid, .. } => uid.as_deref(),
+        }
+    }
+
     /// The object's key.
     pub fn key(&self) -> ObjectKey {
         match self {

@@ -654,8 +654,11 @@ mod tests {
                             entered.notify_one();
                             release.notified().await;
                         }
-                        ReconcileRequest::Deleted { last_known, .. } => {
-                            deletions.lock().unwrap().push(last_known.is_some());
+                        ReconcileRequest::Deleted {
+                            last_known, uid, ..
+                        } => {
+                            let told = last_known.is_some() && uid.as_deref() == Some("uid-a");
+                            deletions.lock().unwrap().push(told);
                         }
                     }
                     Ok::<_, std::io::Error>(Action::done())
@@ -690,7 +693,7 @@ mod tests {
         assert_eq!(
             *deletions.lock().unwrap(),
             [true],
-            "the deletion was lost, or reconciled without the object's last state"
+            "the deletion was lost, or reconciled without the object's last state and UID"
         );
         cancel.cancel();
     }

@@ -180,6 +180,7 @@ where
                 let deleted = ReconcileRequest::Deleted {
                     key: key.clone(),
                     last_known,
+                    uid: uid.clone(),
                 };
                 (deleted, uid)
             }
