@@ -745,23 +745,28 @@ mod tests {
         }
     }
 
-    /// One object created (write 1 at rv 10), updated (write 2 at rv 11), deleted, and
-    /// created again (write 4 at rv 13).
-    fn history() -> ServerHistory {
+    /// The Pod `ns/a` through `states`.
+    fn history_of(states: Vec<ServerState>) -> ServerHistory {
         let mut history = ServerHistory::default();
         history.states.insert(
             ObjectId {
                 resource: Resource::Pods,
                 key: "ns/a".into(),
             },
-            vec![
-                state(Some(1), Some(10), 1_000),
-                state(Some(2), Some(11), 2_000),
-                state(None, None, 3_000),
-                state(Some(4), Some(13), 4_000),
-            ],
+            states,
         );
         history
+    }
+
+    /// One object created (write 1 at rv 10), updated (write 2 at rv 11), deleted, and
+    /// created again (write 4 at rv 13).
+    fn history() -> ServerHistory {
+        history_of(vec![
+            state(Some(1), Some(10), 1_000),
+            state(Some(2), Some(11), 2_000),
+            state(None, None, 3_000),
+            state(Some(4), Some(13), 4_000),
+        ])
     }
 
     fn faithful() -> Vec<EventRecord> {
@@ -831,20 +836,13 @@ mod tests {
     #[test]
     fn a_relist_s_tombstone_stands_for_the_last_deletion_before_what_follows() {
         // Created (1), deleted, created again (2), deleted, created a third time (3).
-        let mut history = ServerHistory::default();
-        history.states.insert(
-            ObjectId {
-                resource: Resource::Pods,
-                key: "ns/a".into(),
-            },
-            vec![
-                state(Some(1), Some(10), 1_000),
-                state(None, None, 2_000),
-                state(Some(2), Some(12), 3_000),
-                state(None, None, 4_000),
-                state(Some(3), Some(14), 5_000),
-            ],
-        );
+        let history = history_of(vec![
+            state(Some(1), Some(10), 1_000),
+            state(None, None, 2_000),
+            state(Some(2), Some(12), 3_000),
+            state(None, None, 4_000),
+            state(Some(3), Some(14), 5_000),
+        ]);
         let complete = |events: &[EventRecord]| {
             let streams = streams(events);
             let mut violations = Vec::new();

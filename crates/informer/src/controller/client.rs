@@ -327,29 +327,18 @@ impl ControllerClient {
             .caches
             .cache::<C>()
             .ok_or_else(|| ClientError::NoCache { kind: kind() })?;
-        let OwnWrites::Awaited { timeout } = self.caches.mode() else {
-            return Ok(cache);
-        };
-        match cache.observe(key, timeout, cancel).await {
-            Ok(waited) => {
-                if !waited.is_zero() {
-                    self.caches.count_wait(waited, false);
-                }
-                Ok(cache)
-            }
+        match self.caches.observe(&cache, key, cancel).await {
+            Ok(()) => Ok(cache),
             Err(NotObserved::TimedOut {
                 key,
                 written,
                 waited,
-            }) => {
-                self.caches.count_wait(waited, true);
-                Err(ClientError::NotObserved {
-                    kind: kind(),
-                    key,
-                    write: written.to_string(),
-                    waited,
-                })
-            }
+            }) => Err(ClientError::NotObserved {
+                kind: kind(),
+                key,
+                write: written.to_string(),
+                waited,
+            }),
             Err(NotObserved::Cancelled) => Err(ClientError::Cancelled { kind: kind() }),
             Err(NotObserved::Stopped) => Err(ClientError::CacheStopped { kind: kind() }),
         }

@@ -685,6 +685,7 @@ where
         let worker = Arc::new(Worker {
             ring,
             parked,
+            primary_writes: caches.cache::<K>(),
             caches,
             name: name.clone(),
             queue: queue.clone(),

@@ -389,42 +389,33 @@ impl Caches {
         let _ = self.recorder.set(recorder);
     }
 
-    /// Waits until the cache of `C` has observed this controller's writes to `key`, as a
-    /// reconcile of `key` does before it is handed the cached object: a reconcile the
-    /// controller's own write triggered again (through a child it deleted, say) then sees
-    /// that write, never the state before it. Returns at once when nothing was written
-    /// to `key` or writes are [ignored](OwnWrites::Ignored).
-    pub(super) async fn await_key<C: Resource + Send + Sync + 'static>(
+    /// Waits, as the [mode](OwnWrites) says, until `cache` has observed this controller's
+    /// writes to `key` (to every key with `None`), counting the wait. Both the client's
+    /// reads and a worker, before it hands a key's object to the reconcile, wait here: a
+    /// reconcile the controller's own write triggered again (through a child it deleted,
+    /// say) then sees that write, never the state before it.
+    pub(super) async fn observe<C: Resource + Send + Sync + 'static>(
         &self,
-        key: &ObjectKey,
+        cache: &Cache<C>,
+        key: Option<&ObjectKey>,
         cancel: &CancellationToken,
     ) -> Result<(), NotObserved> {
         let OwnWrites::Awaited { timeout } = self.mode() else {
             return Ok(());
         };
-        let Some(cache) = self.cache::<C>() else {
-            return Ok(());
-        };
-        match cache.observe(Some(key), timeout, cancel).await {
+        match cache.observe(key, timeout, cancel).await {
             Ok(waited) => {
                 if !waited.is_zero() {
                     self.count_wait(waited, false);
                 }
                 Ok(())
             }
-            Err(NotObserved::TimedOut {
-                key,
-                written,
-                waited,
-            }) => {
-                self.count_wait(waited, true);
-                Err(NotObserved::TimedOut {
-                    key,
-                    written,
-                    waited,
-                })
+            Err(not_observed) => {
+                if let NotObserved::TimedOut { waited, .. } = &not_observed {
+                    self.count_wait(*waited, true);
+                }
+                Err(not_observed)
             }
-            Err(other) => Err(other),
         }
     }
 
@@ -433,7 +424,7 @@ impl Caches {
     }
 
     /// Counts a read that waited `took`, and whether it gave up.
-    pub(super) fn count_wait(&self, took: Duration, timed_out: bool) {
+    fn count_wait(&self, took: Duration, timed_out: bool) {
         let stats = &self.stats;
         stats.waited.fetch_add(1, AtomicOrdering::Relaxed);
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);

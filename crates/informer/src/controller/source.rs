@@ -304,14 +304,12 @@ impl Parked {
     /// [`caught_up`](crate::sharding::Handover::caught_up) asks.
     fn requeue(&self, slot: u16, queue: &RateLimitingQueue<ObjectKey>) -> usize {
         let mut parked = self.lock();
-        let keys = parked.get(&slot).map_or(0, |keys| {
-            for key in keys {
-                queue.add(key.clone());
-            }
-            keys.len()
-        });
-        parked.remove(&slot);
-        keys
+        let keys = parked.remove(&slot).unwrap_or_default();
+        let count = keys.len();
+        for key in keys {
+            queue.add(key);
+        }
+        count
     }
 
     /// Takes out the keys of every slot `keep` refuses: slots that went to another replica

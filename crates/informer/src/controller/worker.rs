@@ -19,7 +19,7 @@ use tracing::{debug, error, warn};
 use super::metrics::{Outcome, Recorder};
 use super::{
     last_state::{LastState, LastStates},
-    own_writes::{Caches, NotObserved},
+    own_writes::{Cache, Caches, NotObserved},
     reconciler::Reconciler,
     request::{Action, ErrorAction, Failure, ReconcileError, ReconcileRequest},
     source::Parked,
@@ -131,6 +131,8 @@ pub(super) struct Worker<K, Rec> {
     /// What the controller's client wrote: a key's reconcile waits until the primary's
     /// cache has observed the writes to it.
     pub(super) caches: Arc<Caches>,
+    /// The primary's writes, looked up once rather than on every reconcile.
+    pub(super) primary_writes: Option<Arc<Cache<K>>>,
 }
 
 impl<K, Rec> Worker<K, Rec>
@@ -155,7 +157,11 @@ where
     }
 
     async fn reconcile_one(&self, key: &ObjectKey) {
-        match self.caches.await_key::<K>(key, &self.cancel).await {
+        let observed = match &self.primary_writes {
+            Some(cache) => self.caches.observe(cache, Some(key), &self.cancel).await,
+            None => Ok(()),
+        };
+        match observed {
             Ok(()) | Err(NotObserved::Stopped) => {}
             Err(NotObserved::Cancelled) => return,
             Err(NotObserved::TimedOut {
