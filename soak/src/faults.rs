@@ -182,25 +182,35 @@ pub async fn inject(
     stop: CancellationToken,
 ) {
     let mut held = tokio::task::JoinSet::new();
-    // The API server and etcd are one each: their faults take turns.
+    // The API server and etcd are one each: their faults take turns. So do two faults of
+    // one kind on the proxies: they share toxic names, and the first one's lift would
+    // remove the second's toxics.
     let control_plane = Arc::new(tokio::sync::Mutex::new(()));
+    let proxy_turns: Arc<std::collections::BTreeMap<FaultKind, tokio::sync::Mutex<()>>> = Arc::new(
+        FaultKind::value_variants()
+            .iter()
+            .filter(|kind| kind.on_proxies())
+            .map(|kind| (*kind, tokio::sync::Mutex::new(())))
+            .collect(),
+    );
     for fault in schedule {
         tokio::select! {
             () = stop.cancelled() => break,
             () = tokio::time::sleep_until(start + fault.at) => {}
         }
-        let (env, proxies, log, control_plane) = (
+        let (env, proxies, log, control_plane, proxy_turns) = (
             env.clone(),
             proxies.clone(),
             log.clone(),
             control_plane.clone(),
+            proxy_turns.clone(),
         );
         held.spawn(async move {
-            let _turn = if fault.kind.on_proxies() {
-                None
-            } else {
-                Some(control_plane.lock().await)
+            let turn = match proxy_turns.get(&fault.kind) {
+                Some(kind_turn) => kind_turn,
+                None => &*control_plane,
             };
+            let _turn = turn.lock().await;
             let applied_ns = unix_nanos();
             info!(kind = ?fault.kind, hold_ms = fault.hold.as_millis() as u64, amount = fault.amount, "fault");
             let outcome = apply(&env, &proxies, &fault).await;

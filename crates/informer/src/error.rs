@@ -348,6 +348,14 @@ impl Error {
         matches!(self, Error::Api { status, .. } if status.code == 503)
     }
 
+    /// True for an answer that asks to try again soon: 503 Service Unavailable, or 429 Too
+    /// Many Requests (a server whose storage is still (re)initializing after a restart,
+    /// or one shedding load). client-go's client retries both after the server's
+    /// `Retry-After`, about a second.
+    pub fn is_retry_soon(&self) -> bool {
+        matches!(self, Error::Api { status, .. } if matches!(status.code, 429 | 503))
+    }
+
     /// True when the server has not caught up with the requested resourceVersion: the
     /// caller must relist from `""`.
     pub fn is_resource_version_too_large(&self) -> bool {

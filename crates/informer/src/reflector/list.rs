@@ -5,7 +5,7 @@ use kube_core::Resource;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Listed, Reflector, ReflectorStore, state::ListFrom};
+use super::{Reflector, shard::Listed, state::ListFrom, store::ReflectorStore};
 use crate::{
     error::{Error, Verb},
     list_watch::{ListItem, ListOptions, ListWatch, RawObject, Shard, ShardMode},

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::ListMode;
+use super::config::ListMode;
 use crate::error::{Error, StreamingRefusal};
 
 /// Which resourceVersion the next full list asks for.
@@ -206,13 +206,14 @@ impl State {
                 Next::Go
             }
             _ if matches!(error, Error::Transport { .. }) => Next::Reconnect,
-            _ if error.is_service_unavailable() => self.unavailable(),
+            _ if error.is_retry_soon() => self.unavailable(),
             _ => Next::Backoff,
         }
     }
 
-    /// The server answered 503 Service Unavailable: it is starting, or cannot reach its
-    /// storage, and will serve the same request once it can. Retried as soon as an
+    /// The server answered 503 Service Unavailable or 429 Too Many Requests: it is
+    /// starting, its storage is (re)initializing, or it sheds load, and it will serve the
+    /// same request once it can. Retried as soon as an
     /// unreachable server is, for a while: a server restart answers 503 for seconds, and
     /// the first request after it should not wait out a backoff grown by the failures
     /// before it (which left a cache 30 s behind a healthy server). A server that stays
@@ -286,15 +287,12 @@ impl State {
                 Next::Go
             }
             WatchEnd::Refused { error } if error.is_gone() => self.gone(),
-            // A server that does not answer, or asks to slow down, will most likely serve
-            // the same watch later: retry it, as client-go does, without a relist.
+            // A server that does not answer, or asks to try again soon, will most likely
+            // serve the same watch later: retry it, as client-go does, without a relist.
             WatchEnd::Refused {
                 error: Error::Transport { .. },
             } => Next::Reconnect,
-            WatchEnd::Refused {
-                error: Error::Api { status, .. },
-            } if status.code == 429 => Next::Backoff,
-            WatchEnd::Refused { error } if error.is_service_unavailable() => self.unavailable(),
+            WatchEnd::Refused { error } if error.is_retry_soon() => self.unavailable(),
             // Any other refusal (403, 5xx, too large a version) may last: relist after the
             // backoff, as client-go's `ListAndWatch` loop does, so a cache whose watch never
             // works still follows the server at the pace of its lists.
@@ -454,7 +452,8 @@ mod tests {
             let mut state = State::new(ListMode::Paged);
             state.listed("5".to_owned());
             let what = error.to_string();
-            let expected = if matches!(error, Error::Transport { .. }) {
+            // A 429 is the first of the quick retries a 503 gets.
+            let expected = if matches!(error, Error::Transport { .. }) || error.is_retry_soon() {
                 Next::Reconnect
             } else {
                 Next::Backoff
@@ -465,7 +464,7 @@ mod tests {
     }
 
     #[test]
-    fn a_server_answering_503_is_retried_quickly_for_a_while_then_backed_off() {
+    fn a_server_answering_503_or_429_is_retried_quickly_for_a_while_then_backed_off() {
         let unavailable = || {
             Error::from_status(
                 status(
@@ -509,6 +508,27 @@ mod tests {
         // A list answered 503 too.
         let mut state = State::new(ListMode::Paged);
         assert_eq!(state.list_failed(&unavailable()), Next::Reconnect);
+        // A restarted server answers 429 while its storage initializes: the same quick
+        // retries, not a backoff grown by the failures before (a cache 28 s behind).
+        let initializing = || {
+            Error::from_status(
+                status(429, "TooManyRequests", "storage is (re)initializing"),
+                Verb::Watch,
+                "widgets",
+                None,
+            )
+        };
+        let mut state = State::new(ListMode::Paged);
+        state.listed("5".to_owned());
+        let refused_429 = WatchReport {
+            end: WatchEnd::Refused {
+                error: initializing(),
+            },
+            ..refused()
+        };
+        assert_eq!(state.watched(&refused_429), Next::Reconnect);
+        assert_eq!(state.phase(), Phase::Watch);
+        assert_eq!(state.list_failed(&initializing()), Next::Reconnect);
     }
 
     #[test]

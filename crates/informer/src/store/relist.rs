@@ -13,9 +13,11 @@ use std::sync::{Arc, MutexGuard, PoisonError};
 use kube_core::Resource;
 
 use super::{
-    Arrival, EncodedObject, KeyHasher, ObjectKeySet, Recent, Writer,
+    Arrival, KeyHasher, ObjectKeySet, Recent,
     index::{IndexValues, apply_change, compute_values},
+    kept::EncodedObject,
     slot::{Slot, Taken},
+    writer::Writer,
 };
 use crate::{key::ObjectKey, list_watch::RawObject};
 

@@ -21,7 +21,8 @@ use tokio::time::Instant;
 
 use super::{
     config::QueueConfig,
-    queue::{DoneGuard, Priority, Queue},
+    lanes::Priority,
+    queue::{DoneGuard, Queue},
 };
 
 /// A [`Queue`] with [`add_after`](Self::add_after): client-go's delaying queue.

@@ -44,20 +44,24 @@
 
 mod config;
 mod delaying;
+mod lanes;
 mod metrics;
 #[cfg(feature = "prometheus")]
 mod prometheus;
 mod queue;
 mod rate_limited;
 mod rate_limiter;
+mod slots;
+mod state;
 
 pub use config::QueueConfig;
 pub use delaying::DelayingQueue;
+pub use lanes::{LOW_PRIORITY_MAX_WAIT, Priority};
 pub use metrics::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::PrometheusMetrics;
-pub use queue::{DoneGuard, LOW_PRIORITY_MAX_WAIT, Priority, Queue};
+pub use queue::{DoneGuard, Queue};
 pub use rate_limited::RateLimitingQueue;
 pub use rate_limiter::{
     RateLimiter, bucket::Bucket, default_controller_rate_limiter,

@@ -12,25 +12,21 @@
 //! Because a key stands for "the object with this name changed, look at it", collapsing
 //! duplicates loses nothing and bounds the queue by the number of objects, not of events.
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 use std::ops::Deref;
 use std::pin::pin;
 use std::sync::{Arc, Weak};
 
-use hashbrown::hash_table::{self, HashTable};
 use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::config::QueueConfig;
+use super::lanes::Priority;
 use super::metrics::{InFlightProbe, InFlightSnapshot, InFlightSource, QueueMetrics};
-
-/// foldhash rather than SipHash: hashing was a fifth of a queue cycle on object keys. Its
-/// per-queue random seed defeats precomputed collisions, the threat here; names are chosen
-/// by users who can create objects, not by anyone who can time the queue.
-type Hasher = foldhash::fast::RandomState;
+use super::slots::Phase;
+use super::state::{Added, Hasher, IfEmpty, ItemHash, Next, State};
 
 /// A work queue shared by producers and workers: client-go's `workqueue.Interface`.
 ///
@@ -95,453 +91,6 @@ struct Inner<T> {
     metrics: Option<Box<dyn QueueMetrics>>,
 }
 
-struct State<T> {
-    /// The items waiting for a worker.
-    lanes: Lanes<T>,
-    /// Every item that is waiting or processing, with its slot: client-go's `dirty` and
-    /// `processing` sets in one table, so that each `add` and `done` looks the item up once,
-    /// with a hash computed before the lock is taken.
-    items: HashTable<Entry<T>>,
-    /// How many items `items` held room for when it last grew or was rehashed, which
-    /// clears the room deleted items use up until then.
-    room: usize,
-    /// Each item's phase and times, by the slot its entry keeps.
-    slots: Slots,
-    processing: usize,
-    /// Workers that found nothing in `get` and wait for `item_queued`, less those an `add`
-    /// or `done` has already woken for an item: queueing an item only notifies while this
-    /// is positive, so a busy queue never touches the `Notify`. A `get` dropped while
-    /// waiting stays counted; the next item then notifies once for nothing, which is harmless.
-    sleepers: usize,
-    shutting_down: bool,
-    /// Whether `shutdown_with_drain` waits, so that `done` only wakes it then.
-    draining: bool,
-}
-
-/// An item of `State::items`.
-struct Entry<T> {
-    item: T,
-    slot: u32,
-    /// The item's [`ItemHash`], so that growing the table never hashes an item again (nor
-    /// reads it, when it is behind a pointer).
-    hash: ItemHash,
-}
-
-/// 32 bits of an item's hash: as many as a table of fewer than 2^32 items can use, and
-/// beside the `u32` slot they cost no room in an [`Entry`].
-#[derive(Clone, Copy)]
-struct ItemHash(u32);
-
-impl ItemHash {
-    fn of<T: Hash>(item: &T, hasher: &Hasher) -> Self {
-        let hash = hasher.hash_one(item);
-        // Both halves are well mixed: fold them.
-        Self((hash ^ (hash >> 32)) as u32)
-    }
-
-    /// The hash the table works with: the 32 bits spread over 64, since the table takes
-    /// its buckets from the low bits and its tags from the top 7.
-    fn table(self) -> u64 {
-        u64::from(self.0).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Phase {
-    Waiting,
-    /// Waiting at low priority.
-    WaitingLow,
-    Processing,
-    /// Added again while processing: it goes back in the queue at `done`.
-    ProcessingDirty,
-    /// Added again while processing, only at low priority.
-    ProcessingDirtyLow,
-}
-
-impl Phase {
-    /// The phase of an item added at `priority`.
-    #[inline]
-    fn waiting(priority: Priority) -> Self {
-        match priority {
-            Priority::Normal => Phase::Waiting,
-            Priority::Low => Phase::WaitingLow,
-        }
-    }
-
-    /// The phase of a processing item added again at `priority`.
-    #[inline]
-    fn dirty(priority: Priority) -> Self {
-        match priority {
-            Priority::Normal => Phase::ProcessingDirty,
-            Priority::Low => Phase::ProcessingDirtyLow,
-        }
-    }
-}
-
-/// Each held item's phase and, when the queue reports metrics, its times, in vectors indexed
-/// by the slot the item keeps while it is waiting or processing. A freed slot is reused, so
-/// the vectors grow with the items held at once, never with those ever held; one byte of
-/// phase a slot keeps the memory a burst of adds touches small.
-#[derive(Default)]
-struct Slots {
-    phases: Vec<Phase>,
-    /// Only kept when the queue reports metrics: then as long as `phases`.
-    times: Vec<Times>,
-    free: Vec<u32>,
-}
-
-// `#[inline]` throughout: `State<T>` is generic, so it is compiled in the crate that names
-// `T`, where these small non-generic methods would otherwise be calls across crates.
-impl Slots {
-    /// A slot for a new item in `phase`, added at `now` (set when the queue reports
-    /// metrics).
-    #[inline]
-    fn claim(&mut self, phase: Phase, now: Option<Instant>) -> u32 {
-        let slot = match self.free.pop() {
-            Some(slot) => {
-                self.phases[slot as usize] = phase;
-                slot
-            }
-            None => {
-                let slot =
-                    u32::try_from(self.phases.len()).expect("a queue holds fewer than 2^32 items");
-                self.phases.push(phase);
-                slot
-            }
-        };
-        if now.is_some() {
-            let times = Times {
-                added: now,
-                started: None,
-            };
-            match self.times.get_mut(slot as usize) {
-                Some(kept) => *kept = times,
-                None => self.times.push(times),
-            }
-        }
-        slot
-    }
-
-    #[inline]
-    fn phase(&self, slot: u32) -> Phase {
-        self.phases[slot as usize]
-    }
-
-    #[inline]
-    fn set_phase(&mut self, slot: u32, phase: Phase) {
-        self.phases[slot as usize] = phase;
-    }
-
-    /// The slot's processing item was added again at `now`.
-    #[inline]
-    fn readded(&mut self, slot: u32, now: Option<Instant>) {
-        if now.is_some() {
-            self.times[slot as usize].added = now;
-        }
-    }
-
-    /// A worker takes the slot's waiting item at `now`; returns when it was added.
-    #[inline]
-    fn start(&mut self, slot: u32, now: Option<Instant>) -> Option<Instant> {
-        let phase = &mut self.phases[slot as usize];
-        debug_assert!(
-            matches!(*phase, Phase::Waiting | Phase::WaitingLow),
-            "a queued item must be waiting"
-        );
-        *phase = Phase::Processing;
-        let times = self.times.get_mut(slot as usize)?;
-        times.started = now;
-        times.added
-    }
-
-    /// When the slot's item started processing, if the queue reports metrics.
-    #[inline]
-    fn started(&self, slot: u32) -> Option<Instant> {
-        self.times.get(slot as usize).and_then(|t| t.started)
-    }
-
-    /// The slot's item left the queue.
-    #[inline]
-    fn release(&mut self, slot: u32) {
-        self.free.push(slot);
-    }
-}
-
-/// The items waiting for a worker, each with its slot so that handing one out needs no
-/// hashing: at [`Priority::Normal`] oldest first, and at [`Priority::Low`] oldest first
-/// with when they were queued, taken when no normal item waits or once the oldest has
-/// waited [`LOW_PRIORITY_MAX_WAIT`].
-struct Lanes<T> {
-    normal: VecDeque<(T, u32)>,
-    low: VecDeque<(T, u32, Instant)>,
-}
-
-impl<T> Lanes<T> {
-    #[inline]
-    fn new() -> Self {
-        Self {
-            normal: VecDeque::new(),
-            low: VecDeque::new(),
-        }
-    }
-
-    /// Queues `item` at `priority`; `now` is set when the queue reports metrics.
-    #[inline]
-    fn push(&mut self, item: T, slot: u32, priority: Priority, now: Option<Instant>) {
-        match priority {
-            Priority::Normal => self.normal.push_back((item, slot)),
-            Priority::Low => {
-                let queued = now.unwrap_or_else(Instant::now);
-                self.low.push_back((item, slot, queued));
-            }
-        }
-    }
-
-    /// Moves the low-priority item of `slot` to the back of the normal lane (rare, so a
-    /// search).
-    #[inline]
-    fn raise(&mut self, item: T, slot: u32) {
-        if let Some(at) = self.low.iter().position(|(_, s, _)| *s == slot) {
-            self.low.remove(at);
-        }
-        self.normal.push_back((item, slot));
-    }
-
-    /// The next item for a worker at `now`, with its slot.
-    #[inline]
-    fn pop(&mut self, now: Option<Instant>) -> Option<(T, u32)> {
-        let low_first = match (self.normal.front(), self.low.front()) {
-            (_, None) => false,
-            (None, Some(_)) => true,
-            (Some(_), Some((_, _, queued))) => {
-                now.unwrap_or_else(Instant::now)
-                    .saturating_duration_since(*queued)
-                    >= LOW_PRIORITY_MAX_WAIT
-            }
-        };
-        if low_first {
-            self.low.pop_front().map(|(item, slot, _)| (item, slot))
-        } else {
-            self.normal.pop_front()
-        }
-    }
-
-    #[inline]
-    fn len(&self) -> usize {
-        self.normal.len() + self.low.len()
-    }
-}
-
-/// How urgent an added item is (controller-runtime's priority queue, in two levels).
-///
-/// Items at [`Low`](Self::Low) priority, such as the keys of an informer's initial list or
-/// of a resync, go behind every [`Normal`](Self::Normal) one, so a live edit is not stuck
-/// behind thousands of replayed objects; one that has waited [`LOW_PRIORITY_MAX_WAIT`]
-/// goes first, so low-priority items are never starved. An item added at both priorities
-/// waits at the higher.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Priority {
-    /// Behind every normal item, for a bounded time.
-    Low,
-    /// In the order added (the default).
-    #[default]
-    Normal,
-}
-
-/// The longest a low-priority item waits behind normal ones before it goes first.
-pub const LOW_PRIORITY_MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// A slot's instants, for metrics.
-#[derive(Clone, Copy, Default)]
-struct Times {
-    added: Option<Instant>,
-    started: Option<Instant>,
-}
-
-/// Below this many items, a table full of items grows fourfold instead of twofold.
-///
-/// Growing moves every item, under the queue's lock, with every worker waiting; a burst of
-/// adds (an informer's initial list, a resync) into a fresh queue then moves items a third
-/// as often, which made a burst of 10,000 keys a quarter faster. The price is up to twice
-/// the room a doubling table keeps, a couple of megabytes at most below this size; above
-/// it, the table doubles.
-const QUADRUPLE_BELOW: usize = 1 << 14;
-
-/// What an `add` did.
-#[derive(Debug, PartialEq, Eq)]
-enum Added {
-    /// New: queued for a worker.
-    Queued,
-    /// Processing: it will be queued again at `done`.
-    Dirty,
-    /// Already pending: nothing changed.
-    Duplicate,
-    /// Shutting down: ignored.
-    Ignored,
-}
-
-/// What a `done` did, for a processing item.
-struct Finished<T> {
-    started: Option<Instant>,
-    requeued: bool,
-    /// The queue's copy of the item, to drop once the lock is released.
-    released: Option<T>,
-}
-
-/// What a worker that finds the queue empty does next.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum IfEmpty {
-    /// It returns at once (it only looked).
-    Return,
-    /// It waits for an item: count it among the sleepers to wake.
-    Sleep,
-}
-
-/// What a non-blocking attempt to take an item found.
-enum Next<T> {
-    Item(T),
-    Empty,
-    ShutDown,
-}
-
-impl<T: Clone + Eq + Hash> State<T> {
-    fn new() -> Self {
-        Self {
-            lanes: Lanes::new(),
-            items: HashTable::new(),
-            room: 0,
-            slots: Slots::default(),
-            processing: 0,
-            sleepers: 0,
-            shutting_down: false,
-            draining: false,
-        }
-    }
-
-    /// Adds `item`, whose hash is `hash`; `now` is set when the queue reports metrics.
-    /// Returns what happened, and `item` back when the queue did not keep it, so that the
-    /// caller drops it after releasing the lock.
-    fn add(
-        &mut self,
-        item: T,
-        hash: ItemHash,
-        now: Option<Instant>,
-        priority: Priority,
-    ) -> (Added, Option<T>) {
-        if self.shutting_down {
-            return (Added::Ignored, Some(item));
-        }
-        self.make_room();
-        match self
-            .items
-            .entry(hash.table(), |e| e.item == item, |e| e.hash.table())
-        {
-            hash_table::Entry::Vacant(vacant) => {
-                let slot = self.slots.claim(Phase::waiting(priority), now);
-                self.lanes.push(item.clone(), slot, priority, now);
-                vacant.insert(Entry { item, slot, hash });
-                (Added::Queued, None)
-            }
-            hash_table::Entry::Occupied(occupied) => {
-                let slot = occupied.get().slot;
-                let added = match (self.slots.phase(slot), priority) {
-                    (Phase::WaitingLow, Priority::Normal) => {
-                        self.slots.set_phase(slot, Phase::Waiting);
-                        self.lanes.raise(item.clone(), slot);
-                        Added::Duplicate
-                    }
-                    (Phase::Processing, _) => {
-                        self.slots.set_phase(slot, Phase::dirty(priority));
-                        self.slots.readded(slot, now);
-                        Added::Dirty
-                    }
-                    (Phase::ProcessingDirtyLow, Priority::Normal) => {
-                        self.slots.set_phase(slot, Phase::ProcessingDirty);
-                        Added::Duplicate
-                    }
-                    _ => Added::Duplicate,
-                };
-                (added, Some(item))
-            }
-        }
-    }
-
-    /// Makes room in `items` for one more item when it has none left (the insert would
-    /// grow or rehash it). Filled by items rather than by deleted ones, it grows fourfold
-    /// while small, see [`QUADRUPLE_BELOW`]; otherwise it doubles or rehashes in place, as
-    /// usual.
-    fn make_room(&mut self) {
-        let len = self.items.len();
-        if len < self.items.capacity() {
-            return;
-        }
-        let additional = if len < QUADRUPLE_BELOW && len >= self.room / 2 {
-            3 * len + 1
-        } else {
-            1
-        };
-        self.items.reserve(additional, |e| e.hash.table());
-        self.room = self.items.capacity();
-    }
-
-    /// Whether a worker waits for an item and has not been woken for one yet; if so, counts
-    /// it as woken, and the caller must notify `item_queued` once.
-    fn wake_sleeper(&mut self) -> bool {
-        let wake = self.sleepers > 0;
-        self.sleepers -= usize::from(wake);
-        wake
-    }
-
-    /// Hands out the oldest waiting item, with when it was added. When there is none and
-    /// the caller will [`Sleep`](IfEmpty::Sleep), counts it among the sleepers: it is about
-    /// to wait, registered with `item_queued`.
-    fn next(&mut self, now: Option<Instant>, if_empty: IfEmpty) -> Next<(T, Option<Instant>)> {
-        let Some((item, slot)) = self.lanes.pop(now) else {
-            if self.shutting_down {
-                return Next::ShutDown;
-            }
-            self.sleepers += usize::from(if_empty == IfEmpty::Sleep);
-            return Next::Empty;
-        };
-        let added = self.slots.start(slot, now);
-        self.processing += 1;
-        Next::Item((item, added))
-    }
-
-    /// Ends the processing of `item`, whose hash is `hash`; `None` if it was not processing.
-    fn done(&mut self, item: &T, hash: ItemHash) -> Option<Finished<T>> {
-        let Ok(occupied) = self.items.find_entry(hash.table(), |e| e.item == *item) else {
-            return None;
-        };
-        let slot = occupied.get().slot;
-        let (requeued, released) = match self.slots.phase(slot) {
-            Phase::Processing => {
-                let (Entry { item: key, .. }, _) = occupied.remove();
-                self.slots.release(slot);
-                (false, Some(key))
-            }
-            dirty @ (Phase::ProcessingDirty | Phase::ProcessingDirtyLow) => {
-                let priority = if dirty == Phase::ProcessingDirty {
-                    Priority::Normal
-                } else {
-                    Priority::Low
-                };
-                self.slots.set_phase(slot, Phase::waiting(priority));
-                self.lanes
-                    .push(occupied.get().item.clone(), slot, priority, None);
-                (true, None)
-            }
-            Phase::Waiting | Phase::WaitingLow => return None,
-        };
-        self.processing -= 1;
-        Some(Finished {
-            started: self.slots.started(slot),
-            requeued,
-            released,
-        })
-    }
-}
-
 impl<T> Queue<T>
 where
     T: Clone + Eq + Hash + Send + Sync + 'static,
@@ -589,8 +138,8 @@ where
     }
 
     /// [`add`](Self::add) at `priority`: a [`Priority::Low`] item waits behind normal ones
-    /// (for at most [`LOW_PRIORITY_MAX_WAIT`]); an item already waiting at low priority
-    /// that is added at normal priority moves up.
+    /// (for at most [`LOW_PRIORITY_MAX_WAIT`](super::lanes::LOW_PRIORITY_MAX_WAIT)); an
+    /// item already waiting at low priority that is added at normal priority moves up.
     ///
     /// ```
     /// use kube_informer::workqueue::{Priority, Queue};
@@ -916,6 +465,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
+    use crate::workqueue::lanes::LOW_PRIORITY_MAX_WAIT;
 
     /// Takes an item that must already be waiting, without blocking.
     fn take<T: Clone + Eq + Hash + Send + Sync + 'static>(queue: &Queue<T>) -> Option<T> {
@@ -994,8 +544,7 @@ mod tests {
             }
         }
         let state = queue.inner.lock();
-        assert_eq!(state.slots.phases.len(), 10);
-        assert_eq!(state.slots.free.len(), 10);
+        assert_eq!(state.slots.counts(), (10, 10));
         assert!(state.items.is_empty());
     }
 
@@ -1015,7 +564,7 @@ mod tests {
         let state = queue.inner.lock();
         assert_eq!(state.items.len(), 100);
         assert!(state.items.capacity() < 500, "{}", state.items.capacity());
-        assert_eq!(state.slots.phases.len(), 100);
+        assert_eq!(state.slots.counts().0, 100);
     }
 
     #[tokio::test]
