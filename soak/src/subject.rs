@@ -110,7 +110,7 @@ impl Subject {
                 controller
                     .run(
                         (
-                            move |request, reconciles: Arc<Reconciles>, _cancel| async move {
+                            move |request, reconciles: Arc<Reconciles>| async move {
                                 record_reconcile(&reconciles, name, request).await;
                                 Ok::<_, std::io::Error>(Action::done())
                             },

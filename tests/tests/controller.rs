@@ -21,6 +21,7 @@ use kube_client::{
     Api,
     api::{Patch, PatchParams, PostParams},
 };
+use kube_informer::lease::LeaseConfig;
 use kube_informer::{
     Action, CancellationToken, Controller, ControllerClient, Delivery, FactoryDefaults,
     FinalizerError, FinalizerEvent, InformerFactory, ObjectKey, ReconcileRequest, Scope,
@@ -46,6 +47,15 @@ fn count(seen: &Seen, primary: &str) -> usize {
 fn annotated(mut cm: ConfigMap, key: &str, value: &str) -> ConfigMap {
     cm.metadata.annotations = Some([(key.to_owned(), value.to_owned())].into());
     cm
+}
+
+/// Counts a reconcile that was dropped before it finished (one that finishes forgets it).
+struct EndsByDrop(Arc<Mutex<usize>>);
+
+impl Drop for EndsByDrop {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() += 1;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,7 +121,7 @@ async fn owned_mapped_and_indexed_sources_reconcile_their_primaries() {
     let record = seen.clone();
     let run = tokio::spawn(controller.run(
         (
-            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                 let key = request.key();
                 let primary = key
                     .as_str()
@@ -270,17 +280,14 @@ async fn a_shutdown_with_500_keys_queued_takes_none_and_cancels_the_running() {
             .shutdown_timeout(Duration::from_secs(60))
             .run(
                 (
-                    move |request: ReconcileRequest<ConfigMap>,
-                          _: Arc<()>,
-                          token: CancellationToken| {
+                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                         record.lock().unwrap().push(request.key().to_string());
-                        let ended = ended.clone();
+                        let cancelled = EndsByDrop(ended.clone());
                         async move {
-                            // A reconcile that waits on something slow, and stops when told to.
-                            tokio::select! {
-                                () = token.cancelled() => *ended.lock().unwrap() += 1,
-                                () = tokio::time::sleep(Duration::from_secs(3600)) => {}
-                            }
+                            // A reconcile that waits on something slow; the controller's
+                            // stop drops it there.
+                            tokio::time::sleep(Duration::from_secs(3600)).await;
+                            std::mem::forget(cancelled);
                             Ok::<_, std::io::Error>(Action::done())
                         }
                     },
@@ -304,7 +311,7 @@ async fn a_shutdown_with_500_keys_queued_takes_none_and_cancels_the_running() {
     assert_eq!(
         *ended_by_cancel.lock().unwrap(),
         2,
-        "the running reconciles ended because their tokens were cancelled, before the deadline"
+        "the running reconciles ended because they were cancelled, before the deadline"
     );
     factory.shutdown().await;
     let names: Vec<String> = api
@@ -345,7 +352,7 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     let controller = manager.controller::<ConfigMap>("managed", Scope::namespace(&namespace));
     let reconciled = Arc::new(Mutex::new(0usize));
     let count = reconciled.clone();
-    let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+    let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>| {
         *count.lock().unwrap() += 1;
         async { Ok::<_, std::io::Error>(Action::done()) }
     };
@@ -494,13 +501,16 @@ fn leading_manager(
     kube_informer::Manager,
     kube_informer::InformerHandle<ConfigMap>,
 ) {
-    let timing =
-        kube_informer::leader_election::LeaderElectionConfig::new(namespace, lease, identity)
+    let timing = kube_informer::leader_election::LeaderElectionConfig::new(
+        LeaseConfig::new(lease)
+            .in_namespace(namespace)
+            .with_identity(identity)
             .timing(
                 Duration::from_secs(4),
                 Duration::from_secs(2),
                 Duration::from_millis(500),
-            );
+            ),
+    );
     let manager = kube_informer::Manager::new(client)
         .probe_address(probes)
         .metrics_address(None)
@@ -523,7 +533,7 @@ async fn of_two_managers_only_the_leader_reconciles_and_the_standby_takes_over()
         let (mut manager, informer) =
             leading_manager(client.clone(), &namespace, "managers", identity, loopback);
         let seen = reconciles.clone();
-        let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+        let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>| {
             seen.lock().unwrap().push(identity);
             async { Ok::<_, std::io::Error>(Action::done()) }
         };
@@ -601,7 +611,7 @@ async fn a_leading_manager_cut_off_stops_reconciling_before_the_standby_acquires
         let (mut manager, informer) = leading_manager(client, &namespace, "fenced", identity, None);
         let seen = reconciles.clone();
         // Work that keeps going while leading: a requeue every 50 ms.
-        let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+        let reconcile = move |_: ReconcileRequest<ConfigMap>, _: Arc<()>| {
             seen.lock().unwrap().push((identity, SystemTime::now()));
             async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_millis(50))) }
         };
@@ -674,24 +684,23 @@ async fn a_finalizer_is_added_before_apply_and_removed_after_cleanup() {
     let informer = factory.informer::<ConfigMap>(Scope::namespace(&namespace));
     let events: Arc<Mutex<Vec<(String, &'static str)>>> = Arc::default();
     let seen = events.clone();
-    let reconcile =
-        move |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>, _| {
-            let seen = seen.clone();
-            async move {
-                let ReconcileRequest::Present(cm) = request else {
-                    return Ok(Action::done());
+    let reconcile = move |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>| {
+        let seen = seen.clone();
+        async move {
+            let ReconcileRequest::Present(cm) = request else {
+                return Ok(Action::done());
+            };
+            finalizer(&client, CLEANUP, cm, |event| async move {
+                let (cm, step) = match &event {
+                    FinalizerEvent::Apply(cm) => (cm, "apply"),
+                    FinalizerEvent::Cleanup(cm) => (cm, "cleanup"),
                 };
-                finalizer(&client, CLEANUP, cm, |event| async move {
-                    let (cm, step) = match &event {
-                        FinalizerEvent::Apply(cm) => (cm, "apply"),
-                        FinalizerEvent::Cleanup(cm) => (cm, "cleanup"),
-                    };
-                    seen.lock().unwrap().push((name(&**cm), step));
-                    Ok::<_, std::io::Error>(Action::done())
-                })
-                .await
-            }
-        };
+                seen.lock().unwrap().push((name(&**cm), step));
+                Ok::<_, std::io::Error>(Action::done())
+            })
+            .await
+        }
+    };
     let cancel = CancellationToken::new();
     factory.start(&cancel);
     let controller = Controller::new("finalized", informer);
@@ -843,9 +852,7 @@ async fn a_finalizer_s_cleanup_runs_once_though_the_cache_lags_behind_its_remova
     let cleanups = Arc::new(AtomicUsize::new(0));
     let reconciled_gone = Arc::new(AtomicBool::new(false));
     let (counted, gone) = (cleanups.clone(), reconciled_gone.clone());
-    let reconcile = move |request: ReconcileRequest<ConfigMap>,
-                          client: Arc<ControllerClient>,
-                          _| {
+    let reconcile = move |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>| {
         let (counted, gone) = (counted.clone(), gone.clone());
         async move {
             let ReconcileRequest::Present(cm) = request else {

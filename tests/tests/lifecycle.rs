@@ -287,7 +287,7 @@ async fn lifecycle_the_last_controller_gone_its_informer_stops_and_its_watch_clo
     let count = reconciled.clone();
     let run = tokio::spawn(controller.run(
         (
-            move |_: ReconcileRequest<PodTemplate>, _: Arc<()>, _| {
+            move |_: ReconcileRequest<PodTemplate>, _: Arc<()>| {
                 count.fetch_add(1, Ordering::Relaxed);
                 async { Ok::<_, std::io::Error>(Action::done()) }
             },
@@ -393,7 +393,7 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
     manager.add_controller(
         controller,
         (
-            move |request: ReconcileRequest<TraefikService>, _: Arc<()>, _| {
+            move |request: ReconcileRequest<TraefikService>, _: Arc<()>| {
                 let present = matches!(request, ReconcileRequest::Present(_));
                 let name = request.key().name().to_owned();
                 record.lock().unwrap().push((name, present));

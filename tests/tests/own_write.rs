@@ -107,14 +107,13 @@ fn child_of(parent: &Secret) -> ConfigMap {
 async fn ensure_child(
     request: ReconcileRequest<Secret>,
     ctx: Arc<Ctx>,
-    cancel: CancellationToken,
 ) -> Result<Action, ClientError> {
     let ReconcileRequest::Present(parent) = request else {
         return Ok(Action::done());
     };
     let child = child_of(&parent);
     let key = ObjectKey::from_object(&child).unwrap();
-    if ctx.client.get::<ConfigMap>(&key, &cancel).await?.is_none() {
+    if ctx.client.get::<ConfigMap>(&key).await?.is_none() {
         let tally = &ctx.tally;
         counted(
             ctx.client.create(&child).await,
@@ -276,10 +275,9 @@ fn rounds_done(service: &TraefikService) -> u32 {
 async fn count_in_status(
     request: ReconcileRequest<TraefikService>,
     ctx: Arc<Ctx>,
-    cancel: CancellationToken,
 ) -> Result<Action, ClientError> {
     let key = request.key();
-    let Some(current) = ctx.client.get::<TraefikService>(&key, &cancel).await? else {
+    let Some(current) = ctx.client.get::<TraefikService>(&key).await? else {
         return Ok(Action::done());
     };
     let done = rounds_done(&current);

@@ -184,7 +184,7 @@ async fn toolkit_a_managers_recorder_publishes_from_reconciles_and_flushes_at_sh
         .metrics_address(loopback);
     let recorder = manager.recorder(CONTROLLER);
     let controller = manager.controller::<ConfigMap>("events", Scope::namespace(&namespace));
-    let reconcile = |request: ReconcileRequest<ConfigMap>, recorder: Arc<Recorder>, _| async move {
+    let reconcile = |request: ReconcileRequest<ConfigMap>, recorder: Arc<Recorder>| async move {
         if let ReconcileRequest::Present(object) = request {
             recorder.publish_for(Event::normal("Reconciled", "Reconcile"), &*object);
         }

@@ -71,7 +71,7 @@ async fn requeue_after_reconciles_again_after_its_delay() {
     let seen = calls.clone();
     let run = tokio::spawn(Controller::new("requeue", handle(&running)).run(
         (
-            move |request, _: Arc<()>, _| {
+            move |request, _: Arc<()>| {
                 record(&seen, &request);
                 async { Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(30))) }
             },
@@ -118,7 +118,7 @@ async fn the_error_policy_decides_backoff_requeue_after_or_give_up() {
     };
     let run = tokio::spawn(Controller::new("policy", handle(&running)).run(
         (
-            move |request, _: Arc<()>, _| {
+            move |request, _: Arc<()>| {
                 record(&seen, &request);
                 async { Err::<Action, _>(std::io::Error::other("backend down")) }
             },
@@ -156,7 +156,6 @@ impl Reconciler<ConfigMap> for Flaky {
     async fn reconcile(
         &self,
         request: ReconcileRequest<ConfigMap>,
-        _cancel: CancellationToken,
     ) -> Result<Action, std::io::Error> {
         record(&self.calls, &request);
         match request.key().as_str() {
@@ -183,7 +182,6 @@ impl Reconciler<ConfigMap> for AlwaysFails {
     async fn reconcile(
         &self,
         request: ReconcileRequest<ConfigMap>,
-        _cancel: CancellationToken,
     ) -> Result<Action, std::io::Error> {
         record(&self.0, &request);
         Err(std::io::Error::other("never works"))
@@ -254,7 +252,7 @@ async fn a_predicate_skips_updates_it_rejects_and_a_deletion_carries_the_last_st
             .predicate(Predicate::labels_changed())
             .run(
                 (
-                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                         let seen = match &request {
                             ReconcileRequest::Present(o) => (true, o.metadata.labels.clone()),
                             ReconcileRequest::Deleted { last_known, .. } => (
@@ -320,7 +318,7 @@ async fn owned_children_and_watched_objects_enqueue_their_primaries() {
             })
             .run(
                 (
-                    move |request, _: Arc<()>, _| {
+                    move |request, _: Arc<()>| {
                         record(&seen, &request);
                         async { Ok::<_, std::io::Error>(Action::done()) }
                     },
@@ -397,22 +395,18 @@ async fn a_reconcile_past_its_timeout_is_cancelled_and_reported() {
     fake.add(cm("slow"));
     let running = informer(fake.clone());
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let cancelled = Arc::new(Mutex::new(false));
+    let dropped = Arc::new(AtomicUsize::new(0));
     let cancel = CancellationToken::new();
-    let saw_cancel = cancelled.clone();
+    let drops = dropped.clone();
     let run = tokio::spawn(
         Controller::new("timeout", handle(&running))
             .reconcile_timeout(Duration::from_secs(5))
             .run(
-                (move |_, _: Arc<()>, token: CancellationToken| {
-                    let saw_cancel = saw_cancel.clone();
+                (move |_, _: Arc<()>| {
+                    let guard = CountsDrop(drops.clone());
                     async move {
-                        let watcher = tokio::spawn(async move {
-                            token.cancelled().await;
-                            *saw_cancel.lock().unwrap() = true;
-                        });
+                        let _guard = guard;
                         std::future::pending::<()>().await;
-                        drop(watcher);
                         Ok::<_, std::io::Error>(Action::done())
                     }
                 },
@@ -426,13 +420,23 @@ async fn a_reconcile_past_its_timeout_is_cancelled_and_reported() {
             ),
     );
     assert!(rx.recv().await.unwrap(), "the policy saw a timeout of 5 s");
-    until("the reconcile's token cancelled", || {
-        *cancelled.lock().unwrap()
-    })
-    .await;
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the reconcile was cancelled (dropped) at its timeout"
+    );
     cancel.cancel();
     run.await.unwrap().unwrap();
     running.stop().await;
+}
+
+/// Counts the drops of what holds it: a reconcile's future, dropped when cancelled.
+struct CountsDrop(Arc<AtomicUsize>);
+
+impl Drop for CountsDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -443,25 +447,24 @@ async fn shutdown_takes_no_new_key_and_cancels_the_running_reconciles() {
     }
     let running = informer(fake.clone());
     let calls: Calls = Arc::default();
-    let finished = Arc::new(Mutex::new(0usize));
+    let finished = Arc::new(AtomicUsize::new(0));
+    let ended = Arc::new(AtomicUsize::new(0));
     let cancel = CancellationToken::new();
-    let (seen, done) = (calls.clone(), finished.clone());
+    let (seen, done, drops) = (calls.clone(), finished.clone(), ended.clone());
     let run = tokio::spawn(
         Controller::new("shutdown", handle(&running))
             .workers(2)
             .shutdown_timeout(Duration::from_secs(10))
             .run(
                 (
-                    move |request, _: Arc<()>, token: CancellationToken| {
+                    move |request, _: Arc<()>| {
                         record(&seen, &request);
-                        let done = done.clone();
+                        let (done, guard) = (done.clone(), CountsDrop(drops.clone()));
                         async move {
-                            // A long reconcile that stops early when told to.
-                            tokio::select! {
-                                () = token.cancelled() => {}
-                                () = tokio::time::sleep(Duration::from_secs(600)) => {}
-                            }
-                            *done.lock().unwrap() += 1;
+                            let _guard = guard;
+                            // A long reconcile, cancelled at an `.await`.
+                            tokio::time::sleep(Duration::from_secs(600)).await;
+                            done.fetch_add(1, Ordering::SeqCst);
                             Ok::<_, std::io::Error>(Action::done())
                         }
                     },
@@ -481,8 +484,11 @@ async fn shutdown_takes_no_new_key_and_cancels_the_running_reconciles() {
     );
     assert_eq!(calls.lock().unwrap().len(), 2, "no queued key was taken");
     assert_eq!(
-        *finished.lock().unwrap(),
-        2,
+        (
+            ended.load(Ordering::SeqCst),
+            finished.load(Ordering::SeqCst)
+        ),
+        (2, 0),
         "the running ones were cancelled and ended"
     );
     running.stop().await;
@@ -547,7 +553,7 @@ async fn reconciles_are_counted_under_controller_runtime_names() {
             .reconcile_metrics(metrics)
             .run(
                 (
-                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+                    move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                         record(&seen, &request);
                         let key = request.key();
                         async move {
@@ -596,7 +602,7 @@ async fn a_live_change_is_reconciled_before_the_replayed_initial_list() {
     let seen = calls.clone();
     let run = tokio::spawn(Controller::new("priority", handle(&running)).run(
         (
-            move |request, _: Arc<()>, _| {
+            move |request, _: Arc<()>| {
                 record(&seen, &request);
                 async {
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -648,7 +654,7 @@ async fn keys_from_a_stream_are_reconciled_present_or_deleted() {
             .reconcile_on(stream)
             .run(
                 (
-                    move |request, _: Arc<()>, _| {
+                    move |request, _: Arc<()>| {
                         record(&seen, &request);
                         async { Ok::<_, std::io::Error>(Action::done()) }
                     },
@@ -707,7 +713,7 @@ async fn a_periodic_scan_reconciles_its_keys_after_the_sync_and_every_period() {
             .reconcile_every(Duration::from_secs(60), scan)
             .run(
                 (
-                    move |request, _: Arc<()>, _| {
+                    move |request, _: Arc<()>| {
                         record(&seen, &request);
                         async { Ok::<_, std::io::Error>(Action::done()) }
                     },

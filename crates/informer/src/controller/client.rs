@@ -10,7 +10,6 @@ use kube_client::{
 };
 use kube_core::Resource;
 use serde::{Serialize, de::DeserializeOwned};
-use tokio_util::sync::CancellationToken;
 
 use super::own_writes::{Cache, Caches, NotObserved, OwnWrites, ResourceVersion, Written};
 use crate::{
@@ -55,7 +54,7 @@ pub enum ClientError {
         /// How long the read waited.
         waited: Duration,
     },
-    /// The reconcile's token was cancelled while the read waited.
+    /// The controller stopped while the read waited.
     #[error(
         "read of {kind} cancelled while waiting for the cache to observe this controller's writes"
     )]
@@ -106,6 +105,12 @@ impl ClientError {
             kube_client::Error::Api(status) => Some(status.code),
             _ => None,
         }
+    }
+
+    /// Whether the API server answered 404 Not Found: the object (or its namespace) is
+    /// gone, which a reconcile usually takes as done.
+    pub fn is_not_found(&self) -> bool {
+        self.status_code() == Some(404)
     }
 }
 
@@ -198,11 +203,11 @@ impl<K> Writable for K where
 /// let client = controller.client(factory.client());
 /// let cancel = CancellationToken::new();
 /// factory.start(&cancel);
-/// let reconcile = |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>, cancel: CancellationToken| async move {
+/// let reconcile = |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>| async move {
 ///     let ReconcileRequest::Present(parent) = request else { return Ok(Action::done()) };
 ///     let key = ObjectKey::from_object(&*parent).expect("cached objects have names");
 ///     // Waits until the cache holds what this client last wrote to the key.
-///     if let Some(current) = client.get::<ConfigMap>(&key, &cancel).await? {
+///     if let Some(current) = client.get::<ConfigMap>(&key).await? {
 ///         let mut next = (*current).clone();
 ///         next.data.get_or_insert_default().insert("seen".into(), "yes".into());
 ///         client.replace(&next).await?;
@@ -261,9 +266,8 @@ impl ControllerClient {
     pub async fn get<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
         &self,
         key: &ObjectKey,
-        cancel: &CancellationToken,
     ) -> Result<Option<Arc<C>>, ClientError> {
-        let cache = self.observed::<C>(Some(key), cancel).await?;
+        let cache = self.observed::<C>(Some(key)).await?;
         Ok(cache.handle().store().get_by_key(key))
     }
 
@@ -275,9 +279,8 @@ impl ControllerClient {
     /// As [`get`](Self::get).
     pub async fn list<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
         &self,
-        cancel: &CancellationToken,
     ) -> Result<Vec<Arc<C>>, ClientError> {
-        let cache = self.observed::<C>(None, cancel).await?;
+        let cache = self.observed::<C>(None).await?;
         Ok(cache.handle().store().list())
     }
 
@@ -290,9 +293,8 @@ impl ControllerClient {
     pub async fn list_selector<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
         &self,
         selector: &Selector,
-        cancel: &CancellationToken,
     ) -> Result<Vec<Arc<C>>, ClientError> {
-        let cache = self.observed::<C>(None, cancel).await?;
+        let cache = self.observed::<C>(None).await?;
         Ok(cache.handle().store().list_selector(selector))
     }
 
@@ -307,9 +309,8 @@ impl ControllerClient {
         &self,
         index: &str,
         value: &str,
-        cancel: &CancellationToken,
     ) -> Result<Vec<Arc<C>>, ClientError> {
-        let cache = self.observed::<C>(None, cancel).await?;
+        let cache = self.observed::<C>(None).await?;
         cache
             .handle()
             .store()
@@ -320,14 +321,13 @@ impl ControllerClient {
     async fn observed<C: Resource<DynamicType = ()> + Send + Sync + 'static>(
         &self,
         key: Option<&ObjectKey>,
-        cancel: &CancellationToken,
     ) -> Result<Arc<Cache<C>>, ClientError> {
         let kind = || C::kind(&()).into_owned();
         let cache = self
             .caches
             .cache::<C>()
             .ok_or_else(|| ClientError::NoCache { kind: kind() })?;
-        match self.caches.observe(&cache, key, cancel).await {
+        match self.caches.observe(&cache, key).await {
             Ok(()) => Ok(cache),
             Err(NotObserved::TimedOut {
                 key,

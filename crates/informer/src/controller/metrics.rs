@@ -261,6 +261,12 @@ impl Recorder {
         }
     }
 
+    /// A reconcile dropped because its controller stopped: no longer active, and no
+    /// outcome to count.
+    pub(super) fn cancelled(&self) {
+        self.active_workers.dec();
+    }
+
     pub(super) fn panicked(&self) {
         self.panics.inc();
     }

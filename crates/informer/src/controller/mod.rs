@@ -76,17 +76,17 @@ use crate::{
 /// [`LOW_PRIORITY_MAX_WAIT`](crate::workqueue::LOW_PRIORITY_MAX_WAIT), so none starves).
 ///
 /// Workers take each key once at a time (a key is never reconciled twice at once) and call
-/// the reconcile function with the [`ReconcileRequest`], the shared context and a
-/// cancellation token. A success returns an [`Action`]: done, or requeue after a delay; a
+/// the reconcile function with the [`ReconcileRequest`] and the shared context. A success returns an [`Action`]: done, or requeue after a delay; a
 /// failure (an error, a panic, the [timeout](Self::reconcile_timeout)) goes to the error
 /// policy, which returns an [`ErrorAction`]. The default rate limiter backs off per key
 /// from 5 ms to 1000 s; [`retry_with_backoff`] retries, ever more rarely, until the key
 /// succeeds, [`retry_up_to`] gives the client-go tutorials' rule (give up after 5 retries).
 /// A reconcile written as the tutorials' `sync(key)` runs through [`sync_by_key`].
 ///
-/// On cancellation the workers take no new key, the running reconciles' tokens are
-/// cancelled, and [`run`](Self::run) returns once they have finished or the
-/// [shutdown timeout](Self::shutdown_timeout) has passed (then they are dropped).
+/// On cancellation the workers take no new key and the running reconciles are cancelled
+/// as futures are, by dropping them (at their next `.await`); [`run`](Self::run) returns
+/// once the workers have ended, or the [shutdown timeout](Self::shutdown_timeout) has
+/// passed.
 ///
 /// ```no_run
 /// use std::{sync::Arc, time::Duration};
@@ -108,7 +108,7 @@ use crate::{
 ///         vec![ObjectKey::new(cm.metadata.namespace.as_deref(), cm.metadata.name.as_deref().unwrap_or_default())]
 ///     });
 /// factory.start(&cancel);
-/// let reconcile = |request: ReconcileRequest<Deployment>, _ctx: Arc<()>, _cancel| async move {
+/// let reconcile = |request: ReconcileRequest<Deployment>, _ctx: Arc<()>| async move {
 ///     tracing::info!(key = %request.key(), "reconciled");
 ///     Ok::<_, std::io::Error>(Action::requeue_after(Duration::from_secs(300)))
 /// };
@@ -310,6 +310,43 @@ where
         self.mapped(others, Arc::new(map), predicate)
     }
 
+    /// Reconciles every primary that refers to a changed object of `others`: `refers`
+    /// names the objects a primary refers to (the ConfigMap a Deployment names, say). The
+    /// controller indexes its primaries by them (client-go's indexer, controller-runtime's
+    /// field index), so a change to one object reconciles exactly the primaries naming it.
+    ///
+    /// ```no_run
+    /// use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
+    /// use kube_informer::{Controller, InformerFactory, ObjectKey, Scope};
+    ///
+    /// # fn doc(factory: InformerFactory) {
+    /// let scope = Scope::namespace("web");
+    /// let controller = Controller::new("deployments", factory.informer::<Deployment>(scope.clone()))
+    ///     .watches_referenced(factory.informer::<ConfigMap>(scope), |d: &Deployment| {
+    ///         let namespace = d.metadata.namespace.as_deref();
+    ///         let named = d.metadata.annotations.as_ref().and_then(|a| a.get("example.com/config"));
+    ///         named.map(|name| ObjectKey::new(namespace, name)).into_iter().collect()
+    ///     });
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn watches_referenced<O>(
+        self,
+        others: InformerHandle<O>,
+        refers: impl Fn(&K) -> Vec<ObjectKey> + Send + Sync + 'static,
+    ) -> Self
+    where
+        O: Resource + Send + Sync + 'static,
+    {
+        let index = format!("references of {}", std::any::type_name::<O>());
+        let keys = move |primary: &K| refers(primary).iter().map(ToString::to_string).collect();
+        if let Err(error) = self.primary.add_indexer(&index, keys) {
+            // Referring to one kind twice: the first index stands, and serves both.
+            warn!(controller = %self.name, %error, "watches_referenced: an index of these references exists already");
+        }
+        self.watches_by_index(others, &index)
+    }
+
     /// Reconciles every primary whose index `index` (on the primary's informer; see
     /// [`InformerHandle::add_indexer`]) holds the key of a changed object of `others`: with
     /// an index of the ConfigMaps each Deployment names, a ConfigMap change reconciles every
@@ -483,8 +520,9 @@ where
         self
     }
 
-    /// How long [`run`](Self::run) waits, once cancelled, for the running reconciles to
-    /// finish before dropping them (default 30 s).
+    /// How long [`run`](Self::run) waits, once cancelled, for its workers to end (default
+    /// 30 s): a running reconcile is dropped at its next `.await`, so only one that blocks
+    /// its thread takes longer.
     #[must_use]
     pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.shutdown_timeout = timeout;
@@ -655,6 +693,7 @@ where
         match synced {
             None => {
                 info!(controller = %name, "cancelled before the caches synced");
+                caches.stop();
                 queue.shutdown();
                 remove_all(registered);
                 stop_owned(owned).await;
@@ -686,7 +725,7 @@ where
             ring,
             parked,
             primary_writes: caches.cache::<K>(),
-            caches,
+            caches: caches.clone(),
             name: name.clone(),
             queue: queue.clone(),
             primary,
@@ -706,6 +745,7 @@ where
 
         cancel.cancelled().await;
         debug!(controller = %name, "shutting down");
+        caches.stop();
         queue.shutdown();
         let dropped = join_within(&mut tasks, shutdown_timeout, |_| {}).await;
         if dropped > 0 {

@@ -332,6 +332,8 @@ pub(super) struct Caches {
     by_type: DashMap<TypeId, Arc<dyn Any + Send + Sync>>,
     mode: Mutex<OwnWrites>,
     stats: Arc<OwnWriteStats>,
+    /// Cancelled when the controller stops: ends the waits of its workers and clients.
+    stopped: CancellationToken,
     #[cfg(feature = "prometheus")]
     recorder: OnceLock<OwnWriteRecorder>,
 }
@@ -351,6 +353,7 @@ impl Default for Caches {
             by_type: DashMap::new(),
             mode: Mutex::new(OwnWrites::default()),
             stats: Arc::default(),
+            stopped: CancellationToken::new(),
             #[cfg(feature = "prometheus")]
             recorder: OnceLock::new(),
         }
@@ -379,6 +382,12 @@ impl Caches {
         *self.mode.lock().unwrap_or_else(PoisonError::into_inner) = mode;
     }
 
+    /// Ends every wait for the cache to observe a write, now and from now on: the
+    /// controller has stopped.
+    pub(super) fn stop(&self) {
+        self.stopped.cancel();
+    }
+
     pub(super) fn stats(&self) -> Arc<OwnWriteStats> {
         self.stats.clone()
     }
@@ -393,17 +402,17 @@ impl Caches {
     /// writes to `key` (to every key with `None`), counting the wait. Both the client's
     /// reads and a worker, before it hands a key's object to the reconcile, wait here: a
     /// reconcile the controller's own write triggered again (through a child it deleted,
-    /// say) then sees that write, never the state before it.
+    /// say) then sees that write, never the state before it. The wait ends when the
+    /// controller [stops](Self::stop).
     pub(super) async fn observe<C: Resource + Send + Sync + 'static>(
         &self,
         cache: &Cache<C>,
         key: Option<&ObjectKey>,
-        cancel: &CancellationToken,
     ) -> Result<(), NotObserved> {
         let OwnWrites::Awaited { timeout } = self.mode() else {
             return Ok(());
         };
-        match cache.observe(key, timeout, cancel).await {
+        match cache.observe(key, timeout, &self.stopped).await {
             Ok(waited) => {
                 if !waited.is_zero() {
                     self.count_wait(waited, false);

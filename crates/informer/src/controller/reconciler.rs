@@ -3,8 +3,6 @@
 
 use std::{error::Error as StdError, future::Future, sync::Arc};
 
-use tokio_util::sync::CancellationToken;
-
 use super::request::{Action, ErrorAction, Failure, ReconcileRequest};
 
 /// What a controller does with each primary it takes from its queue (controller-runtime's
@@ -16,9 +14,7 @@ use super::request::{Action, ErrorAction, Failure, ReconcileRequest};
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{
-///     Action, CancellationToken, ClientError, ControllerClient, ReconcileRequest, Reconciler,
-/// };
+/// use kube_informer::{Action, ClientError, ControllerClient, ReconcileRequest, Reconciler};
 ///
 /// struct Labeller {
 ///     client: ControllerClient,
@@ -27,11 +23,7 @@ use super::request::{Action, ErrorAction, Failure, ReconcileRequest};
 /// impl Reconciler<ConfigMap> for Labeller {
 ///     type Error = ClientError;
 ///
-///     async fn reconcile(
-///         &self,
-///         request: ReconcileRequest<ConfigMap>,
-///         _cancel: CancellationToken,
-///     ) -> Result<Action, ClientError> {
+///     async fn reconcile(&self, request: ReconcileRequest<ConfigMap>) -> Result<Action, ClientError> {
 ///         let ReconcileRequest::Present(cm) = request else {
 ///             return Ok(Action::done());
 ///         };
@@ -52,8 +44,9 @@ pub trait Reconciler<K>: Send + Sync + 'static {
 
     /// Reconciles one primary: [present](ReconcileRequest::Present) as the cache holds it
     /// (once the cache has observed the controller's own writes to it), or
-    /// [deleted](ReconcileRequest::Deleted). `cancel` fires when the controller stops or
-    /// the reconcile times out.
+    /// [deleted](ReconcileRequest::Deleted). A reconcile is cancelled as any future is, by
+    /// dropping it: at its [timeout](crate::Controller::reconcile_timeout) and when the
+    /// controller stops.
     ///
     /// # Errors
     ///
@@ -62,7 +55,6 @@ pub trait Reconciler<K>: Send + Sync + 'static {
     fn reconcile(
         &self,
         request: ReconcileRequest<K>,
-        cancel: CancellationToken,
     ) -> impl Future<Output = Result<Action, Self::Error>> + Send;
 
     /// What follows a failed reconcile; by default it is retried with backoff for as long
@@ -77,7 +69,7 @@ impl<K, Ctx, R, Fut, E, P> Reconciler<K> for (R, P, Arc<Ctx>)
 where
     K: 'static,
     Ctx: Send + Sync + 'static,
-    R: Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> Fut + Send + Sync + 'static,
+    R: Fn(ReconcileRequest<K>, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Action, E>> + Send + 'static,
     E: StdError + Send + Sync + 'static,
     P: Fn(&Failure<'_, E>, &Ctx) -> ErrorAction + Send + Sync + 'static,
@@ -87,9 +79,8 @@ where
     fn reconcile(
         &self,
         request: ReconcileRequest<K>,
-        cancel: CancellationToken,
     ) -> impl Future<Output = Result<Action, E>> + Send {
-        (self.0)(request, self.2.clone(), cancel)
+        (self.0)(request, self.2.clone())
     }
 
     fn error_policy(&self, failure: &Failure<'_, E>) -> ErrorAction {

@@ -5,7 +5,6 @@ use std::{error::Error as StdError, future::Future, sync::Arc, time::Duration};
 
 use futures::{TryFutureExt, future::MapOk};
 use kube_core::Resource;
-use tokio_util::sync::CancellationToken;
 
 use crate::key::ObjectKey;
 
@@ -179,13 +178,13 @@ pub type SyncFuture<Fut> = MapOk<Fut, fn(()) -> Action>;
 /// ```
 pub fn sync_by_key<K, Ctx, F, Fut, E>(
     sync: F,
-) -> impl Fn(ReconcileRequest<K>, Arc<Ctx>, CancellationToken) -> SyncFuture<Fut> + Send + Sync + 'static
+) -> impl Fn(ReconcileRequest<K>, Arc<Ctx>) -> SyncFuture<Fut> + Send + Sync + 'static
 where
     K: Resource,
     F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>>,
 {
-    move |request, context, _cancel| {
+    move |request, context| {
         let done: fn(()) -> Action = |()| Action::done();
         sync(request.key(), context).map_ok(done)
     }

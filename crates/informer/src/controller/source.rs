@@ -424,6 +424,7 @@ mod tests {
     //! A sharded controller over an in-memory list-watch, its ring's admission driven by
     //! hand: the windows in which a slot admits nothing are hit on purpose.
 
+    use crate::lease::LeaseConfig;
     use std::{
         sync::{Arc, Mutex},
         time::Duration,
@@ -448,9 +449,13 @@ mod tests {
     fn ring() -> Arc<ShardRing> {
         let config = kube_client::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube_client::Client::try_from(config).unwrap();
-        let config = RingConfig::new("ns", "ring", "me")
-            .slots(1)
-            .renew_deadline(RENEW_DEADLINE);
+        let config = RingConfig::new(
+            LeaseConfig::new("ring")
+                .in_namespace("ns")
+                .with_identity("me")
+                .renew_deadline(RENEW_DEADLINE),
+        )
+        .slots(1);
         Arc::new(ShardRing::new(client, config).unwrap())
     }
 
@@ -514,7 +519,7 @@ mod tests {
         let informer = informer.spawn(cancel.clone());
         let seen: Seen = Arc::default();
         let record = seen.clone();
-        let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+        let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
             let record = record.clone();
             async move {
                 match request {
@@ -643,7 +648,7 @@ mod tests {
         let reconcile = {
             let (entered, release, deletions) =
                 (entered.clone(), release.clone(), deletions.clone());
-            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                 let (entered, release, deletions) =
                     (entered.clone(), release.clone(), deletions.clone());
                 async move {

@@ -158,7 +158,7 @@ where
 
     async fn reconcile_one(&self, key: &ObjectKey) {
         let observed = match &self.primary_writes {
-            Some(cache) => self.caches.observe(cache, Some(key), &self.cancel).await,
+            Some(cache) => self.caches.observe(cache, Some(key)).await,
             None => Ok(()),
         };
         match observed {
@@ -225,15 +225,24 @@ where
             ReconcileRequest::Present(obj) => Reconciled::Present(obj.meta().uid.clone()),
             ReconcileRequest::Deleted { last_known, .. } => Reconciled::Deleted(last_known.clone()),
         };
-        let token = self.cancel.child_token();
         #[cfg(feature = "prometheus")]
         if let Some(recorder) = &self.recorder {
             recorder.started();
         }
         let started = tokio::time::Instant::now();
-        let outcome = self.call(request, token.clone()).await;
-        // Whatever it did, its work is over; anything it spawned under the token stops.
-        token.cancel();
+        // A reconcile is cancelled by dropping it, as a future is: the controller stops.
+        let outcome = tokio::select! {
+            biased;
+            outcome = self.call(request) => outcome,
+            () = self.cancel.cancelled() => {
+                debug!(controller = %self.name, %key, "reconcile cancelled: the controller is stopping");
+                #[cfg(feature = "prometheus")]
+                if let Some(recorder) = &self.recorder {
+                    recorder.cancelled();
+                }
+                return;
+            }
+        };
         let result = match &outcome {
             Ok(action) if action.requeue_after.is_some() => "requeue_after",
             Ok(_) => "success",
@@ -367,21 +376,22 @@ where
     async fn call(
         &self,
         request: ReconcileRequest<K>,
-        token: CancellationToken,
     ) -> Result<Action, ReconcileError<Rec::Error>> {
         // The reconcile may panic while building its future or while it runs.
-        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| {
-            self.reconciler.reconcile(request, token.clone())
-        })) {
-            Ok(future) => future,
-            Err(panic) => return Err(ReconcileError::Panicked(panic_message(&*panic).to_owned())),
-        };
+        let future =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| self.reconciler.reconcile(request)))
+            {
+                Ok(future) => future,
+                Err(panic) => {
+                    return Err(ReconcileError::Panicked(panic_message(&*panic).to_owned()));
+                }
+            };
         let guarded = AssertUnwindSafe(future).catch_unwind();
         let outcome = match self.reconcile_timeout {
             Some(limit) => match tokio::time::timeout(limit, guarded).await {
                 Ok(outcome) => outcome,
+                // Dropped at the timeout, as any future is cancelled.
                 Err(_) => {
-                    token.cancel();
                     return Err(ReconcileError::TimedOut(limit));
                 }
             },
