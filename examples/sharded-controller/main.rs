@@ -27,9 +27,10 @@ use std::{
 use anyhow::Context as _;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube_informer::lease::{LeaseConfig, default_identity};
 use kube_informer::{
-    Action, CancellationToken, ClusterSource, Manager, ReconcileRequest, Scope, cancel_on_signals,
-    retry_with_backoff, sharding::RingConfig,
+    Action, ClusterSource, Manager, ReconcileRequest, Scope, cancel_on_signals, retry_with_backoff,
+    sharding::RingConfig,
 };
 use serde::Serialize;
 
@@ -45,7 +46,7 @@ struct Args {
     #[arg(long, default_value = "sharded-controller")]
     ring: String,
     /// This replica's identity in the ring (a DNS label); default: $POD_NAME, else the
-    /// host name and process id.
+    /// host name, and a random suffix.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// Slots the hash space is cut into.
@@ -105,7 +106,6 @@ fn unix_nanos() -> u128 {
 async fn reconcile(
     request: ReconcileRequest<ConfigMap>,
     ctx: Arc<Context>,
-    _cancel: CancellationToken,
 ) -> Result<Action, std::io::Error> {
     let started_ns = unix_nanos();
     let key = request.key().to_string();
@@ -143,13 +143,6 @@ async fn reconcile(
     Ok(Action::done())
 }
 
-fn default_identity() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_lowercase())
-        .unwrap_or_else(|_| "replica".to_owned());
-    format!("{host}-{}", std::process::id())
-}
-
 async fn run(args: Args) -> anyhow::Result<()> {
     let cancel = cancel_on_signals();
     let client = ClusterSource {
@@ -160,11 +153,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .await?;
     let identity = args.identity.unwrap_or_else(default_identity);
     let lease = Duration::from_secs_f64(args.lease_seconds);
-    let ring_config = RingConfig::new(&args.namespace, &args.ring, &identity)
-        .slots(args.slots)
-        .lease_duration(lease)
-        .renew_deadline(lease * 2 / 3)
-        .retry_period(lease / 15);
+    let ring_config = RingConfig::new(
+        LeaseConfig::new(&args.ring)
+            .in_namespace(&args.namespace)
+            .with_identity(&identity)
+            .lease_duration(lease)
+            .renew_deadline(lease * 2 / 3)
+            .retry_period(lease / 15),
+    )
+    .slots(args.slots);
     let log = match &args.reconcile_log {
         Some(path) => Some(Mutex::new(
             File::options()

@@ -19,6 +19,7 @@ use std::{
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
+use kube_informer::lease::LeaseConfig;
 use kube_informer::{
     Action, CancellationToken, ClusterSource, Manager, ReconcileRequest, Scope, cancel_on_signals,
     retry_with_backoff, sharding::RingConfig,
@@ -82,11 +83,15 @@ pub async fn run_replica(args: ReplicaArgs) -> anyhow::Result<()> {
     .client()
     .await?;
     let lease = Duration::from_millis(args.lease_ms);
-    let ring = RingConfig::new(RING_NAMESPACE, RING, &args.identity)
-        .slots(args.slots)
-        .lease_duration(lease)
-        .renew_deadline(lease * 2 / 3)
-        .retry_period(lease / 15);
+    let ring = RingConfig::new(
+        LeaseConfig::new(RING)
+            .in_namespace(RING_NAMESPACE)
+            .with_identity(&args.identity)
+            .lease_duration(lease)
+            .renew_deadline(lease * 2 / 3)
+            .retry_period(lease / 15),
+    )
+    .slots(args.slots);
     let records = File::options()
         .create(true)
         .append(true)
@@ -117,7 +122,6 @@ struct Replica {
 async fn reconcile(
     request: ReconcileRequest<Pod>,
     replica: Arc<Replica>,
-    _cancel: CancellationToken,
 ) -> Result<Action, std::io::Error> {
     let started_ns = unix_nanos();
     let marker = match &request {

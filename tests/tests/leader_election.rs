@@ -15,6 +15,7 @@ use kube_client::{
 use kube_informer::leader_election::{
     LeaderElectionConfig, LeaderElectionError, LeaderElector, OnCancel,
 };
+use kube_informer::lease::LeaseConfig;
 use kube_testenv::TestEnv;
 use tests::{eventually, eventually_some, lease_holder, test_namespace, within};
 use tokio::task::JoinHandle;
@@ -23,10 +24,11 @@ use tokio_util::sync::CancellationToken;
 const LEASE: Duration = Duration::from_secs(3);
 
 fn config(namespace: &str, identity: &str) -> LeaderElectionConfig {
-    LeaderElectionConfig::new(namespace, "the-lease", identity).timing(
-        LEASE,
-        Duration::from_secs(2),
-        Duration::from_millis(300),
+    LeaderElectionConfig::new(
+        LeaseConfig::new("the-lease")
+            .in_namespace(namespace)
+            .with_identity(identity)
+            .timing(LEASE, Duration::from_secs(2), Duration::from_millis(300)),
     )
 }
 
@@ -72,10 +74,11 @@ async fn one_candidate_leads_and_another_takes_over_a_released_lease_at_once() {
     let (client, namespace) = test_namespace(env, "lease-release").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let long = |identity| {
-        LeaderElectionConfig::new(&namespace, "the-lease", identity).timing(
-            LONG_LEASE,
-            LONG_LEASE * 2 / 3,
-            Duration::from_millis(300),
+        LeaderElectionConfig::new(
+            LeaseConfig::new("the-lease")
+                .in_namespace(&namespace)
+                .with_identity(identity)
+                .timing(LONG_LEASE, LONG_LEASE * 2 / 3, Duration::from_millis(300)),
         )
     };
 
@@ -228,10 +231,15 @@ async fn a_leader_cut_off_stops_working_before_another_can_acquire() {
     .await
     .unwrap();
     let timing = |identity| {
-        LeaderElectionConfig::new(&namespace, "the-lease", identity).timing(
-            Duration::from_secs(4),
-            Duration::from_secs(2),
-            Duration::from_millis(500),
+        LeaderElectionConfig::new(
+            LeaseConfig::new("the-lease")
+                .in_namespace(&namespace)
+                .with_identity(identity)
+                .timing(
+                    Duration::from_secs(4),
+                    Duration::from_secs(2),
+                    Duration::from_millis(500),
+                ),
         )
     };
     let through = env.client_via(&proxy).await.unwrap();

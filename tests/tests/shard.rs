@@ -196,6 +196,7 @@ mod ring {
 
     use k8s_openapi::api::coordination::v1::Lease;
     use kube_client::{Api, Client};
+    use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         CancellationToken,
         sharding::{RingConfig, RingView, ShardRing, dealt_slots, slot_of},
@@ -214,11 +215,15 @@ mod ring {
     }
 
     fn join(client: &Client, namespace: &str, identity: &str) -> Replica {
-        let config = RingConfig::new(namespace, "test-ring", identity)
-            .slots(SLOTS)
-            .lease_duration(LEASE)
-            .renew_deadline(Duration::from_secs(2))
-            .retry_period(Duration::from_millis(300));
+        let config = RingConfig::new(
+            LeaseConfig::new("test-ring")
+                .in_namespace(namespace)
+                .with_identity(identity)
+                .lease_duration(LEASE)
+                .renew_deadline(Duration::from_secs(2))
+                .retry_period(Duration::from_millis(300)),
+        )
+        .slots(SLOTS);
         let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
         let stop = CancellationToken::new();
         let task = tokio::spawn({
@@ -408,6 +413,7 @@ mod sharded_controller {
         Api,
         api::{Patch, PatchParams},
     };
+    use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
         list_watch::{HashRange, Shard, ShardField},
@@ -448,11 +454,15 @@ mod sharded_controller {
         let mut rings = Vec::new();
         let mut tasks = Vec::new();
         for replica in 0..REPLICAS {
-            let config = RingConfig::new(&namespace, "sharded", format!("replica-{replica}"))
-                .slots(12)
-                .lease_duration(Duration::from_secs(3))
-                .renew_deadline(Duration::from_secs(2))
-                .retry_period(Duration::from_millis(300));
+            let config = RingConfig::new(
+                LeaseConfig::new("sharded")
+                    .in_namespace(&namespace)
+                    .with_identity(format!("replica-{replica}"))
+                    .lease_duration(Duration::from_secs(3))
+                    .renew_deadline(Duration::from_secs(2))
+                    .retry_period(Duration::from_millis(300)),
+            )
+            .slots(12);
             let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
             let factory = InformerFactory::new(client.clone());
             let everything = Shard::new(ShardField::Uid, [HashRange::all()]).unwrap();
@@ -463,7 +473,7 @@ mod sharded_controller {
                 .workers(2);
             factory.start(&stop);
             let log = log.clone();
-            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                 let log = log.clone();
                 async move {
                     let started = Instant::now();
@@ -611,6 +621,7 @@ mod owned_children {
         Api,
         api::{ObjectMeta, Patch, PatchParams, PostParams},
     };
+    use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, InformerHandle, ReconcileRequest,
         Scope,
@@ -717,11 +728,15 @@ mod owned_children {
         let reconciled: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
         let mut replicas = Vec::new();
         for replica in 0..REPLICAS {
-            let config = RingConfig::new(&namespace, "owned", format!("replica-{replica}"))
-                .slots(SLOTS)
-                .lease_duration(Duration::from_secs(3))
-                .renew_deadline(Duration::from_secs(2))
-                .retry_period(Duration::from_millis(300));
+            let config = RingConfig::new(
+                LeaseConfig::new("owned")
+                    .in_namespace(&namespace)
+                    .with_identity(format!("replica-{replica}"))
+                    .lease_duration(Duration::from_secs(3))
+                    .renew_deadline(Duration::from_secs(2))
+                    .retry_period(Duration::from_millis(300)),
+            )
+            .slots(SLOTS);
             let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
             let factory = InformerFactory::new(client.clone());
             let scope = Scope::namespace(&namespace);
@@ -734,7 +749,7 @@ mod owned_children {
                 .sharded(ring.clone());
             factory.start(&stop);
             let log = reconciled.clone();
-            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                 log.lock()
                     .unwrap()
                     .push((replica, request.key().to_string()));
@@ -878,6 +893,7 @@ mod managed {
         Api,
         api::{ObjectMeta, PostParams},
     };
+    use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Manager, ReconcileRequest, Scope,
         leader_election::LeaderElectionConfig, retry_with_backoff, sharding::RingConfig,
@@ -915,10 +931,15 @@ mod managed {
         let stop = CancellationToken::new();
         let mut runs = Vec::new();
         for identity in ["first", "second"] {
-            let election = LeaderElectionConfig::new(&namespace, "managers", identity).timing(
-                Duration::from_secs(4),
-                Duration::from_secs(2),
-                Duration::from_millis(500),
+            let election = LeaderElectionConfig::new(
+                LeaseConfig::new("managers")
+                    .in_namespace(&namespace)
+                    .with_identity(identity)
+                    .timing(
+                        Duration::from_secs(4),
+                        Duration::from_secs(2),
+                        Duration::from_millis(500),
+                    ),
             );
             let mut manager = Manager::new(client.clone())
                 .probe_address(None)
@@ -926,18 +947,22 @@ mod managed {
                 .leader_election(election);
             let ring = manager
                 .shard_ring(
-                    RingConfig::new(&namespace, "managed", identity)
-                        .slots(8)
-                        .lease_duration(Duration::from_secs(3))
-                        .renew_deadline(Duration::from_secs(2))
-                        .retry_period(Duration::from_millis(300)),
+                    RingConfig::new(
+                        LeaseConfig::new("managed")
+                            .in_namespace(&namespace)
+                            .with_identity(identity)
+                            .lease_duration(Duration::from_secs(3))
+                            .renew_deadline(Duration::from_secs(2))
+                            .retry_period(Duration::from_millis(300)),
+                    )
+                    .slots(8),
                 )
                 .unwrap();
             let scope = Scope::namespace(&namespace);
             let controller =
                 manager.sharded_controller::<ConfigMap>("sharded", scope.clone(), &ring);
             let log = sharded.clone();
-            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                 log.lock()
                     .unwrap()
                     .push((identity, request.key().to_string()));
@@ -946,7 +971,7 @@ mod managed {
             manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
             let controller = manager.controller::<Secret>("leader-only", scope);
             let log = leading.clone();
-            let reconcile = move |request: ReconcileRequest<Secret>, _: Arc<()>, _| {
+            let reconcile = move |request: ReconcileRequest<Secret>, _: Arc<()>| {
                 log.lock()
                     .unwrap()
                     .push((identity, request.key().to_string()));
@@ -1009,6 +1034,7 @@ mod lapsed_renewals {
         Api,
         api::{Patch, PatchParams},
     };
+    use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
         list_watch::{Shard, ShardField},
@@ -1038,11 +1064,15 @@ mod lapsed_renewals {
         // The ring's Leases through the proxy; the informer straight to the API server.
         let proxy = FaultProxy::for_apiserver(env).await.unwrap();
         let ring_client = env.client_via(&proxy).await.unwrap();
-        let config = RingConfig::new(&namespace, "lapsing", "only")
-            .slots(1)
-            .lease_duration(Duration::from_secs(30))
-            .renew_deadline(RENEW_DEADLINE)
-            .retry_period(Duration::from_millis(200));
+        let config = RingConfig::new(
+            LeaseConfig::new("lapsing")
+                .in_namespace(&namespace)
+                .with_identity("only")
+                .lease_duration(Duration::from_secs(30))
+                .renew_deadline(RENEW_DEADLINE)
+                .retry_period(Duration::from_millis(200)),
+        )
+        .slots(1);
         let ring = Arc::new(ShardRing::new(ring_client, config).unwrap());
         let stop = CancellationToken::new();
         let factory = InformerFactory::new(client.clone());
@@ -1055,7 +1085,7 @@ mod lapsed_renewals {
         let latest: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
         let reconcile = {
             let latest = latest.clone();
-            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+            move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
                 let latest = latest.clone();
                 async move {
                     if let ReconcileRequest::Present(cm) = &request {
@@ -1158,6 +1188,7 @@ mod handover_deletions {
         Api, Client,
         api::{DeleteParams, ListParams},
     };
+    use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
         list_watch::{Shard, ShardField},
@@ -1197,11 +1228,15 @@ mod handover_deletions {
         identity: &str,
         (lease_duration, renew_deadline): (Duration, Duration),
     ) -> RingConfig {
-        RingConfig::new(namespace, "handover", identity)
-            .slots(SLOTS)
-            .lease_duration(lease_duration)
-            .renew_deadline(renew_deadline)
-            .retry_period(Duration::from_millis(200))
+        RingConfig::new(
+            LeaseConfig::new("handover")
+                .in_namespace(namespace)
+                .with_identity(identity)
+                .lease_duration(lease_duration)
+                .renew_deadline(renew_deadline)
+                .retry_period(Duration::from_millis(200)),
+        )
+        .slots(SLOTS)
     }
 
     /// Timings under which no slot is lost by expiry while a test runs.
@@ -1230,7 +1265,7 @@ mod handover_deletions {
             .startup_grace(Duration::from_secs(300));
         factory.start(&stop);
         let log = log.clone();
-        let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>, _| {
+        let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
             let log = log.clone();
             async move {
                 let started = Instant::now();

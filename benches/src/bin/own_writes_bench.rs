@@ -141,18 +141,14 @@ fn child(parent: &Secret) -> ConfigMap {
     }
 }
 
-async fn reconcile_parent(
-    parent: &Secret,
-    ctx: &Ctx,
-    cancel: &CancellationToken,
-) -> Result<Action, ClientError> {
+async fn reconcile_parent(parent: &Secret, ctx: &Ctx) -> Result<Action, ClientError> {
     let child = child(parent);
     let key = ObjectKey::from_object(&child).map_err(|_| ClientError::Invalid {
         verb: "create",
         kind: "ConfigMap".into(),
         reason: "the parent has no name",
     })?;
-    if ctx.client.get::<ConfigMap>(&key, cancel).await?.is_none() {
+    if ctx.client.get::<ConfigMap>(&key).await?.is_none() {
         ctx.counts.creates.fetch_add(1, Ordering::Relaxed);
         if let Err(error) = ctx.client.create(&child).await {
             if error.status_code() == Some(409) {
@@ -172,11 +168,10 @@ async fn reconcile_parent(
 async fn reconcile(
     request: ReconcileRequest<Secret>,
     ctx: Arc<Ctx>,
-    cancel: CancellationToken,
 ) -> Result<Action, ClientError> {
     let started = Instant::now();
     let outcome = match &request {
-        ReconcileRequest::Present(parent) => reconcile_parent(parent, &ctx, &cancel).await,
+        ReconcileRequest::Present(parent) => reconcile_parent(parent, &ctx).await,
         ReconcileRequest::Deleted { .. } => Ok(Action::done()),
     };
     let counts = &ctx.counts;

@@ -14,6 +14,7 @@ use std::{
 use anyhow::Context;
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
+use kube_informer::lease::LeaseConfig;
 use kube_informer::{
     Action, CancellationToken, Manager, ReconcileRequest, Scope, retry_with_backoff,
     sharding::RingConfig,
@@ -50,10 +51,14 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let client = benches::informer_client(&args.kubeconfig).await?;
     let lease = Duration::from_secs_f64(args.lease_seconds);
-    let config = RingConfig::new(&args.namespace, &args.ring, &args.identity)
-        .lease_duration(lease)
-        .renew_deadline(lease * 2 / 3)
-        .retry_period(lease * 2 / 15);
+    let config = RingConfig::new(
+        LeaseConfig::new(&args.ring)
+            .in_namespace(&args.namespace)
+            .with_identity(&args.identity)
+            .lease_duration(lease)
+            .renew_deadline(lease * 2 / 3)
+            .retry_period(lease * 2 / 15),
+    );
     let log = Arc::new(Mutex::new(
         File::options()
             .create(true)
@@ -67,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
     let ring = manager.shard_ring(config)?;
     let controller =
         manager.sharded_controller::<Pod>("pods", Scope::namespace(&args.namespace), &ring);
-    let reconcile = move |request: ReconcileRequest<Pod>, log: Arc<Mutex<File>>, _| {
+    let reconcile = move |request: ReconcileRequest<Pod>, log: Arc<Mutex<File>>| {
         let line = format!(
             "{{\"key\":\"{}\",\"ended_ns\":{}}}\n",
             request.key(),

@@ -29,7 +29,7 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn demo(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
-//! let config = LeaderElectionConfig::new("default", "my-controller", "replica-1");
+//! let config = LeaderElectionConfig::with_defaults("my-controller");
 //! let elector = LeaderElector::new(client, config)?;
 //! let stop = CancellationToken::new();
 //! elector
@@ -58,39 +58,13 @@ use tokio::{sync::watch, time::Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::{
-    lease::{is_conflict, is_forbidden, now},
-    replica::{non_empty, pod_name},
-};
+use crate::lease::{LeaseConfig, is_conflict, is_forbidden, now};
 
-/// The namespace a replica's Lease goes in by default: `$POD_NAMESPACE` (set it from the
-/// downward API), else the namespace of the Pod's service account, else `default` (a
-/// replica run outside a cluster).
-pub fn default_namespace() -> String {
-    const SERVICE_ACCOUNT_NAMESPACE: &str =
-        "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-    non_empty(std::env::var("POD_NAMESPACE").ok())
-        .or_else(|| non_empty(std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE).ok()))
-        .unwrap_or_else(|| "default".to_owned())
-}
-
-/// A replica's identity by default: its Pod's name (`$POD_NAME`, else the host name, which
-/// is the Pod's name in a Pod), then `_` and a random suffix, so two processes on one host
-/// (or a restarted one whose old Lease is still held) never share an identity.
-pub fn default_identity() -> String {
-    let suffix: u64 = rand::rng().random();
-    format!("{}_{suffix:016x}", pod_name())
-}
-
-/// Timing and identity of a [`LeaderElector`].
+/// A [`LeaseConfig`] and what the leader does with its Lease when it stops; it reads as
+/// the [`LeaseConfig`] it holds.
 #[derive(Debug, Clone)]
 pub struct LeaderElectionConfig {
-    pub(crate) namespace: String,
-    pub(crate) name: String,
-    pub(crate) identity: String,
-    pub(crate) lease_duration: Duration,
-    pub(crate) renew_deadline: Duration,
-    pub(crate) retry_period: Duration,
+    lease: LeaseConfig,
     pub(crate) on_cancel: OnCancel,
 }
 
@@ -104,50 +78,33 @@ pub enum OnCancel {
     Keep,
 }
 
+impl From<LeaseConfig> for LeaderElectionConfig {
+    fn from(lease: LeaseConfig) -> Self {
+        Self::new(lease)
+    }
+}
+
+impl std::ops::Deref for LeaderElectionConfig {
+    type Target = LeaseConfig;
+
+    fn deref(&self) -> &LeaseConfig {
+        &self.lease
+    }
+}
+
 impl LeaderElectionConfig {
-    /// client-go's defaults (15 s, 10 s, 2 s) for the Lease `namespace/name`, as `identity`.
-    pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        identity: impl Into<String>,
-    ) -> Self {
+    /// Leader election on the Lease `lease` describes, released when the leader stops.
+    pub fn new(lease: LeaseConfig) -> Self {
         Self {
-            namespace: namespace.into(),
-            name: name.into(),
-            identity: identity.into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
+            lease,
             on_cancel: OnCancel::Release,
         }
     }
 
-    /// client-go's defaults for the Lease `name`, in the namespace and under the identity
-    /// a replica running in a Pod is expected to use ([`default_namespace`],
-    /// [`default_identity`]), as controller-runtime's manager picks them.
+    /// The defaults (see [`LeaseConfig::new`]) for the Lease `name`, as controller-runtime's
+    /// manager picks them.
     pub fn with_defaults(name: impl Into<String>) -> Self {
-        Self::new(default_namespace(), name, default_identity())
-    }
-
-    /// How long a lease holds without renewal before others may take it (15 s).
-    #[must_use]
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
-        self.lease_duration = duration;
-        self
-    }
-
-    /// How long the leader keeps retrying a failed renewal before it gives up (10 s).
-    #[must_use]
-    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
-        self.renew_deadline = deadline;
-        self
-    }
-
-    /// How often to try to acquire or renew (2 s).
-    #[must_use]
-    pub fn retry_period(mut self, period: Duration) -> Self {
-        self.retry_period = period;
-        self
+        Self::new(LeaseConfig::new(name))
     }
 
     /// What the leader does with its Lease when it stops gracefully
@@ -155,35 +112,6 @@ impl LeaderElectionConfig {
     #[must_use]
     pub fn on_cancel(mut self, on_cancel: OnCancel) -> Self {
         self.on_cancel = on_cancel;
-        self
-    }
-
-    /// The Lease's namespace.
-    pub fn namespace(&self) -> &str {
-        &self.namespace
-    }
-
-    /// The Lease's name (shared by every replica of one controller).
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// This replica's identity (unique among the replicas, e.g. the Pod name).
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// Sets the three durations at once.
-    #[must_use]
-    pub fn timing(
-        mut self,
-        lease_duration: Duration,
-        renew_deadline: Duration,
-        retry_period: Duration,
-    ) -> Self {
-        self.lease_duration = lease_duration;
-        self.renew_deadline = renew_deadline;
-        self.retry_period = retry_period;
         self
     }
 
@@ -642,33 +570,36 @@ mod tests {
 
     #[test]
     fn inconsistent_timings_are_rejected() {
-        let base = LeaderElectionConfig::new("ns", "lease", "me");
-        assert!(base.validate().is_ok());
-        let bad = base.clone().timing(
+        let base = LeaseConfig::new("lease")
+            .in_namespace("ns")
+            .with_identity("me");
+        let config = |lease: LeaseConfig| LeaderElectionConfig::new(lease);
+        assert!(config(base.clone()).validate().is_ok());
+        let bad = config(base.clone().timing(
             Duration::from_secs(5),
             Duration::from_secs(5),
             Duration::from_secs(1),
-        );
+        ));
         assert!(matches!(
             bad.validate(),
             Err(LeaderElectionError::InvalidConfig(_))
         ));
-        let bad = base.clone().timing(
+        let bad = config(base.clone().timing(
             Duration::from_secs(15),
             Duration::from_secs(2),
             Duration::from_secs(2),
-        );
+        ));
         assert!(
             bad.validate()
                 .unwrap_err()
                 .to_string()
                 .contains("retry_period")
         );
-        let bad = base.clone().timing(
+        let bad = config(base.clone().timing(
             Duration::from_millis(10_900),
             Duration::from_millis(10_500),
             Duration::from_secs(2),
-        );
+        ));
         assert!(
             bad.validate()
                 .unwrap_err()
@@ -678,6 +609,6 @@ mod tests {
         );
         let mut bad = base;
         bad.identity.clear();
-        assert!(bad.validate().is_err());
+        assert!(config(bad).validate().is_err());
     }
 }

@@ -92,7 +92,7 @@ use self::handover::Handovers;
 pub(crate) use self::handover::{Coverage, Handover, HandoverRegistration};
 use crate::{
     informer::{InformerHandle, SharedInformer, handler_fn},
-    lease::{is_conflict, is_forbidden, now},
+    lease::{LeaseConfig, is_conflict, is_forbidden, now},
     list_watch::{ApiListWatch, HashRange, Shard, ShardField, fnv1a_64},
 };
 
@@ -122,35 +122,36 @@ pub enum RingError {
     AlreadyRunning,
 }
 
-/// A ring's name, namespace, this replica's identity, and its timings.
+/// A ring: its Leases ([`LeaseConfig`]: the ring's name, their namespace, this replica's
+/// identity, their timings) and how many slots it has. It reads as the [`LeaseConfig`] it
+/// holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RingConfig {
-    name: String,
-    namespace: String,
-    identity: String,
+    lease: LeaseConfig,
     slots: u16,
-    lease_duration: Duration,
-    renew_deadline: Duration,
-    retry_period: Duration,
+}
+
+impl From<LeaseConfig> for RingConfig {
+    fn from(lease: LeaseConfig) -> Self {
+        Self::new(lease)
+    }
+}
+
+impl std::ops::Deref for RingConfig {
+    type Target = LeaseConfig;
+
+    fn deref(&self) -> &LeaseConfig {
+        &self.lease
+    }
 }
 
 impl RingConfig {
-    /// The ring `name` in `namespace`, as the replica `identity` (a DNS-label-safe name:
-    /// it becomes part of the member Lease's name).
-    pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        identity: impl Into<String>,
-    ) -> Self {
-        Self {
-            name: name.into(),
-            namespace: namespace.into(),
-            identity: identity.into(),
-            slots: 16,
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        }
+    /// The ring named by `lease`, with 16 slots. Its identity becomes part of the member
+    /// Lease's name, so it must be a valid one ([`default_identity`] is).
+    ///
+    /// [`default_identity`]: crate::lease::default_identity
+    pub fn new(lease: LeaseConfig) -> Self {
+        Self { lease, slots: 16 }
     }
 
     /// Slots the hash space is cut into (16): more spread load more evenly among many
@@ -161,36 +162,14 @@ impl RingConfig {
         self
     }
 
-    /// How long a member or slot Lease lasts without renewal (15 s).
-    #[must_use]
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
-        self.lease_duration = duration;
-        self
-    }
-
-    /// How long a held slot survives failed renewals before this replica drops it (10 s;
-    /// shorter than the lease duration).
-    #[must_use]
-    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
-        self.renew_deadline = deadline;
-        self
-    }
-
-    /// How often the ring is looked at and the Leases renewed (2 s).
-    #[must_use]
-    pub fn retry_period(mut self, period: Duration) -> Self {
-        self.retry_period = period;
-        self
-    }
-
     /// The ring's name.
     pub fn name(&self) -> &str {
-        &self.name
+        &self.lease.name
     }
 
     /// This replica's identity.
     pub fn identity(&self) -> &str {
-        &self.identity
+        &self.lease.identity
     }
 
     fn validate(&self) -> Result<(), RingError> {
