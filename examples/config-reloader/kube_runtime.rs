@@ -10,7 +10,7 @@
 use std::{sync::Arc, time::Duration};
 
 use clap::Parser;
-use examples::config_reloader::{Args, NAMES, annotation, roll_out};
+use examples::config_reloader::{Args, NAMES, annotation, roll_out_through};
 use futures::StreamExt;
 use k8s_openapi::api::{apps::v1::Deployment, core::v1::ConfigMap};
 use kube_client::{
@@ -40,7 +40,7 @@ async fn reconcile(
     };
     // kube-runtime's controller caches only its primaries: the ConfigMap is read live.
     let live = ctx.config_maps.get_opt(config_map).await?;
-    roll_out(&ctx.deployments, &deployment, live.as_ref()).await?;
+    roll_out_through(&ctx.deployments, &deployment, live.as_ref()).await?;
     Ok(Action::requeue(ctx.resync))
 }
 
@@ -62,14 +62,14 @@ fn naming(store: &Store<Deployment>, cm: &ConfigMap) -> Vec<ObjectRef<Deployment
 
 async fn client(args: &Args) -> anyhow::Result<Client> {
     let options = KubeConfigOptions {
-        context: args.context.clone(),
+        context: args.operator.context.clone(),
         ..KubeConfigOptions::default()
     };
-    let config = match &args.kubeconfig {
+    let config = match &args.operator.kubeconfig {
         Some(path) => {
             Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &options).await?
         }
-        None if args.context.is_some() => Config::from_kubeconfig(&options).await?,
+        None if args.operator.context.is_some() => Config::from_kubeconfig(&options).await?,
         None => Config::infer().await?,
     };
     Ok(Client::try_from(config)?)
@@ -80,8 +80,9 @@ async fn main() -> anyhow::Result<()> {
     examples::init_tracing();
     let args = Args::parse();
     let client = client(&args).await?;
-    let deployments = Api::<Deployment>::namespaced(client.clone(), &args.namespace);
-    let config_maps = Api::<ConfigMap>::namespaced(client, &args.namespace);
+    let namespace = args.operator.namespace.as_deref().unwrap_or("default");
+    let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
+    let config_maps = Api::<ConfigMap>::namespaced(client, namespace);
     let controller = Controller::new(deployments.clone(), watcher::Config::default());
     let store = controller.store();
     let context = Arc::new(Context {
@@ -89,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
         config_maps: config_maps.clone(),
         resync: Duration::from_secs(args.resync),
     });
-    tracing::info!(namespace = %args.namespace, "watching Deployments and ConfigMaps");
+    tracing::info!(namespace, "watching Deployments and ConfigMaps");
     controller
         .watches(config_maps, watcher::Config::default(), move |cm| {
             naming(&store, &cm)

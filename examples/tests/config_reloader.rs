@@ -105,6 +105,12 @@ async fn rolls_out(reloader: &str) {
         .arg("--kubeconfig")
         .arg(env.kubeconfig_path())
         .args(["--namespace", &namespace])
+        .args([
+            "--metrics-bind-address",
+            "0",
+            "--health-probe-bind-address",
+            "0",
+        ])
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()

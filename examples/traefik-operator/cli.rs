@@ -1,11 +1,11 @@
 //! The operator's command line: what the tutorial's `main.go` takes as flags, each also
 //! readable from the environment variable shown in `--help`.
 
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
 use kube_informer::{
-    ObjectKey, Scope,
-    leader_election::{self, LeaderElectionConfig},
+    ObjectKey,
+    cli::{OperatorArgs, parse_duration},
     workqueue::{Bucket, ItemExponentialFailure, MaxOf},
 };
 
@@ -20,6 +20,7 @@ use super::{
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "traefik-operator",
+    mut_arg("leader_election_id", |arg| arg.default_value("traefik-operator.traefik.kube-informer.dev")),
     version,
     about = "Routes Kubernetes Services and TraefikService objects through Traefik by writing \
              them into Traefik's etcd (KV) provider."
@@ -54,6 +55,10 @@ pub enum ControllerKind {
 /// The manager's flags (every one also readable from the environment variable shown).
 #[derive(Debug, Clone, clap::Args)]
 pub struct Options {
+    /// The cluster, the namespace watched, metrics, probes, leader election.
+    #[command(flatten)]
+    pub operator: OperatorArgs,
+
     /// How to reach etcd: endpoints, root key, TLS, user and password.
     #[command(flatten)]
     pub etcd: EtcdOptions,
@@ -68,10 +73,6 @@ pub struct Options {
     )]
     pub controllers: Vec<ControllerKind>,
 
-    /// Watch only this namespace (default: all namespaces).
-    #[arg(long, env = "WATCH_NAMESPACE")]
-    pub namespace: Option<String>,
-
     /// Workers per controller.
     #[arg(long, default_value_t = 2)]
     pub workers: usize,
@@ -80,48 +81,6 @@ pub struct Options {
     /// and `{clusterIP}` are replaced.
     #[arg(long, env = "SERVICE_URL_TEMPLATE", default_value = UrlTemplate::IN_CLUSTER)]
     pub service_url_template: String,
-
-    /// The address `/metrics` binds to (`:8080` for every interface); `0` turns it off.
-    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = "127.0.0.1:8080")]
-    pub metrics_bind_address: String,
-
-    /// The address `/healthz` and `/readyz` bind to (`:8081` for every interface); `0`
-    /// turns them off.
-    #[arg(
-        long,
-        env = "HEALTH_PROBE_BIND_ADDRESS",
-        default_value = "127.0.0.1:8081"
-    )]
-    pub health_probe_bind_address: String,
-
-    /// Enable leader election: only the replica holding the Lease reconciles.
-    #[arg(long, env = "LEADER_ELECT")]
-    pub leader_elect: bool,
-
-    /// The Lease's name.
-    #[arg(long, default_value = "traefik-operator.traefik.kube-informer.dev")]
-    pub leader_election_id: String,
-
-    /// The Lease's namespace (default: `$POD_NAMESPACE`, the in-cluster namespace, or `default`).
-    #[arg(long)]
-    pub leader_election_namespace: Option<String>,
-
-    /// This replica's identity in the Lease (default: `$POD_NAME` or the host name, plus a
-    /// unique suffix).
-    #[arg(long)]
-    pub leader_election_identity: Option<String>,
-
-    /// How long a Lease holds without renewal (e.g. `15s`).
-    #[arg(long, value_parser = parse_duration, default_value = "15s")]
-    pub lease_duration: Duration,
-
-    /// How long the leader retries renewing before it gives up.
-    #[arg(long, value_parser = parse_duration, default_value = "10s")]
-    pub renew_deadline: Duration,
-
-    /// How often to try to acquire or renew the Lease.
-    #[arg(long, value_parser = parse_duration, default_value = "2s")]
-    pub retry_period: Duration,
 
     /// Routes' hosts are `<name>.<namespace>.<domain>` (`<name>.<namespace>` when empty):
     /// the default rule, and the only host a rule may use with `--host-policy=own-name`.
@@ -179,57 +138,7 @@ pub struct Options {
     pub max_retry_delay: Duration,
 }
 
-/// Parses `500ms`, `15s`, `2m`, `1h` (a bare number is seconds).
-///
-/// # Errors
-///
-/// A message naming the bad value.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 500ms, 15s, 2m or 1h"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("{text:?} has an unknown unit; use ms, s, m or h")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
-}
-
 impl Options {
-    /// What the informers watch: `--namespace`, or every namespace.
-    pub fn scope(&self) -> Scope {
-        match &self.namespace {
-            Some(namespace) => Scope::namespace(namespace),
-            None => Scope::all(),
-        }
-    }
-
-    /// Where the probes are served (`None`: nowhere).
-    ///
-    /// # Errors
-    ///
-    /// The flag's text when it is not an address.
-    pub fn probe_address(&self) -> Result<Option<SocketAddr>, String> {
-        bind_address(&self.health_probe_bind_address).transpose()
-    }
-
-    /// Where `/metrics` is served (`None`: nowhere).
-    ///
-    /// # Errors
-    ///
-    /// The flag's text when it is not an address.
-    pub fn metrics_address(&self) -> Result<Option<SocketAddr>, String> {
-        bind_address(&self.metrics_bind_address).transpose()
-    }
-
     /// The retry backoff of every controller: 5 ms doubling up to `--max-retry-delay` per
     /// key, at most 10 retries a second (bursts of 100) overall.
     pub fn retry_limiter(&self) -> MaxOf<ObjectKey> {
@@ -274,49 +183,12 @@ impl Options {
             etcd_endpoints: self.etcd.endpoints.clone(),
         })
     }
-
-    /// The Lease and timing `--leader-elect` uses.
-    pub fn leader_election(&self) -> LeaderElectionConfig {
-        LeaderElectionConfig::new(
-            self.leader_election_namespace
-                .clone()
-                .unwrap_or_else(leader_election::default_namespace),
-            self.leader_election_id.clone(),
-            self.leader_election_identity
-                .clone()
-                .unwrap_or_else(leader_election::default_identity),
-        )
-        .timing(self.lease_duration, self.renew_deadline, self.retry_period)
-    }
-}
-
-/// `None` for `0` (off); `:port` binds every interface.
-fn bind_address(text: &str) -> Option<Result<SocketAddr, String>> {
-    if text == "0" || text.is_empty() {
-        return None;
-    }
-    let text = if text.starts_with(':') {
-        format!("0.0.0.0{text}")
-    } else {
-        text.to_owned()
-    };
-    Some(text.parse().map_err(|e| format!("{text}: {e}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
-
-    #[test]
-    fn durations_parse() {
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3d").is_err());
-    }
 
     #[test]
     fn flags_parse_with_defaults() {
@@ -331,24 +203,9 @@ mod tests {
             cli.options.controllers,
             [ControllerKind::Pods, ControllerKind::Services]
         );
-        assert!(cli.options.leader_elect);
+        assert!(cli.options.operator.leader_elect);
         assert_eq!(cli.options.etcd.endpoints, ["127.0.0.1:2379"]);
         assert_eq!(cli.options.etcd.max_txn_ops, 128);
-        assert_eq!(
-            bind_address(":8081").unwrap(),
-            Ok("0.0.0.0:8081".parse().unwrap())
-        );
-        assert!(bind_address("0").is_none());
-        // Probes and metrics stay on loopback unless an address is given (the Deployment
-        // gives the Pod's).
-        assert_eq!(
-            cli.options.probe_address(),
-            Ok(Some("127.0.0.1:8081".parse().unwrap()))
-        );
-        assert_eq!(
-            cli.options.metrics_address(),
-            Ok(Some("127.0.0.1:8080".parse().unwrap()))
-        );
         let help = Cli::try_parse_from(["traefik-operator", "--help"])
             .unwrap_err()
             .to_string();

@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use kube_informer::ClusterSource;
 use traefik_operator::{
     crd,
     manager::{self, Cli, Command},
@@ -26,9 +25,9 @@ async fn main() -> ExitCode {
         };
     }
     examples::init_tracing();
-    // In-cluster or $KUBECONFIG; HTTP/2 with pings, so a stalled connection to the API
-    // server is found in seconds.
-    let client = match ClusterSource::default().client().await {
+    // `--kubeconfig`, in-cluster or $KUBECONFIG; HTTP/2 with pings, so a stalled
+    // connection to the API server is found in seconds.
+    let client = match cli.options.operator.cluster().client().await {
         Ok(client) => client,
         Err(err) => {
             tracing::error!(error = %err, "no usable Kubernetes configuration");

@@ -3,21 +3,14 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::{
-    NamespaceResourceScope,
-    api::core::v1::{Pod, Service},
-};
+use k8s_openapi::{NamespaceResourceScope, api::core::v1::Pod};
 use kube_client::Client;
-use kube_informer::{
-    Controller, FactoryDefaults, InformerFactory, Manager, TypedResource, retry_with_backoff,
-    sync_by_key,
-};
+use kube_informer::{Controller, FactoryDefaults, InformerFactory, Manager, TypedResource};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::error;
 
 pub use super::cli::{Cli, Command, ControllerKind, Options};
 use super::{
-    crd::TraefikService,
     etcd::EtcdConfigError,
     kv::TraefikKv,
     ownership::Ownership,
@@ -58,23 +51,18 @@ pub async fn run(
     cancel: CancellationToken,
 ) -> Result<(), ManagerError> {
     let result = async {
-        preflight::check(&client, options.namespace.as_deref(), &options.controllers).await?;
+        let operator = &options.operator;
+        preflight::check(&client, operator.namespace.as_deref(), &options.controllers).await?;
         // Every informer resyncs (so routes changed in etcd behind the operator's back are
         // repaired) and keeps no managed fields.
         let defaults = FactoryDefaults::default()
             .resync_period(options.resync_period)
             .strip_managed_fields();
-        let factory = InformerFactory::with_defaults(client.clone(), defaults);
+        let factory = InformerFactory::with_defaults(client, defaults);
         let mut manager = Manager::with_factory(factory)
-            .probe_address(options.probe_address().map_err(ManagerError::Flags)?)
-            .metrics_address(options.metrics_address().map_err(ManagerError::Flags)?)
+            .configure(operator)?
             .shutdown_timeout(options.graceful_shutdown_timeout);
-        if options.leader_elect {
-            let config = options.leader_election();
-            info!(lease = %format!("{}/{}", config.namespace(), config.name()), identity = %config.identity(), "leader election enabled");
-            manager = manager.leader_election(config);
-        }
-        wire(&mut manager, &options, &client)?;
+        wire(&mut manager, &options)?;
         manager.bind().await?.run(cancel).await?;
         Ok(())
     }
@@ -89,7 +77,7 @@ pub async fn run(
 }
 
 /// Adds the selected controllers, and the etcd placeholder, to `manager`.
-fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(), ManagerError> {
+fn wire(manager: &mut Manager, options: &Options) -> Result<(), ManagerError> {
     let policy = Arc::new(options.policy().map_err(ManagerError::Flags)?);
     let kv = Arc::new(TraefikKv::connect_with(&options.etcd)?);
     // A task, so that a standby replica writes nothing to etcd.
@@ -99,59 +87,40 @@ fn wire(manager: &mut Manager, options: &Options, client: &Client) -> Result<(),
     });
     let ownership = Ownership::new(kv, &options.owner_prefix(), &options.instance);
     let routes = Arc::new(ownership.map_err(ManagerError::Flags)?);
-    let sweeps = Sweeps::new(
-        manager.registry(),
-        routes.clone(),
-        options.namespace.as_deref(),
-    );
+    let namespace = options.operator.namespace.as_deref();
+    let sweeps = Sweeps::new(manager.registry(), routes.clone(), namespace);
     let period = options.resync_period;
     for kind in &options.controllers {
         match kind {
             ControllerKind::Traefikservices => {
                 let name = "traefikservices";
-                let routes_swept = sweeps.routes(tsvc::ROUTE_PREFIX, tsvc::key_of_route, name);
-                let controller = routes_swept
-                    .swept_by(controller::<TraefikService>(manager, options, name), period);
-                let reconciler = Arc::new(tsvc::Reconciler {
-                    client: controller.client(client.clone()),
+                let swept = sweeps.routes(tsvc::ROUTE_PREFIX, tsvc::key_of_route, name);
+                let controller = swept.swept_by(controller(manager, options, name), period);
+                let reconciler = tsvc::Reconciler {
+                    client: manager.client_for(&controller),
                     routes: routes.clone(),
                     store: controller.store(),
                     policy: policy.clone(),
                     events: manager.recorder(tsvc::REPORTING_CONTROLLER),
-                    status: manager.applier(tsvc::FIELD_MANAGER),
-                });
-                let sync = |key, r: Arc<tsvc::Reconciler>| async move { r.sync(key).await };
-                manager.add_controller(
-                    controller,
-                    (sync_by_key(sync), retry_with_backoff(), reconciler),
-                );
+                };
+                manager.add_controller(controller, reconciler);
             }
             ControllerKind::Services => {
                 let name = "services";
-                let routes_swept =
-                    sweeps.routes(services::ROUTE_PREFIX, services::key_of_route, name);
-                let controller =
-                    routes_swept.swept_by(controller::<Service>(manager, options, name), period);
-                let reconciler = Arc::new(services::Reconciler {
+                let swept = sweeps.routes(services::ROUTE_PREFIX, services::key_of_route, name);
+                let controller = swept.swept_by(controller(manager, options, name), period);
+                let reconciler = services::Reconciler {
                     routes: routes.clone(),
                     store: controller.store(),
                     template: UrlTemplate(options.service_url_template.clone()),
                     policy: policy.clone(),
-                });
-                let sync = |key, r: Arc<services::Reconciler>| async move { r.sync(key).await };
-                manager.add_controller(
-                    controller,
-                    (sync_by_key(sync), retry_with_backoff(), reconciler),
-                );
+                };
+                manager.add_controller(controller, reconciler);
             }
             ControllerKind::Pods => {
                 let controller = controller::<Pod>(manager, options, "pods");
-                let reconciler = Arc::new(pods::Reconciler::new(controller.store()));
-                let sync = |key, r: Arc<pods::Reconciler>| async move { r.sync(key).await };
-                manager.add_controller(
-                    controller,
-                    (sync_by_key(sync), retry_with_backoff(), reconciler),
-                );
+                let reconciler = pods::Reconciler::new(controller.store());
+                manager.add_controller(controller, reconciler);
             }
         }
     }
@@ -166,7 +135,7 @@ where
     K: TypedResource<Scope = NamespaceResourceScope>,
 {
     manager
-        .controller(name, options.scope())
+        .controller(name, manager.scope())
         .workers(options.workers)
         .rate_limiter(options.retry_limiter())
 }

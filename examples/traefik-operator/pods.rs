@@ -9,7 +9,7 @@ use std::{
 };
 
 use k8s_openapi::api::core::v1::Pod;
-use kube_informer::{ObjectKey, Store};
+use kube_informer::{Action, ObjectKey, ReconcileRequest, Store};
 use tracing::info;
 
 /// The part of a Pod whose changes are logged.
@@ -125,6 +125,14 @@ pub enum PodChange {
     Changed(PodState),
     /// The Pod is gone.
     Deleted,
+}
+
+impl kube_informer::Reconciler<Pod> for Reconciler {
+    type Error = Infallible;
+
+    async fn reconcile(&self, request: ReconcileRequest<Pod>) -> Result<Action, Infallible> {
+        self.sync(request.key()).await.map(|()| Action::done())
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Service;
-use kube_informer::{ObjectKey, Store};
+use kube_informer::{Action, ObjectKey, ReconcileRequest, Store};
 use tracing::{info, warn};
 
 use super::{
@@ -206,6 +206,14 @@ impl Reconciler {
             }
         }
         Ok(())
+    }
+}
+
+impl kube_informer::Reconciler<Service> for Reconciler {
+    type Error = ClaimError;
+
+    async fn reconcile(&self, request: ReconcileRequest<Service>) -> Result<Action, ClaimError> {
+        self.sync(request.key()).await.map(|()| Action::done())
     }
 }
 

@@ -24,8 +24,9 @@ use k8s_openapi::{
     jiff::Timestamp,
 };
 use kube_informer::{
-    Action, ClientError, ControllerClient, FinalizerError, FinalizerEvent, ObjectKey, Store,
-    apply::{Applier, ApplyError, Conflicts},
+    Action, ClientError, ControllerClient, FinalizerError, FinalizerEvent, ObjectKey,
+    ReconcileRequest, Store,
+    apply::Conflicts,
     conditions::{ConditionStatus, NewCondition, set_condition},
     events::{Event, Recorder},
     finalizer,
@@ -178,15 +179,15 @@ pub enum SyncError {
         /// The object's name.
         name: String,
         /// Why.
-        source: ApplyError,
+        source: ClientError,
     },
 }
 
 /// What the `TraefikService` sync function needs.
 #[derive(Clone)]
 pub struct Reconciler {
-    /// The controller's client: the finalizer is its own write, which the next reconcile
-    /// of the object waits for.
+    /// The controller's client: the finalizer and the status are its own writes, which
+    /// the next reconcile of the object waits for.
     pub client: ControllerClient,
     /// The routes in the etcd Traefik reads, and who owns them.
     pub routes: Arc<Ownership>,
@@ -196,12 +197,7 @@ pub struct Reconciler {
     pub policy: Arc<Policy>,
     /// Where the Events users see on their TraefikServices go.
     pub events: Recorder,
-    /// Writes the status, as the operator's field manager.
-    pub status: Applier,
 }
-
-/// The field manager of the status the operator applies.
-pub const FIELD_MANAGER: &str = "traefik-operator";
 
 /// The `reportingController` of the operator's Events.
 pub const REPORTING_CONTROLLER: &str = "traefik.kube-informer.dev/traefik-operator";
@@ -212,10 +208,6 @@ impl std::fmt::Debug for Reconciler {
             .field("routes", &self.routes)
             .finish_non_exhaustive()
     }
-}
-
-fn is_not_found(err: &kube_client::Error) -> bool {
-    matches!(err, kube_client::Error::Api(status) if status.code == 404)
 }
 
 impl Reconciler {
@@ -383,7 +375,7 @@ impl Reconciler {
         // The operator alone writes the status: fields an older operator wrote by merge
         // patch become its applied ones.
         match self
-            .status
+            .client
             .apply_status(&desired, Conflicts::TakeOwnership)
             .await
         {
@@ -392,12 +384,23 @@ impl Reconciler {
                 debug!(name, active = status.active, message = %status.message, "status applied");
                 Ok(())
             }
-            Err(ApplyError::Api { source, .. }) if is_not_found(&source) => Ok(()),
+            Err(gone) if gone.is_not_found() => Ok(()),
             Err(source) => Err(SyncError::Status {
                 name: name.to_owned(),
                 source,
             }),
         }
+    }
+}
+
+impl kube_informer::Reconciler<TraefikService> for Reconciler {
+    type Error = SyncError;
+
+    async fn reconcile(
+        &self,
+        request: ReconcileRequest<TraefikService>,
+    ) -> Result<Action, SyncError> {
+        self.sync(request.key()).await.map(|()| Action::done())
     }
 }
 

@@ -265,9 +265,13 @@ async fn an_applied_traefik_service_is_routed_and_deleting_it_unroutes_it() {
     );
     assert_eq!(ready.observed_generation, obj.metadata.generation);
     let applied_by_operator = obj.metadata.managed_fields.iter().flatten().any(|m| {
-        m.manager.as_deref() == Some("traefik-operator") && m.operation.as_deref() == Some("Apply")
+        // Through the controller's client, as the controller's field manager.
+        m.manager.as_deref() == Some("traefikservices") && m.operation.as_deref() == Some("Apply")
     });
-    assert!(applied_by_operator, "the status is applied by the operator");
+    assert!(
+        applied_by_operator,
+        "the status is applied by the operator's controller"
+    );
     let keys = keys_of(&world.kv, &route).await;
     assert_eq!(
         keys.get(&format!(

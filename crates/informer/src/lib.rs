@@ -32,6 +32,9 @@
 //! - [`sharding`]: a shard ring on Leases, for one controller split across replicas.
 
 pub mod apply;
+#[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+pub mod cli;
 mod client;
 pub mod codec;
 pub mod conditions;
@@ -43,7 +46,7 @@ mod key;
 #[cfg(feature = "leader-election")]
 #[cfg_attr(docsrs, doc(cfg(feature = "leader-election")))]
 pub mod leader_election;
-mod lease;
+pub mod lease;
 pub mod list_watch;
 #[cfg(feature = "manager")]
 #[cfg_attr(docsrs, doc(cfg(feature = "manager")))]

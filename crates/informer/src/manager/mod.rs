@@ -20,7 +20,7 @@ use kube_core::Resource;
 
 use crate::{
     apply::Applier,
-    controller::{Controller, ControllerMetrics, Reconciler},
+    controller::{Controller, ControllerClient, ControllerMetrics, Reconciler},
     error::error_chain,
     events::{Recorder, Reporter},
     informer::{FactoryScope, InformerFactory, Scope, TypedResource},
@@ -53,6 +53,12 @@ pub enum ManagerError {
         #[source]
         source: std::io::Error,
     },
+    /// The cluster the flags name cannot be reached or its configuration read.
+    #[error("cannot connect to the cluster: {0}")]
+    Connect(#[source] crate::error::Error),
+    /// The shard ring the flags ask for cannot run (timings that cannot fence).
+    #[error(transparent)]
+    Ring(#[from] RingError),
     /// Leader election could not start (an invalid configuration) or this replica lost
     /// the lease.
     #[error(transparent)]
@@ -72,6 +78,12 @@ pub enum ManagerError {
 type TaskError = Box<dyn StdError + Send + Sync>;
 type Task = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
+/// Where `/healthz` and `/readyz` are served by default, on loopback: a port the usual
+/// local services (8080, 8081) leave free.
+const DEFAULT_PROBE_PORT: u16 = 9808;
+/// Where `/metrics` is served by default, on loopback.
+const DEFAULT_METRICS_PORT: u16 = 9807;
+
 /// Gives a sharded controller's informer its ring's first view, before it lists.
 type InitialShard = Box<dyn FnOnce(&RingView) + Send>;
 
@@ -82,11 +94,11 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 /// Runs a factory's informers and any number of controllers and other tasks, with
 /// controller-runtime's endpoints and shutdown (controller-runtime's `Manager`).
 ///
-/// - **Probes** on [`probe_address`](Self::probe_address) (default `127.0.0.1:8081`):
+/// - **Probes** on [`probe_address`](Self::probe_address) (default `127.0.0.1:9808`):
 ///   `/healthz` answers 200 while the manager runs; `/readyz` answers 200 once every
 ///   informer of the factory has synced, 503 before.
 /// - **Metrics** on [`metrics_address`](Self::metrics_address) (default
-///   `127.0.0.1:8080`): `/metrics` in the OpenMetrics text format, with the workqueue
+///   `127.0.0.1:9807`): `/metrics` in the OpenMetrics text format, with the workqueue
 ///   metrics ([`workqueue_metrics`](Self::workqueue_metrics)), the reconcile metrics
 ///   ([`controller_metrics`](Self::controller_metrics)), the informers' gauges and counters
 ///   (`informer_objects`, `informer_synced`, `informer_users`,
@@ -125,7 +137,7 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 /// let deployments = manager
 ///     .controller::<Deployment>("deployments", scope.clone())
 ///     .owns(manager.factory().informer::<ReplicaSet>(scope));
-/// let reconcile = |_: ReconcileRequest<Deployment>, _: Arc<()>, _| async {
+/// let reconcile = |_: ReconcileRequest<Deployment>, _: Arc<()>| async {
 ///     Ok::<_, kube_client::Error>(Action::done())
 /// };
 /// manager.add_controller(deployments, (reconcile, retry_with_backoff(), Arc::new(())));
@@ -149,6 +161,10 @@ pub struct Manager {
     /// Tasks every replica runs, leading or not: the rings and the sharded controllers.
     replica_tasks: Vec<(String, TaskFn)>,
     initial_shards: Vec<(Arc<ShardRing>, InitialShard)>,
+    /// What the controllers watch unless told otherwise.
+    scope: Scope,
+    /// The ring the flags made this replica take part in.
+    ring: Option<Arc<ShardRing>>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -189,15 +205,96 @@ impl Manager {
             workqueue_metrics,
             controller_metrics,
             tasks: Vec::new(),
-            probe_address: Some(SocketAddr::from(([127, 0, 0, 1], 8081))),
-            metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], 8080))),
+            probe_address: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PROBE_PORT))),
+            metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_METRICS_PORT))),
             shutdown_timeout: Duration::from_secs(30),
             leader_election: None,
             recorders,
             rings,
             replica_tasks: Vec::new(),
             initial_shards: Vec::new(),
+            scope: Scope::all(),
+            ring: None,
         }
+    }
+
+    /// The manager an operator's standard flags describe ([`cli::OperatorArgs`]): a client
+    /// of the cluster they name, probes and metrics where they say, leader election when
+    /// `--leader-elect` is given, the shard ring `--shard-ring` names (see
+    /// [`ring`](Self::ring)), and `--namespace` as the [scope](Self::scope).
+    ///
+    /// # Errors
+    ///
+    /// [`ManagerError::Connect`] when the cluster's configuration cannot be read;
+    /// [`ManagerError::Ring`] for ring timings that cannot fence.
+    ///
+    /// [`cli::OperatorArgs`]: crate::cli::OperatorArgs
+    #[cfg(feature = "cli")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+    pub async fn from_args(args: &crate::cli::OperatorArgs) -> Result<Self, ManagerError> {
+        let client = args
+            .cluster()
+            .client()
+            .await
+            .map_err(ManagerError::Connect)?;
+        Self::new(client).configure(args)
+    }
+
+    /// This manager (of a factory with defaults of its own, say) configured as
+    /// [`from_args`](Self::from_args) configures one, except for the client.
+    ///
+    /// # Errors
+    ///
+    /// [`ManagerError::Ring`] for ring timings that cannot fence.
+    #[cfg(feature = "cli")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+    pub fn configure(self, args: &crate::cli::OperatorArgs) -> Result<Self, ManagerError> {
+        #[allow(unused_mut)]
+        let mut manager = self
+            .probe_address(args.probe_address())
+            .metrics_address(args.metrics_address())
+            .with_scope(args.scope());
+        #[cfg(feature = "leader-election")]
+        if args.leader_elect {
+            let config = LeaderElectionConfig::new(args.lease(args.leader_election_id()));
+            info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "leader election enabled");
+            manager = manager.leader_election(config);
+        }
+        if let Some(ring) = &args.shard_ring {
+            let config = RingConfig::new(args.lease(ring)).slots(args.shard_slots);
+            let ring = manager.shard_ring(config)?;
+            manager.ring = Some(ring);
+        }
+        Ok(manager)
+    }
+
+    /// What controllers and informers watch unless told otherwise: every namespace, or
+    /// the one [`with_scope`](Self::with_scope) (or `--namespace`) gave.
+    pub fn scope(&self) -> Scope {
+        self.scope.clone()
+    }
+
+    /// Watches `scope` unless told otherwise (see [`scope`](Self::scope)).
+    #[must_use]
+    pub fn with_scope(mut self, scope: Scope) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    /// The shard ring the flags made this replica take part in, for
+    /// [`sharded_controller`](Self::sharded_controller).
+    pub fn ring(&self) -> Option<&Arc<ShardRing>> {
+        self.ring.as_ref()
+    }
+
+    /// The client a reconcile of `controller` reads and writes with (see
+    /// [`ControllerClient`]): the manager's, writing as the controller.
+    pub fn client_for<K>(&self, controller: &Controller<K>) -> ControllerClient
+    where
+        K: Resource<DynamicType = ()> + Send + Sync + 'static,
+        K::Scope: FactoryScope,
+    {
+        controller.client(self.factory.client())
     }
 
     /// Takes part in the shard ring `config` names, as its identity: the manager runs the
@@ -209,15 +306,19 @@ impl Manager {
     /// ```no_run
     /// use std::sync::Arc;
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_informer::{Action, Manager, ReconcileRequest, Scope, retry_with_backoff, sharding::RingConfig};
+    /// use kube_informer::{
+    ///     Action, Manager, ReconcileRequest, Scope, lease::LeaseConfig, retry_with_backoff,
+    ///     sharding::RingConfig,
+    /// };
     ///
     /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
     /// let mut manager = Manager::new(client);
-    /// // Every replica runs this with its own identity (say, its Pod's name).
-    /// let ring = manager.shard_ring(RingConfig::new("web", "config-maps", "replica-a"))?;
+    /// // Every replica runs this, each with its own identity (by default its Pod's name
+    /// // and a random suffix).
+    /// let ring = manager.shard_ring(RingConfig::new(LeaseConfig::new("config-maps")))?;
     /// let controller =
     ///     manager.sharded_controller::<ConfigMap>("config-maps", Scope::namespace("web"), &ring);
-    /// let reconcile = |_: ReconcileRequest<ConfigMap>, _: Arc<()>, _| async {
+    /// let reconcile = |_: ReconcileRequest<ConfigMap>, _: Arc<()>| async {
     ///     Ok::<_, kube_client::Error>(Action::done())
     /// };
     /// manager.add_controller(controller, (reconcile, retry_with_backoff(), Arc::new(())));
@@ -283,7 +384,7 @@ impl Manager {
         let mut reporter = Reporter::new(controller);
         #[cfg(feature = "leader-election")]
         if let Some(config) = &self.leader_election {
-            reporter = reporter.instance(config.identity());
+            reporter = reporter.instance(&config.identity);
         }
         let recorder = Recorder::new(self.factory.client(), reporter);
         self.recorders.add(recorder.clone());
@@ -412,6 +513,16 @@ impl Manager {
             Box::pin(async move { task(cancel).await.map_err(|e| Box::new(e) as _) })
         });
         self.tasks.push((name.into(), task));
+    }
+
+    /// Binds the probe and metrics addresses and runs until SIGINT or SIGTERM
+    /// ([`cancel_on_signals`]): [`bind`](Self::bind) then [`run`](BoundManager::run).
+    ///
+    /// # Errors
+    ///
+    /// As [`bind`](Self::bind) and [`run`](BoundManager::run).
+    pub async fn run(self) -> Result<(), ManagerError> {
+        self.bind().await?.run(cancel_on_signals()).await
     }
 
     /// Binds the probe and metrics addresses (so a port in use fails here, before
