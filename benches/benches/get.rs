@@ -24,7 +24,7 @@ use kube_client::{
 use kube_informer::{
     ObjectKey, WorkingSet,
     list_watch::{ApiListWatch, ListItem, ListOptions, ListWatch, RawObject},
-    reflector::ReflectorStore,
+    reflector::{ReflectorEvent, ReflectorStore},
     testing::StoreWriter,
 };
 use kube_testenv::TestEnv;
@@ -81,7 +81,11 @@ fn get(c: &mut Criterion) {
     ];
     let mut group = c.benchmark_group("get");
     for (name, writer, raw) in stores {
-        ReflectorStore::upsert(&writer, key.clone(), Arc::new(pod.clone()), raw);
+        writer.apply(ReflectorEvent::Upsert {
+            key: key.clone(),
+            object: Arc::new(pod.clone()),
+            raw,
+        });
         let store = writer.store();
         assert_eq!(store.get_by_key(&key).as_deref(), Some(&pod), "{name}");
         group.bench_function(name, |b| b.iter(|| store.get_by_key(&key)));

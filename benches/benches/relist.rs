@@ -10,7 +10,11 @@ use std::sync::Arc;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_main};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube_informer::{ObjectKey, reflector::ReflectorStore, testing::StoreWriter};
+use kube_informer::{
+    ObjectKey,
+    reflector::{ReflectorEvent, ReflectorStore},
+    testing::StoreWriter,
+};
 
 const OBJECTS: usize = 10_000;
 
@@ -44,15 +48,23 @@ enum Apply {
 fn relist(writer: &StoreWriter<ConfigMap>, objects: &[(ObjectKey, Arc<ConfigMap>)], apply: Apply) {
     match apply {
         Apply::Atomic => {
-            ReflectorStore::start_list(writer);
+            writer.apply(ReflectorEvent::ListStart);
             for (key, obj) in objects {
-                ReflectorStore::list_object(writer, key.clone(), obj.clone(), None);
+                writer.apply(ReflectorEvent::Listed {
+                    key: key.clone(),
+                    object: obj.clone(),
+                    raw: None,
+                });
             }
-            ReflectorStore::finish_list(writer, "");
+            writer.apply(ReflectorEvent::ListEnd(String::new()));
         }
         Apply::PerObject => {
             for (key, obj) in objects {
-                ReflectorStore::upsert(writer, key.clone(), obj.clone(), None);
+                writer.apply(ReflectorEvent::Upsert {
+                    key: key.clone(),
+                    object: obj.clone(),
+                    raw: None,
+                });
             }
         }
     }
@@ -65,7 +77,7 @@ fn store(compact: bool) -> StoreWriter<ConfigMap> {
         StoreWriter::new()
     };
     writer
-        .add_indexer("app", kube_informer::label_index("app"))
+        .add_indexer("app", kube_informer::store::label_index("app"))
         .unwrap();
     writer
 }

@@ -10,7 +10,7 @@ use kube_client::{
     Api,
     api::{Patch, PatchParams},
 };
-use kube_informer::{LazyObject, Store};
+use kube_informer::{Store, list_watch::LazyObject};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;

@@ -24,7 +24,8 @@ use std::{convert::Infallible, path::PathBuf, process::ExitCode, sync::Arc};
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube_informer::{
-    LazyObject, Manager, ObjectKey, Scope, Store, TypedResource, retry_up_to, sync_by_key,
+    Manager, ObjectKey, Scope, Store, TypedResource, list_watch::LazyObject, retry_up_to,
+    sync_by_key,
 };
 use labels::log_labels;
 

@@ -10,8 +10,8 @@ use std::{
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource as KubeResource, api::DynamicObject};
 use kube_informer::{
-    Action, Controller, DeletedObject, Delivery, HandlerRegistration, InformerFactory,
-    InformerHandle, ReconcileRequest, RunningInformer, Scope, SharedInformer, handler_fn,
+    Action, Controller, DeletedObject, Delivery, InformerFactory, InformerHandle, ReconcileRequest,
+    RunningInformer, Scope, SharedInformer, handler_fn, informer::HandlerRegistration,
     retry_with_backoff,
 };
 use tokio::task::JoinSet;
@@ -295,7 +295,7 @@ fn recorder<K: KubeResource + Send + Sync + 'static>(
     handler: &'static str,
     resource: Resource,
     delay: Option<Duration>,
-) -> kube_informer::HandlerFn<K> {
+) -> kube_informer::informer::HandlerFn<K> {
     let work = move || {
         if let Some(delay) = delay {
             tokio::task::block_in_place(|| std::thread::sleep(delay));

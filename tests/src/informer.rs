@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use kube_client::core::Resource;
 use kube_informer::{
-    DeletedObject, Delivery, Error, HandlerRegistration, InformerHandle, RunningInformer,
-    SharedInformer, Verb, handler_fn,
+    DeletedObject, Delivery, Error, InformerHandle, RunningInformer, SharedInformer, error::Verb,
+    handler_fn, informer::HandlerRegistration,
 };
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;

@@ -23,10 +23,10 @@ use kube_client::{
     core::CustomResourceExt,
 };
 use kube_informer::{
-    Action, CancellationToken, Controller, FactoryDefaults, HANDLER_COALESCE_AFTER,
-    InformerFactory, InformerHealth, Manager, NAMESPACE_INDEX, ReconcileRequest, Scope,
-    SharedInformer, handler_fn, key_handler, list_watch::ApiListWatch, reflector::WarmRestart,
-    retry_with_backoff,
+    Action, CancellationToken, Controller, FactoryDefaults, InformerFactory, Manager,
+    ReconcileRequest, Scope, SharedInformer, handler_fn, informer::HANDLER_COALESCE_AFTER,
+    informer::InformerHealth, list_watch::ApiListWatch, reflector::WarmRestart, retry_with_backoff,
+    store::NAMESPACE_INDEX,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;
@@ -621,9 +621,9 @@ async fn lifecycle_a_warm_restart_after_10_s_of_changes_resumes_without_a_list()
     let keys = Arc::new(AtomicUsize::new(0));
     let count = keys.clone();
     let registration = informer
-        .add_handler(key_handler::<Secret, _>(move |_| {
+        .add_key_handler(move |_| {
             count.fetch_add(1, Ordering::Relaxed);
-        }))
+        })
         .unwrap();
     let informer = informer.spawn(CancellationToken::new());
     within("the second warm restart", informer.wait_synced()).await;

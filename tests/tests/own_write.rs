@@ -24,7 +24,7 @@ use kube_client::{
 };
 use kube_informer::{
     Action, CancellationToken, ClientError, Controller, ControllerClient, InformerFactory,
-    ObjectKey, OwnWrites, ReconcileRequest, Scope, retry_with_backoff,
+    ObjectKey, ReconcileRequest, Scope, controller::OwnWrites, retry_with_backoff,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;

@@ -33,10 +33,12 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    LazyObject, Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
+    Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
     codec::JsonCodec,
-    handler_fn, label_index,
+    handler_fn,
+    list_watch::LazyObject,
     list_watch::{ApiListWatch, WireFormat},
+    store::label_index,
     workqueue::Queue,
 };
 use serde::{Serialize, de::DeserializeOwned};

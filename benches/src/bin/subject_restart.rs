@@ -87,18 +87,19 @@ async fn main() -> anyhow::Result<()> {
     let seen = Arc::new(AtomicUsize::new(0));
     let registration = match args.handler {
         Some(handler) => {
-            let (labelled, keyed) = (seen.clone(), seen.clone());
-            let mut counting = handler_fn::<Pod>().on_add(move |pod, _| {
-                if pod.metadata.labels.is_some() {
-                    labelled.fetch_add(1, Ordering::Relaxed);
+            let counted = seen.clone();
+            Some(match handler {
+                Handler::Keys => informer.add_key_handler(move |_| {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                })?,
+                Handler::Objects => {
+                    informer.add_handler(handler_fn::<Pod>().on_add(move |pod, _| {
+                        if pod.metadata.labels.is_some() {
+                            counted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }))?
                 }
-            });
-            if let Handler::Keys = handler {
-                counting = counting.on_initial_key(move |_| {
-                    keyed.fetch_add(1, Ordering::Relaxed);
-                });
-            }
-            Some(informer.add_handler(counting)?)
+            })
         }
         None => None,
     };

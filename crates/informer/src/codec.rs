@@ -1,6 +1,6 @@
 //! How a compact [`Store`](crate::Store) keeps objects: serialized, decoded on read.
 //! The full documentation is on [`Codec`]; an informer takes one through
-//! [`InformerBuilder::codec`](crate::InformerBuilder::codec).
+//! [`InformerBuilder::codec`](crate::informer::InformerBuilder::codec).
 
 use serde::{Serialize, de::DeserializeOwned};
 
@@ -24,8 +24,8 @@ use crate::error::BoxError;
 /// is that codec. [`InformerBuilder::codec`] keeps every object in a codec of your own, for
 /// another format or to compress.
 ///
-/// [`InformerBuilder::compact`]: crate::InformerBuilder::compact
-/// [`InformerBuilder::codec`]: crate::InformerBuilder::codec
+/// [`InformerBuilder::compact`]: crate::informer::InformerBuilder::compact
+/// [`InformerBuilder::codec`]: crate::informer::InformerBuilder::codec
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;

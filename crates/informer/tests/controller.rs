@@ -10,7 +10,7 @@ use std::{
 };
 
 use kube_informer::{
-    Controller, Error, ErrorAction, Failure, ObjectKey, SharedInformer, Verb, retry_up_to,
+    Controller, Error, ErrorAction, Failure, ObjectKey, SharedInformer, error::Verb, retry_up_to,
     sync_by_key,
 };
 use support::*;

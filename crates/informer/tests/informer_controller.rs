@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    Lister, ObjectKey, Selector, SharedInformer, key_handler, label_index, wait_for_cache_sync,
+    Lister, ObjectKey, Selector, SharedInformer, store::label_index, wait_for_cache_sync,
 };
 use support::*;
 use tokio::sync::mpsc;
@@ -25,9 +25,9 @@ async fn keys_to_queue_and_back_from_the_store() {
         .build();
     let (queue, mut keys) = mpsc::unbounded_channel::<ObjectKey>();
     let registration = informer
-        .add_handler(key_handler::<ConfigMap, _>(move |key| {
+        .add_key_handler(move |key| {
             let _ = queue.send(key);
-        }))
+        })
         .expect("an informer that has not run has not stopped");
 
     let informer = informer.spawn(CancellationToken::new());

@@ -15,7 +15,11 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    CancellationToken, Delivery, DivergenceCheck, Error, Repair, SharedInformer, Verb, handler_fn,
+    CancellationToken, Delivery, Error, SharedInformer,
+    error::Verb,
+    handler_fn,
+    informer::DivergenceCheck,
+    informer::Repair,
     list_watch::{ListOptions, ListPage, ListStream, ListWatch, WatchOptions, WatchStream},
     testing::{decode_error, status},
 };

@@ -543,7 +543,7 @@ async fn reconciles_are_counted_under_controller_runtime_names() {
     }
     let running = informer(fake.clone());
     let mut registry = Registry::default();
-    let metrics = kube_informer::ControllerMetrics::new(&mut registry);
+    let metrics = kube_informer::controller::ControllerMetrics::new(&mut registry);
     let calls: Calls = Arc::default();
     let cancel = CancellationToken::new();
     let seen = calls.clone();

@@ -13,7 +13,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_informer::{
-    DeletedObject, Delivery, Error, RunningInformer, SharedInformer, Verb, handler_fn, label_index,
+    DeletedObject, Delivery, Error, RunningInformer, SharedInformer,
+    error::Verb,
+    handler_fn,
+    store::label_index,
     testing::{gone, status},
     wait_for_cache_sync,
 };
@@ -65,8 +68,8 @@ impl Running {
     async fn start(
         fake: &Fake,
         configure: impl FnOnce(
-            kube_informer::InformerBuilder<ConfigMap, Fake>,
-        ) -> kube_informer::InformerBuilder<ConfigMap, Fake>,
+            kube_informer::informer::InformerBuilder<ConfigMap, Fake>,
+        ) -> kube_informer::informer::InformerBuilder<ConfigMap, Fake>,
     ) -> Self {
         let errors = Arc::new(Mutex::new(Vec::new()));
         let hook_errors = errors.clone();

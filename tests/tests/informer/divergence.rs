@@ -17,7 +17,9 @@ use kube_client::{
     api::{Patch, PatchParams},
 };
 use kube_informer::{
-    DivergenceCheck, Error, Repair, SharedInformer,
+    Error, SharedInformer,
+    informer::DivergenceCheck,
+    informer::Repair,
     list_watch::{
         Change, ListOptions, ListPage, ListStream, ListWatch, VersionPage, WatchEvent,
         WatchOptions, WatchStream,

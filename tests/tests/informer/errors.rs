@@ -14,7 +14,8 @@ use kube_client::{
     core::Resource,
 };
 use kube_informer::{
-    Error, SharedInformer, Verb,
+    Error, SharedInformer,
+    error::Verb,
     list_watch::{ListOptions, ListWatch, WatchOptions},
     reflector::BackoffConfig,
 };

@@ -14,7 +14,9 @@ use kube_client::{
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
 use kube_informer::{
-    Delivery, Error, InformerHandle, SharedInformer, Verb, handler_fn,
+    Delivery, Error, InformerHandle, SharedInformer,
+    error::Verb,
+    handler_fn,
     list_watch::{ApiListWatch, ListOptions, ListWatch, VersionMatch},
 };
 use kube_testenv::TestEnv;

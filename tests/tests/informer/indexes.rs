@@ -7,7 +7,7 @@ use kube_client::{
     Api,
     api::{DeleteParams, Patch, PatchParams},
 };
-use kube_informer::{Error, Selector, SharedInformer, label_index};
+use kube_informer::{Error, Selector, SharedInformer, store::label_index};
 use kube_testenv::TestEnv;
 use serde_json::json;
 use tests::{

@@ -11,8 +11,10 @@ use kube_client::{
     core::{ApiResource, DynamicObject, GroupVersionKind, PartialObjectMeta},
 };
 use kube_informer::{
-    LazyObject, SharedInformer, label_index,
+    SharedInformer,
+    list_watch::LazyObject,
     list_watch::{ApiListWatch, ListWatch, WireFormat},
+    store::label_index,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;

@@ -8,8 +8,10 @@ use kube_client::{
     core::{ApiResource, DynamicObject, GroupVersionKind, Resource},
 };
 use kube_informer::{
-    Error, SharedInformer, Verb, label_index,
+    Error, SharedInformer,
+    error::Verb,
     list_watch::{ApiListWatch, ListItem, ListOptions, ListWatch, VersionMatch},
+    store::label_index,
 };
 use kube_testenv::TestEnv;
 use serde_json::json;

@@ -10,7 +10,7 @@ use kube_client::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
-use kube_informer::{DivergenceCheck, SharedInformer, reflector::BackoffConfig};
+use kube_informer::{SharedInformer, informer::DivergenceCheck, reflector::BackoffConfig};
 use kube_testenv::{FaultProxy, TestEnv};
 use serde_json::json;
 use tests::{

@@ -32,7 +32,7 @@ pub use cluster::ClusterSource;
 ///
 /// ```
 /// use std::time::Duration;
-/// use kube_informer::KeepAlive;
+/// use kube_informer::client::KeepAlive;
 ///
 /// let keep_alive = KeepAlive::default().idle(Duration::from_secs(5)).timeout(Duration::from_secs(5));
 /// # let _ = keep_alive;

@@ -32,7 +32,7 @@ use prometheus_client::{
 ///
 /// ```no_run
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{Controller, ControllerMetrics, InformerFactory, Scope};
+/// use kube_informer::{Controller, controller::ControllerMetrics, InformerFactory, Scope};
 /// use prometheus_client::{encoding::text::encode, registry::Registry};
 ///
 /// # fn doc(factory: InformerFactory) {

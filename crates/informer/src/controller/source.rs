@@ -141,10 +141,6 @@ where
         let shard = primary.shard_cell();
         let handler = handler_fn::<K>()
             .on_add(move |obj, delivery| on_add.keys(key_of(&**obj), priority(delivery)))
-            // A warm restart's objects need not be decoded to be queued.
-            .on_initial_key(move |key| {
-                on_initial_key.keys([key.clone()], priority(Delivery::InitialList))
-            })
             .on_update(move |old, new, delivery| {
                 if predicate.accepts(old, new) {
                     on_update.keys(key_of(&**new), priority(delivery));
@@ -165,7 +161,11 @@ where
                     on_delete.keys([key], Priority::Normal);
                 }
             });
-        let registration = primary.add_named_handler(name, handler)?;
+        // A warm restart's objects need not be decoded to be queued.
+        let initial_key = move |key: &ObjectKey| {
+            on_initial_key.keys([key.clone()], priority(Delivery::InitialList))
+        };
+        let registration = primary.add_named_keyed_handler(name, handler, initial_key)?;
         let synced = registration_synced(primary, &registration, grace);
         Ok(Registered {
             registration: Registration::Handler(registration),

@@ -186,7 +186,7 @@ where
 
     /// Re-deliver every cached object as `on_update(obj, obj, Delivery::Resync)` this often to each handler
     /// added without a period of its own (off by default; zero turns it off; see
-    /// [`InformerHandle::add_handler_with_resync`](crate::InformerHandle::add_handler_with_resync)). Periods under [`MIN_RESYNC_PERIOD`](crate::MIN_RESYNC_PERIOD) are
+    /// [`InformerHandle::add_handler_with_resync`](crate::InformerHandle::add_handler_with_resync)). Periods under [`MIN_RESYNC_PERIOD`](crate::informer::MIN_RESYNC_PERIOD) are
     /// raised to it, as client-go does, so a typo cannot turn the informer into a busy loop.
     #[must_use]
     pub fn resync_period(mut self, period: Duration) -> Self {
@@ -199,7 +199,7 @@ where
         self
     }
 
-    /// Transforms every object before it is stored, e.g. [`strip_managed_fields`](crate::strip_managed_fields).
+    /// Transforms every object before it is stored, e.g. [`strip_managed_fields`](crate::store::strip_managed_fields).
     #[must_use]
     pub fn transform(mut self, f: impl Fn(K) -> K + Send + Sync + 'static) -> Self {
         self.transform = Some(Arc::new(f));
@@ -217,7 +217,7 @@ where
         self
     }
 
-    /// Adds an index from a ready [`IndexFn`] (e.g. [`label_index`](crate::label_index)).
+    /// Adds an index from a ready [`IndexFn`] (e.g. [`label_index`](crate::store::label_index)).
     #[must_use]
     pub fn index_fn(mut self, name: &str, f: IndexFn<K>) -> Self {
         self.indexers.push((name.to_owned(), f));
@@ -309,7 +309,7 @@ where
     /// resourceVersions (metadata only, paged) at exactly the version the cache holds, so
     /// that events in flight never look like drift. A drift is logged naming the objects,
     /// counted ([`InformerHandle::divergence_stats`](crate::InformerHandle::divergence_stats)),
-    /// and, with [`Repair::Relist`](crate::Repair::Relist), repaired by a relist from a
+    /// and, with [`Repair::Relist`](crate::informer::Repair::Relist), repaired by a relist from a
     /// consistent read. [`InformerHandle::check_divergence`](crate::InformerHandle::check_divergence)
     /// runs one check on demand.
     ///
@@ -322,7 +322,7 @@ where
     /// ```
     /// use std::time::Duration;
     /// use k8s_openapi::api::core::v1::ConfigMap;
-    /// use kube_informer::{DivergenceCheck, Repair, SharedInformer, testing::FakeListWatch};
+    /// use kube_informer::{informer::DivergenceCheck, informer::Repair, SharedInformer, testing::FakeListWatch};
     ///
     /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
     ///     .divergence_check(DivergenceCheck::every(Duration::from_secs(600)).repair(Repair::Relist))

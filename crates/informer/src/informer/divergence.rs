@@ -25,7 +25,7 @@ use crate::{
 };
 
 /// When and how an informer checks its cache against the server; see
-/// [`InformerBuilder::divergence_check`](crate::InformerBuilder::divergence_check).
+/// [`InformerBuilder::divergence_check`](crate::informer::InformerBuilder::divergence_check).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DivergenceCheck {
     interval: Option<Duration>,

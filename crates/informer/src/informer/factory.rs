@@ -107,7 +107,7 @@ impl FactoryDefaults {
 
     /// Every object is stored without `metadata.managedFields`, usually the largest part of
     /// an object and one a controller never reads (see
-    /// [`strip_managed_fields`](crate::strip_managed_fields)).
+    /// [`strip_managed_fields`](crate::store::strip_managed_fields)).
     #[must_use]
     pub fn strip_managed_fields(self) -> Self {
         self.transform_metadata(|meta| meta.managed_fields = None)
@@ -163,7 +163,7 @@ impl Scope {
         self
     }
 
-    /// Only `shard`'s objects (see [`InformerBuilder::shard`](crate::InformerBuilder::shard)).
+    /// Only `shard`'s objects (see [`InformerBuilder::shard`](crate::informer::InformerBuilder::shard)).
     #[must_use]
     pub fn shard(mut self, shard: Shard) -> Self {
         self.shard = Some(shard);
@@ -192,7 +192,7 @@ impl Scope {
 }
 
 /// A typed resource: a type whose kind is known at compile time (k8s-openapi's types, your
-/// own `CustomResource`s, a [`LazyObject`](crate::LazyObject) of either) and that the
+/// own `CustomResource`s, a [`LazyObject`](crate::list_watch::LazyObject) of either) and that the
 /// default compact cache can keep. What a factory, a manager and a controller's bounds ask
 /// for; implemented for every type with these bounds, so write `K: TypedResource` instead
 /// of the list.
@@ -430,7 +430,7 @@ struct Lifecycle {
 /// The factory counts the uses of each informer: every [`InformerHandle`] it returned
 /// (and its clones), every [`Store`](crate::Store) or [`Lister`](crate::Lister) taken from
 /// one, and every handler registered through one until it is
-/// [removed](crate::HandlerRegistration::remove). A controller holds all three while it
+/// [removed](crate::informer::HandlerRegistration::remove). A controller holds all three while it
 /// runs and lets go when it ends. When the last use is dropped, the informer keeps running
 /// for a grace period (30 s; [`FactoryDefaults::stop_unused_after`]), so a controller
 /// restarted in place finds it synced. If nothing asks for it within the grace period, the

@@ -98,9 +98,25 @@ impl<K> fmt::Debug for DeletedObject<K> {
     }
 }
 
-/// [`HANDLER_COALESCE_AFTER`]: crate::HANDLER_COALESCE_AFTER
 /// Receives an informer's events (client-go's `ResourceEventHandler`). All methods default to
 /// doing nothing.
+///
+/// Implement it or build one from closures with [`handler_fn`]. To feed a workqueue (every
+/// event puts the object's key on it) use
+/// [`InformerHandle::add_key_handler`](crate::InformerHandle::add_key_handler).
+///
+/// Each registered handler gets its own FIFO buffer and its own tokio task: the informer
+/// only appends to the buffers, so a slow handler delays neither the reflector nor the other
+/// handlers (it only grows its own buffer). Past [`HANDLER_COALESCE_AFTER`] waiting events a
+/// buffer coalesces per object, so a handler far behind gets each object's newest state
+/// rather than every step, and a stuck one cannot take the process's memory. Objects are
+/// shared `Arc`s, never copied per handler. Handler methods are synchronous and run on the
+/// tokio runtime: keep them quick (enqueue a key and return) and never block in them; do
+/// slow work in workqueue workers (a handler that must wait does it in
+/// `tokio::task::block_in_place`, or it holds up the tasks queued on its worker too). How
+/// far behind each handler is shows in
+/// [`HandlerRegistration::stats`](crate::informer::HandlerRegistration::stats). A panic in
+/// a handler is caught and logged, and the handler goes on with the next event.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -118,24 +134,7 @@ impl<K> fmt::Debug for DeletedObject<K> {
 /// }
 /// ```
 ///
-/// Event handlers: what a [`SharedInformer`](crate::SharedInformer) tells its users.
-///
-/// Implement [`EventHandler`] or build one from closures with [`handler_fn`]. For the usual
-/// controller wiring (every event puts the object's key on a workqueue) use [`key_handler`].
-///
-/// Each registered handler gets its own FIFO buffer and its own tokio task: the informer
-/// only appends to the buffers, so a slow handler delays neither the reflector nor the other
-/// handlers (it only grows its own buffer). Past [`HANDLER_COALESCE_AFTER`] waiting events a
-/// buffer coalesces per object, so a handler far behind gets each object's newest state
-/// rather than every step, and a stuck one cannot take the process's memory. Objects are shared `Arc`s, never copied
-/// per handler. Handler methods are synchronous and run on the tokio runtime: keep them quick
-/// (enqueue a key and return) and never block in them; do slow work in workqueue workers (a
-/// handler that must wait does it in `tokio::task::block_in_place`, or it holds up the tasks
-/// queued on its worker too). How far behind each handler is shows in
-/// [`HandlerRegistration::stats`](crate::HandlerRegistration::stats). A panic in a handler is
-/// caught and logged, and the handler goes on with the next event.
-///
-/// [`HANDLER_COALESCE_AFTER`]: crate::HANDLER_COALESCE_AFTER
+/// [`HANDLER_COALESCE_AFTER`]: crate::informer::HANDLER_COALESCE_AFTER
 pub trait EventHandler<K>: Send + Sync + 'static {
     /// An object appeared: [`Delivery::InitialList`] for the objects of the initial list
     /// (or, for a handler added late, the objects already cached when it was added),
@@ -154,29 +153,11 @@ pub trait EventHandler<K>: Send + Sync + 'static {
     fn on_delete(&self, obj: &DeletedObject<K>) {
         let _ = obj;
     }
-
-    /// What this handler needs of the objects of the initial list:
-    /// [`InitialAdds::Objects`] (the default), each through [`on_add`](Self::on_add), or
-    /// [`InitialAdds::Keys`], which lets an informer that holds them undecoded (restored
-    /// from a [warm restart](crate::reflector::WarmRestart)'s snapshot) hand over only their
-    /// keys, through [`on_initial_key`](Self::on_initial_key), and decode none.
-    fn initial_adds(&self) -> InitialAdds {
-        InitialAdds::Objects
-    }
-
-    /// An object of the initial list, by key, for a handler whose
-    /// [`initial_adds`](Self::initial_adds) are [`InitialAdds::Keys`], when the informer
-    /// holds the object undecoded: read it from the store if it is needed. Objects the
-    /// informer has decoded still come through [`on_add`](Self::on_add).
-    fn on_initial_key(&self, key: &ObjectKey) {
-        let _ = key;
-    }
 }
 
-/// What a handler needs of the objects of the initial list (see
-/// [`EventHandler::initial_adds`]).
+/// What a registered handler needs of the objects of the initial list.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum InitialAdds {
+pub(crate) enum InitialAdds {
     /// Each object, decoded.
     #[default]
     Objects,
@@ -194,14 +175,13 @@ pub struct HandlerFn<K> {
     add: Option<AddFn<K>>,
     update: Option<UpdateFn<K>>,
     delete: Option<DeleteFn<K>>,
-    initial_key: Option<InitialKeyFn>,
 }
 
 /// Starts a closure-based handler.
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{handler_fn, HandlerFn};
+/// use kube_informer::{handler_fn, informer::HandlerFn};
 ///
 /// let handler: HandlerFn<ConfigMap> = handler_fn::<ConfigMap>()
 ///     .on_add(|cm, _delivery| println!("add {:?}", cm.metadata.name))
@@ -213,7 +193,6 @@ pub fn handler_fn<K>() -> HandlerFn<K> {
         add: None,
         update: None,
         delete: None,
-        initial_key: None,
     }
 }
 
@@ -241,30 +220,9 @@ impl<K> HandlerFn<K> {
         self.delete = Some(Box::new(f));
         self
     }
-
-    /// Takes the initial list's objects by key where the informer holds them undecoded
-    /// (see [`EventHandler::on_initial_key`]): `f(key)` instead of the add callback.
-    #[must_use]
-    pub fn on_initial_key(mut self, f: impl Fn(&ObjectKey) + Send + Sync + 'static) -> Self {
-        self.initial_key = Some(Box::new(f));
-        self
-    }
 }
 
 impl<K: Send + Sync + 'static> EventHandler<K> for HandlerFn<K> {
-    fn initial_adds(&self) -> InitialAdds {
-        match self.initial_key {
-            Some(_) => InitialAdds::Keys,
-            None => InitialAdds::Objects,
-        }
-    }
-
-    fn on_initial_key(&self, key: &ObjectKey) {
-        if let Some(f) = &self.initial_key {
-            f(key);
-        }
-    }
-
     fn on_add(&self, obj: &Arc<K>, delivery: Delivery) {
         if let Some(f) = &self.add {
             f(obj, delivery);
@@ -284,63 +242,76 @@ impl<K: Send + Sync + 'static> EventHandler<K> for HandlerFn<K> {
     }
 }
 
-/// A handler that calls `f` with the object's key on every add, update (resyncs included) and
-/// delete: the usual way to feed a controller's workqueue, whose workers then read the
-/// object back with [`Store::get_by_key`](crate::Store::get_by_key) (absent = deleted).
-///
-/// ```
-/// use std::sync::{Arc, Mutex};
-/// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{ObjectKey, key_handler};
-///
-/// let queue: Arc<Mutex<Vec<ObjectKey>>> = Arc::default();
-/// let q = queue.clone();
-/// let handler = key_handler::<ConfigMap, _>(move |key| q.lock().unwrap().push(key));
-/// ```
-pub fn key_handler<K, F>(f: F) -> KeyHandler<K, F>
-where
-    K: Resource + Send + Sync + 'static,
-    F: Fn(ObjectKey) + Send + Sync + 'static,
-{
-    KeyHandler {
-        f,
-        _kind: std::marker::PhantomData,
-    }
-}
+/// A handler that calls `f` with the object's key on every add, update (resyncs included)
+/// and delete, and that takes a warm restart's objects by key, undecoded; see
+/// [`InformerHandle::add_key_handler`](crate::InformerHandle::add_key_handler).
+pub(crate) struct Keys<F>(pub(crate) Arc<F>);
 
-/// See [`key_handler`].
-pub struct KeyHandler<K, F> {
-    f: F,
-    _kind: std::marker::PhantomData<fn(&K)>,
-}
-
-impl<K, F> EventHandler<K> for KeyHandler<K, F>
+impl<K, F> EventHandler<K> for Keys<F>
 where
     K: Resource + Send + Sync + 'static,
     F: Fn(ObjectKey) + Send + Sync + 'static,
 {
     fn on_add(&self, obj: &Arc<K>, _delivery: Delivery) {
         if let Ok(key) = ObjectKey::from_object(&**obj) {
-            (self.f)(key);
+            (self.0)(key);
         }
     }
 
     fn on_update(&self, _old: &Arc<K>, new: &Arc<K>, _delivery: Delivery) {
         if let Ok(key) = ObjectKey::from_object(&**new) {
-            (self.f)(key);
+            (self.0)(key);
         }
     }
 
     fn on_delete(&self, obj: &DeletedObject<K>) {
-        (self.f)(obj.key());
+        (self.0)(obj.key());
+    }
+}
+
+/// A handler as the informer runs it: the user's [`EventHandler`] and, for the library's
+/// own handlers that queue keys, what takes a warm restart's objects by key, undecoded.
+pub(crate) struct Registered<K> {
+    events: Box<dyn EventHandler<K>>,
+    initial_key: Option<InitialKeyFn>,
+}
+
+impl<K: 'static> Registered<K> {
+    /// A handler that needs every object decoded.
+    pub(crate) fn objects(handler: impl EventHandler<K>) -> Self {
+        Self {
+            events: Box::new(handler),
+            initial_key: None,
+        }
     }
 
-    fn initial_adds(&self) -> InitialAdds {
-        InitialAdds::Keys
+    /// A handler that takes the initial list's undecoded objects by key, through
+    /// `initial_key`, and every other event through `handler`.
+    pub(crate) fn keys(
+        handler: impl EventHandler<K>,
+        initial_key: impl Fn(&ObjectKey) + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            events: Box::new(handler),
+            initial_key: Some(Box::new(initial_key)),
+        }
     }
 
-    fn on_initial_key(&self, key: &ObjectKey) {
-        (self.f)(key.clone());
+    pub(crate) fn initial_adds(&self) -> InitialAdds {
+        match self.initial_key {
+            Some(_) => InitialAdds::Keys,
+            None => InitialAdds::Objects,
+        }
+    }
+
+    pub(crate) fn handler(&self) -> &dyn EventHandler<K> {
+        &*self.events
+    }
+
+    pub(crate) fn on_initial_key(&self, key: &ObjectKey) {
+        if let Some(f) = &self.initial_key {
+            f(key);
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::SystemTime;
 
 /// What an informer is doing, as [`InformerHandle::health`](crate::InformerHandle::health)
-/// and a factory's [`InformerStatus`](crate::InformerStatus) report it; a manager's
+/// and a factory's [`InformerStatus`](crate::informer::InformerStatus) report it; a manager's
 /// `/readyz` fails while an informer's resource is missing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use super::{
-    handler::{Delivery, EventHandler, Notification},
+    handler::{Delivery, Notification, Registered},
     sync::HasSynced,
 };
 use crate::key::ObjectKey;
@@ -53,7 +53,7 @@ const BUCKETS: [f64; 11] = [
 /// [`HandlerRegistration::stats`] report it.
 ///
 /// [`InformerHandle::handler_stats`]: crate::InformerHandle::handler_stats
-/// [`HandlerRegistration::stats`]: crate::HandlerRegistration::stats
+/// [`HandlerRegistration::stats`]: crate::informer::HandlerRegistration::stats
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct HandlerStats {
@@ -588,7 +588,7 @@ impl<K> Inbox<K> {
 
 /// The task of one handler: drains its buffer in order until removed or stopped.
 pub(super) async fn run_listener<K: 'static>(
-    handler: Box<dyn EventHandler<K>>,
+    registered: Registered<K>,
     mut rx: Inbox<K>,
     synced: watch::Sender<bool>,
     cancel: CancellationToken,
@@ -603,9 +603,10 @@ pub(super) async fn run_listener<K: 'static>(
             },
         };
         let started = tokio::time::Instant::now();
+        let handler = registered.handler();
         let result = catch_unwind(AssertUnwindSafe(|| match &note {
             Notification::Add { obj, delivery } => handler.on_add(obj, *delivery),
-            Notification::AddKey(key) => handler.on_initial_key(key),
+            Notification::AddKey(key) => registered.on_initial_key(key),
             Notification::Update { old, new, delivery } => handler.on_update(old, new, *delivery),
             Notification::Delete(d) => handler.on_delete(d),
             Notification::Synced => {

@@ -32,6 +32,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     error::Error,
+    key::ObjectKey,
     list_watch::{ListWatch, Shard},
     reflector::{ReflectorStats, ShardCell, Synced, SyncedVersion, WarmRestart, WriteSnapshot},
     store::{Lister, Store, Usage},
@@ -45,9 +46,9 @@ pub use factory::{
     FactoryDefaults, FactoryScope, InformerFactory, InformerStatus, Scope, TypedResource,
 };
 pub use handler::{
-    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, InitialAdds,
-    KeyHandler, handler_fn, key_handler,
+    DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, handler_fn,
 };
+use handler::{Keys, Registered};
 pub use health::InformerHealth;
 use listener::run_listener;
 pub use listener::{
@@ -688,7 +689,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     ///
     /// [`Error::InformerStopped`] once the informer has stopped: the handler would never run.
     pub fn add_handler(&self, handler: impl EventHandler<K>) -> Result<HandlerRegistration, Error> {
-        self.register(None, handler, self.inner.resync)
+        self.register(None, Registered::objects(handler), self.inner.resync)
     }
 
     /// [`add_handler`](Self::add_handler), under a name its
@@ -702,7 +703,59 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         name: impl Into<String>,
         handler: impl EventHandler<K>,
     ) -> Result<HandlerRegistration, Error> {
-        self.register(Some(name.into()), handler, self.inner.resync)
+        self.register(
+            Some(name.into()),
+            Registered::objects(handler),
+            self.inner.resync,
+        )
+    }
+
+    /// Registers `f`, called with the object's key on every add, update (resyncs included)
+    /// and delete: the usual way to feed a workqueue, whose workers then read the object
+    /// back with [`Store::get_by_key`](crate::Store::get_by_key) (absent = deleted). Objects
+    /// a [warm restart](crate::reflector::WarmRestart) restores are not decoded for it, only
+    /// their keys handed over.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{ObjectKey, SharedInformer, testing::FakeListWatch};
+    ///
+    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps")).build();
+    /// let queue: Arc<Mutex<Vec<ObjectKey>>> = Arc::default();
+    /// let q = queue.clone();
+    /// informer.add_key_handler(move |key| q.lock().unwrap().push(key)).unwrap();
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InformerStopped`] once the informer has stopped.
+    pub fn add_key_handler(
+        &self,
+        f: impl Fn(ObjectKey) + Send + Sync + 'static,
+    ) -> Result<HandlerRegistration, Error>
+    where
+        K: Resource,
+    {
+        let f = Arc::new(f);
+        let initial = f.clone();
+        let handler = Registered::keys(Keys(f), move |key: &ObjectKey| initial(key.clone()));
+        self.register(None, handler, self.inner.resync)
+    }
+
+    /// [`add_named_handler`](Self::add_named_handler) for the library's own handlers that
+    /// queue keys: the initial list's undecoded objects reach `initial_key` by key.
+    pub(crate) fn add_named_keyed_handler(
+        &self,
+        name: impl Into<String>,
+        handler: impl EventHandler<K>,
+        initial_key: impl Fn(&ObjectKey) + Send + Sync + 'static,
+    ) -> Result<HandlerRegistration, Error> {
+        self.register(
+            Some(name.into()),
+            Registered::keys(handler, initial_key),
+            self.inner.resync,
+        )
     }
 
     /// How far behind each registered handler is: events waiting in its buffer, the age of
@@ -712,8 +765,8 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// object; a backlog past [`HANDLER_BACKLOG_WARNING`] events is logged, again each time
     /// it doubles, and once it drains.
     ///
-    /// [`HANDLER_BACKLOG_WARNING`]: crate::HANDLER_BACKLOG_WARNING
-    /// [`HANDLER_COALESCE_AFTER`]: crate::HANDLER_COALESCE_AFTER
+    /// [`HANDLER_BACKLOG_WARNING`]: crate::informer::HANDLER_BACKLOG_WARNING
+    /// [`HANDLER_COALESCE_AFTER`]: crate::informer::HANDLER_COALESCE_AFTER
     pub fn handler_stats(&self) -> Vec<HandlerStats> {
         self.inner.processor.handler_stats()
     }
@@ -732,13 +785,13 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         handler: impl EventHandler<K>,
         period: Duration,
     ) -> Result<HandlerRegistration, Error> {
-        self.register(None, handler, resync_period(period))
+        self.register(None, Registered::objects(handler), resync_period(period))
     }
 
     fn register(
         &self,
         name: Option<String>,
-        handler: impl EventHandler<K>,
+        handler: Registered<K>,
         resync: Option<Duration>,
     ) -> Result<HandlerRegistration, Error> {
         let mut lifecycle = lock(&self.inner.lifecycle);
@@ -749,7 +802,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
         let (synced_tx, synced_rx) = watch::channel(false);
         let own_token = CancellationToken::new();
         let (id, rx, lag) = processor.add_listener(name, resync, handler.initial_adds());
-        let listener = run_listener(Box::new(handler), rx, synced_tx, own_token.clone());
+        let listener = run_listener(handler, rx, synced_tx, own_token.clone());
         // A registered handler uses the informer until it is removed (also while its task
         // has not been spawned yet) or its task ends.
         let usage = Arc::new(Mutex::new(self.usage.clone()));
@@ -1232,7 +1285,7 @@ mod tests {
         let (_dir, path, fake) = snapshot_of(&["a", "b", "c"]).await;
         fake.add(cm("d"));
 
-        // A handler that takes keys (a controller's, or `key_handler`): the snapshot's
+        // A handler that takes keys (a controller's, or `add_key_handler`): the snapshot's
         // objects reach it as keys; the one the resumed watch brings, as an object.
         let restart = |fake: &Fake| {
             SharedInformer::builder(fake.clone())
@@ -1243,14 +1296,14 @@ mod tests {
             let (tx, rx) = mpsc::unbounded_channel();
             let added = tx.clone();
             informer
-                .add_handler(
-                    handler_fn()
-                        .on_add(move |o: &Arc<ConfigMap>, _| {
-                            let _ = added.send(format!("add {}", name(o)));
-                        })
-                        .on_initial_key(move |key| {
-                            let _ = tx.send(format!("key {key}"));
-                        }),
+                .add_named_keyed_handler(
+                    "keys",
+                    handler_fn().on_add(move |o: &Arc<ConfigMap>, _| {
+                        let _ = added.send(format!("add {}", name(o)));
+                    }),
+                    move |key| {
+                        let _ = tx.send(format!("key {key}"));
+                    },
                 )
                 .unwrap();
             rx

@@ -25,7 +25,7 @@ use crate::{
     error::Error,
     key::ObjectKey,
     list_watch::RawObject,
-    reflector::{ReflectorStore, RestoredObject, list_restored, store_encoded},
+    reflector::{ReflectorEvent, ReflectorStore, RestoredObject, store_encoded},
     store::{Arrival, IndexFn, KeptObjects, StoreChange, Writer},
 };
 
@@ -191,6 +191,29 @@ impl<K> Sink<K> {
 }
 
 impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
+    fn apply(&self, event: ReflectorEvent<K>) {
+        match event {
+            ReflectorEvent::ListStart => self.start_list(),
+            ReflectorEvent::Listed { key, object, raw } => self.list_object(key, object, raw),
+            ReflectorEvent::ListedUndecodable(key) => self.0.store.list_undecodable(key),
+            ReflectorEvent::Restored(objects) => self.restore_objects(objects),
+            ReflectorEvent::ListEnd(version) => self.finish_list(version),
+            ReflectorEvent::RestoreEnd(version) => self.finish_restore(version),
+            ReflectorEvent::CaughtUp(version) => self.caught_up(version),
+            ReflectorEvent::Upsert { key, object, raw } => self.upsert(key, object, raw),
+            ReflectorEvent::Delete { key, object } => self.delete(key, object),
+            ReflectorEvent::Bookmark(version) => self.bookmark(version),
+        }
+    }
+
+    fn restores_encoded(&self) -> bool {
+        // A handler that needs objects gets each decoded, as an initial add.
+        self.0.store.takes_encoded() && lock(&self.0.dist).takes_keys()
+    }
+}
+
+/// Each event as the processor applies it: to the store, and to the handlers.
+impl<K: Resource + Send + Sync + 'static> Sink<K> {
     fn start_list(&self) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
@@ -207,10 +230,6 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         }
     }
 
-    fn list_undecodable(&self, key: ObjectKey) {
-        self.0.store.list_undecodable(key);
-    }
-
     fn upsert(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
@@ -221,15 +240,10 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         }
     }
 
-    fn bookmark(&self, resource_version: &str) {
+    fn bookmark(&self, resource_version: String) {
         if let Applied::Version(version) = &mut lock(&self.0.dist).applied {
-            resource_version.clone_into(version);
+            *version = resource_version;
         }
-    }
-
-    fn restores_encoded(&self) -> bool {
-        // A handler that needs objects gets each decoded, as an initial add.
-        self.0.store.takes_encoded() && lock(&self.0.dist).takes_keys()
     }
 
     fn restore_objects(&self, objects: Vec<RestoredObject<K>>) {
@@ -243,7 +257,7 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         if !decoded && !dist.takes_keys() {
             drop(dist);
             for object in objects {
-                list_restored(self, object);
+                self.apply(ReflectorEvent::listed(object));
             }
             return;
         }
@@ -264,32 +278,32 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
         }
         drop(dist);
         for object in left {
-            list_restored(self, object);
+            self.apply(ReflectorEvent::listed(object));
         }
     }
 
-    fn finish_restore(&self, resource_version: &str) {
+    fn finish_restore(&self, resource_version: String) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
         Self::finish_listed(p, &mut dist);
         // The state at that version, but not synced: the resumed watch says when it has
         // caught up (`caught_up`).
-        dist.applied = Applied::Version(resource_version.to_owned());
+        dist.applied = Applied::Version(resource_version);
     }
 
-    fn caught_up(&self, resource_version: &str) {
+    fn caught_up(&self, resource_version: String) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
-        dist.applied = Applied::Version(resource_version.to_owned());
+        dist.applied = Applied::Version(resource_version);
         Self::mark_synced(p, &mut dist);
         p.permanent_error
             .send_if_modified(|error| error.take().is_some());
     }
 
-    fn finish_list(&self, resource_version: &str) {
+    fn finish_list(&self, resource_version: String) {
         let p = &*self.0;
         let mut dist = lock(&p.dist);
-        dist.applied = Applied::Version(resource_version.to_owned());
+        dist.applied = Applied::Version(resource_version);
         Self::finish_listed(p, &mut dist);
         Self::mark_synced(p, &mut dist);
         // A complete list heals whatever permanent error came before it.

@@ -27,7 +27,7 @@ use crate::{error::Error, key::ObjectKey};
 /// the same Pods, but what arrives is read only as far as the metadata: keys, labels,
 /// annotations, owners, finalizers, generation and resourceVersion are there at once, through
 /// [`Resource::meta`], for index functions, handlers, predicates and
-/// [`key_handler`](crate::key_handler). A controller that queues keys and reads a few
+/// [`add_key_handler`](crate::InformerHandle::add_key_handler). A controller that queues keys and reads a few
 /// fields of the objects it reconciles never builds the rest, so syncing costs the
 /// metadata's decoding instead of every object's, and a handler that does need the whole
 /// object calls [`decode`](Self::decode) (or [`decode_as`](Self::decode_as) for the fields
@@ -47,7 +47,7 @@ use crate::{error::Error, key::ObjectKey};
 /// ```
 /// use k8s_openapi::api::core::v1::Pod;
 /// use kube_client::{Api, Client};
-/// use kube_informer::{LazyObject, SharedInformer, handler_fn, label_index};
+/// use kube_informer::{list_watch::LazyObject, SharedInformer, handler_fn, store::label_index};
 ///
 /// # async fn f(client: Client) -> Result<(), kube_informer::Error> {
 /// let informer = SharedInformer::builder(Api::<LazyObject<Pod>>::all(client))

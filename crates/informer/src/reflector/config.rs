@@ -22,7 +22,7 @@ pub enum ListMode {
 
 /// Tuning of a [`Reflector`](super::Reflector): client-go's by default, each setting
 /// changed by the method of its name. An informer takes the same settings from its
-/// [`InformerBuilder`](crate::InformerBuilder).
+/// [`InformerBuilder`](crate::informer::InformerBuilder).
 ///
 /// ```
 /// use std::time::Duration;

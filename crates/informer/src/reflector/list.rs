@@ -5,7 +5,12 @@ use kube_core::Resource;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Reflector, shard::Listed, state::ListFrom, store::ReflectorStore};
+use super::{
+    Reflector,
+    shard::Listed,
+    state::ListFrom,
+    store::{ReflectorEvent, ReflectorStore},
+};
 use crate::{
     error::{Error, Verb},
     list_watch::{ListItem, ListOptions, ListWatch, RawObject, Shard, ShardMode},
@@ -48,7 +53,7 @@ where
         let mut applied_by_server = true;
         let mut listed = 0usize;
         let mut pages = 0usize;
-        self.store.start_list();
+        self.store.apply(ReflectorEvent::ListStart);
         let list_rv = loop {
             let mut page = self.lw.list_stream(&options).await?;
             pages += 1;
@@ -71,7 +76,8 @@ where
                     ListItem::Undecodable(undecodable) => {
                         self.report(&self.undecodable(Verb::List, &undecodable));
                         listed += 1;
-                        self.store.list_undecodable(undecodable.key);
+                        self.store
+                            .apply(ReflectorEvent::ListedUndecodable(undecodable.key));
                     }
                     ListItem::End {
                         resource_version,
@@ -114,7 +120,7 @@ where
                 info!(?mode, selector = %shard, "shard applied");
             }
         }
-        self.store.finish_list(&list_rv);
+        self.store.apply(ReflectorEvent::ListEnd(list_rv.clone()));
         self.synced.set(&list_rv);
         if let (Some(cell), Some(shard)) = (&self.shard, shard) {
             cell.set_listed(Listed {
@@ -136,7 +142,11 @@ where
     fn list_one(&self, obj: K, raw: Option<RawObject>) -> bool {
         match self.prepare(obj, raw) {
             Ok((key, obj, raw)) => {
-                self.store.list_object(key, obj, raw);
+                self.store.apply(ReflectorEvent::Listed {
+                    key,
+                    object: obj,
+                    raw,
+                });
                 true
             }
             Err(_) => {

@@ -3,7 +3,7 @@
 //!
 //! An informer runs one for you; what a user of an informer meets here is its
 //! configuration ([`ReflectorConfig`], [`BackoffConfig`], [`ListMode`], given to
-//! [`InformerBuilder`](crate::InformerBuilder)) and its counters ([`ReflectorStats`],
+//! [`InformerBuilder`](crate::informer::InformerBuilder)) and its counters ([`ReflectorStats`],
 //! [`SyncedVersion`]). [`Reflector`] and [`ReflectorStore`] run the loop into a store of
 //! your own.
 
@@ -34,14 +34,14 @@ use crate::{
 pub use backoff::{Backoff, BackoffConfig};
 pub use config::{ListMode, ReflectorConfig};
 use restore::Restore;
-pub(crate) use restore::{ReadSnapshot, WriteSnapshot, list_restored, store_encoded};
+pub(crate) use restore::{ReadSnapshot, WriteSnapshot, store_encoded};
 pub(crate) use shard::ShardCell;
 pub(crate) use snapshot::selection as snapshot_selection;
 pub use snapshot::{RestoredObject, WarmRestart};
 pub(crate) use snapshot::{read as read_snapshot, write as write_snapshot};
 pub(crate) use stats::Synced;
 pub use stats::{CatchUp, ReflectorStats, SyncedVersion};
-pub use store::ReflectorStore;
+pub use store::{ReflectorEvent, ReflectorStore};
 
 /// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
 pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
@@ -86,7 +86,7 @@ pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 ///    consistent read). Each page is read as a stream
 ///    ([`ListWatch::list_stream`]): objects go to the store as they are decoded, while the
 ///    server is still sending, and nothing holds a whole page; when the last page is in,
-///    objects that were not listed are removed ([`finish_list`](ReflectorStore::finish_list)).
+///    objects that were not listed are removed ([`ListEnd`](ReflectorEvent::ListEnd)).
 ///    A relist is applied atomically, as client-go's (1.36) is: the store writes it in
 ///    one step at its end (see [`ReflectorStore`] and the
 ///    [informer's event order](crate::SharedInformer)), so readers never see two lists

@@ -6,12 +6,12 @@
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use kube_core::Resource;
-use tracing::{error, info, warn};
+use tracing::{info, warn};
 
 use super::{
     Reflector,
     snapshot::{RestoredObject, SnapshotError},
-    store::ReflectorStore,
+    store::{ReflectorEvent, ReflectorStore},
 };
 use crate::{
     key::ObjectKey,
@@ -63,22 +63,6 @@ pub(crate) fn store_encoded<K>(
     (stored, not_stored)
 }
 
-/// `object` decoded (if it is not yet) and stored as an object of the full list in
-/// progress; one that does not decode is left out, with an error log.
-pub(crate) fn list_restored<K, S>(store: &S, object: RestoredObject<K>)
-where
-    S: ReflectorStore<K> + ?Sized,
-{
-    let key = object.key().clone();
-    match object.into_decoded() {
-        Ok((key, object, raw)) => store.list_object(key, object, Some(raw)),
-        Err(error) => {
-            error!(%key, %error, "an object of the snapshot does not decode");
-            store.list_undecodable(key);
-        }
-    }
-}
-
 /// Reads a warm restart's snapshot (on a blocking thread), decoding its objects when told.
 pub(crate) type Restore<K> = Box<
     dyn FnOnce(
@@ -124,11 +108,11 @@ where
         let mut listing = false;
         while let Some(part) = read.recv().await {
             if !std::mem::replace(&mut listing, true) {
-                self.store.start_list();
+                self.store.apply(ReflectorEvent::ListStart);
             }
             objects += part.len();
             let part_started = std::time::Instant::now();
-            self.store.restore_objects(part);
+            self.store.apply(ReflectorEvent::Restored(part));
             storing += part_started.elapsed();
             // The handlers' tasks take the initial adds meanwhile.
             tokio::task::coop::consume_budget().await;
@@ -136,9 +120,10 @@ where
         match reading.await {
             Ok(Ok(resource_version)) => {
                 if !listing {
-                    self.store.start_list();
+                    self.store.apply(ReflectorEvent::ListStart);
                 }
-                self.store.finish_restore(&resource_version);
+                self.store
+                    .apply(ReflectorEvent::RestoreEnd(resource_version.clone()));
                 info!(
                     objects,
                     decoded = decode,

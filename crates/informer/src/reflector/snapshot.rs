@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// Where an informer keeps a snapshot of its cache, and how often it writes it
-/// ([`InformerBuilder::warm_restart`](crate::InformerBuilder::warm_restart)).
+/// ([`InformerBuilder::warm_restart`](crate::informer::InformerBuilder::warm_restart)).
 ///
 /// The snapshot holds the objects as the cache keeps them (the bytes the server sent, where
 /// it kept those) with each one's key, resourceVersion and labels beside its bytes, the
@@ -48,8 +48,8 @@ use crate::{
 ///
 /// How the objects are read back depends on what needs them. A compact cache (the
 /// default) with no index of its own, whose handlers all take keys
-/// ([`EventHandler::initial_adds`](crate::EventHandler::initial_adds): `key_handler`, a
-/// controller's primary source), takes each one as it is kept, decoding none: the handlers
+/// ([`add_key_handler`](crate::InformerHandle::add_key_handler), a controller's primary
+/// source), takes each one as it is kept, decoding none: the handlers
 /// get keys, and a read decodes the object, as it decodes any object of a compact cache.
 /// Otherwise (a decoded cache, an index function, a handler that needs each object) the
 /// objects are decoded on every core a part at a time. Either way they are stored as they

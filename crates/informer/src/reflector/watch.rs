@@ -14,7 +14,7 @@ use super::{
     Reflector,
     state::{InitialEvents, WatchEnd, WatchReport},
     stats::CatchUp,
-    store::ReflectorStore,
+    store::{ReflectorEvent, ReflectorStore},
 };
 use crate::{
     error::{Error, StreamingRefusal, Verb},
@@ -83,7 +83,7 @@ where
     ) -> WatchReport {
         let initial = match streaming {
             StreamingList::Yes => {
-                self.store.start_list();
+                self.store.apply(ReflectorEvent::ListStart);
                 Some(InitialPhase {
                     listed: 0,
                     started: Instant::now(),
@@ -311,7 +311,8 @@ where
                 match progress.initial.as_mut() {
                     Some(phase) => {
                         phase.listed += 1;
-                        self.store.list_undecodable(object.key);
+                        self.store
+                            .apply(ReflectorEvent::ListedUndecodable(object.key));
                     }
                     None => {
                         if let Some(rv) = object.resource_version.filter(|rv| !rv.is_empty()) {
@@ -335,7 +336,8 @@ where
         initial_events_end: bool,
     ) {
         if initial_events_end && let Some(phase) = progress.initial.take() {
-            self.store.finish_list(&resource_version);
+            self.store
+                .apply(ReflectorEvent::ListEnd(resource_version.clone()));
             info!(
                 rv = %resource_version,
                 objects = phase.listed,
@@ -348,7 +350,8 @@ where
             if progress.resuming {
                 self.caught_up(&mut progress.resuming, &progress.last_rv, CatchUp::Bookmark);
             } else {
-                self.store.bookmark(&progress.last_rv);
+                self.store
+                    .apply(ReflectorEvent::Bookmark(progress.last_rv.clone()));
             }
             self.synced.set(&progress.last_rv);
         }
@@ -374,7 +377,8 @@ where
             && self.current_shard().is_some_and(|s| s.field().mutable());
         if moved_out {
             if let Ok((key, obj, _)) = self.prepare(obj, None) {
-                self.store.delete(key, obj);
+                self.store
+                    .apply(ReflectorEvent::Delete { key, object: obj });
             }
         } else if inside {
             let (key, obj, raw) = match self.prepare(obj, raw) {
@@ -391,10 +395,20 @@ where
                 // Only `ADDED`s come before the end bookmark (checked in `apply`).
                 (Some(phase), _) => {
                     phase.listed += 1;
-                    self.store.list_object(key, obj, raw);
+                    self.store.apply(ReflectorEvent::Listed {
+                        key,
+                        object: obj,
+                        raw,
+                    });
                 }
-                (None, true) => self.store.delete(key, obj),
-                (None, false) => self.store.upsert(key, obj, raw),
+                (None, true) => self
+                    .store
+                    .apply(ReflectorEvent::Delete { key, object: obj }),
+                (None, false) => self.store.apply(ReflectorEvent::Upsert {
+                    key,
+                    object: obj,
+                    raw,
+                }),
             }
         }
         // During a streaming list the objects' versions are not in order; only the
@@ -414,7 +428,8 @@ where
         *resuming = false;
         // Said before the store is synced, so that whoever waits for it reads how.
         self.stats.caught_up(by);
-        self.store.caught_up(resource_version);
+        self.store
+            .apply(ReflectorEvent::CaughtUp(resource_version.to_owned()));
         info!(rv = %resource_version, ?by, "the resumed watch caught up");
     }
 

@@ -35,7 +35,7 @@ pub fn namespace_index<K: Resource>() -> IndexFn<K> {
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{SharedInformer, label_index, testing::FakeListWatch};
+/// use kube_informer::{SharedInformer, store::label_index, testing::FakeListWatch};
 ///
 /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
 ///     .index_fn("app", label_index("app"))

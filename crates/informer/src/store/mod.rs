@@ -22,7 +22,7 @@ mod selector;
 mod slot;
 mod usage;
 mod working_set;
-mod writer;
+pub(crate) mod writer;
 
 use crate::{key::ObjectKey, list_watch::FieldSetMemo};
 
@@ -39,7 +39,7 @@ pub(crate) use slot::{WireDecoder, decode_wire};
 pub(crate) use usage::{Usage, WeakUsage};
 use working_set::Hot;
 pub use working_set::{WorkingSet, WorkingSetStats};
-pub use writer::Writer;
+pub(crate) use writer::Writer;
 
 /// The hasher of the store's maps and sets of keys: foldhash, seeded per map, as the
 /// workqueue's. Keys are the `namespace/name`s of the server's objects, and SipHash was
@@ -60,7 +60,7 @@ pub type TransformFn<K> = Arc<dyn Fn(K) -> K + Send + Sync>;
 ///
 /// ```
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{SharedInformer, strip_managed_fields, testing::FakeListWatch};
+/// use kube_informer::{SharedInformer, store::strip_managed_fields, testing::FakeListWatch};
 ///
 /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
 ///     .transform(strip_managed_fields)
@@ -79,7 +79,7 @@ pub fn strip_managed_fields<K: Resource>(mut obj: K) -> K {
 /// ```
 /// use std::sync::Arc;
 /// use k8s_openapi::api::core::v1::ConfigMap;
-/// use kube_informer::{label_index, testing::{FakeListWatch, StoreWriter}};
+/// use kube_informer::{store::label_index, testing::{FakeListWatch, StoreWriter}};
 ///
 /// let writer = StoreWriter::<ConfigMap>::new();
 /// writer.add_indexer("app", label_index("app")).unwrap();

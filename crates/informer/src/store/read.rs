@@ -112,7 +112,7 @@ impl<K> Store<K> {
     }
 
     /// True for a store that keeps objects encoded (an informer built with
-    /// [`compact`](crate::InformerBuilder::compact) or [`codec`](crate::InformerBuilder::codec)).
+    /// [`compact`](crate::informer::InformerBuilder::compact) or [`codec`](crate::informer::InformerBuilder::codec)).
     pub fn is_compact(&self) -> bool {
         matches!(self.shared.keeping, Keeping::Compact(_))
     }

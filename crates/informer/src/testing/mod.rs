@@ -48,7 +48,7 @@ use crate::{
 
 /// A store's writer, for filling a [`Store`](crate::Store) by hand in tests. An informer's
 /// own writer is never handed out.
-pub use crate::store::Writer as StoreWriter;
+pub use crate::store::writer::Writer as StoreWriter;
 
 /// How many list and watch calls a [`FakeListWatch`] has served.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

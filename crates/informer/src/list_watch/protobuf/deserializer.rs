@@ -228,7 +228,7 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
         }
     }
 
-    /// A [`LazyObject`](crate::LazyObject) asks for the message's own bytes by name; every
+    /// A [`LazyObject`](crate::list_watch::LazyObject) asks for the message's own bytes by name; every
     /// other newtype wraps the message.
     fn deserialize_newtype_struct<V: Visitor<'de>>(
         self,
