@@ -441,6 +441,65 @@ mod tests {
         h.stop().await;
     }
 
+    /// A store that records what the reflector hands it, as data.
+    struct Recorded(tokio::sync::watch::Sender<Vec<String>>);
+
+    impl ReflectorStore<ConfigMap> for Recorded {
+        fn apply(&self, event: ReflectorEvent<ConfigMap>) {
+            let line = match event {
+                ReflectorEvent::ListStart => "list start".to_owned(),
+                ReflectorEvent::Listed { key, .. } => format!("listed {key}"),
+                ReflectorEvent::ListedUndecodable(key) => format!("undecodable {key}"),
+                ReflectorEvent::Restored(objects) => format!("restored {}", objects.len()),
+                ReflectorEvent::ListEnd(version) => format!("list end {version}"),
+                ReflectorEvent::RestoreEnd(version) => format!("restore end {version}"),
+                ReflectorEvent::CaughtUp(version) => format!("caught up {version}"),
+                ReflectorEvent::Upsert { key, object, .. } => format!(
+                    "upsert {key} {}",
+                    object.metadata.resource_version.as_deref().unwrap_or("")
+                ),
+                ReflectorEvent::Delete { key, .. } => format!("delete {key}"),
+                ReflectorEvent::Bookmark(version) => format!("bookmark {version}"),
+            };
+            self.0.send_modify(|lines| lines.push(line));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reflector_reads_as_a_sequence_of_events() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let listed_at = fake.add(cm("b"));
+        let (lines, mut seen) = tokio::sync::watch::channel(Vec::new());
+        let reflector = Reflector::new(fake.clone(), Recorded(lines), paged());
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(reflector.run(stop.clone()));
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        let created = fake.add(cm("c"));
+        let updated = fake.update(cm("a"));
+        fake.delete(Some("ns"), "b");
+        fake.bookmark();
+        let at = fake.resource_version();
+        let expected = [
+            "list start".to_owned(),
+            "listed ns/a".to_owned(),
+            "listed ns/b".to_owned(),
+            format!("list end {listed_at}"),
+            format!("upsert ns/c {created}"),
+            format!("upsert ns/a {updated}"),
+            "delete ns/b".to_owned(),
+            format!("bookmark {at}"),
+        ];
+        let got = seen
+            .wait_for(|lines| lines.len() >= expected.len())
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!(got, expected);
+        stop.cancel();
+        task.await.unwrap();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn stats_count_lists_watches_restarts_and_errors() {
         let fake = Fake::new("configmaps");
