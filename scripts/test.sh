@@ -34,5 +34,5 @@ cargo test --workspace --locked "$@"
 # mode, a fresh seed each time, printed first so a failure can be replayed).
 if [ $# -eq 0 ]; then
   echo "==> soak (short mode)"
-  cargo run -q --locked -p soak -- --seconds "${SOAK_SECONDS:-120}"
+  cargo run -q --locked -p soak -- --seconds "${SOAK_SECONDS:-120}" --replicas 3
 fi

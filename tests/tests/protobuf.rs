@@ -628,6 +628,6 @@ fn the_protobuf_table_is_what_the_generator_writes() {
             .unwrap();
     assert!(
         output.stdout == checked_in,
-        "crates/informer/src/list_watch/protobuf/schema_table.rs is stale; regenerate it (see README.md)"
+        "crates/informer/src/list_watch/protobuf/schema_table.rs is stale; regenerate it (see docs/testing.md)"
     );
 }

@@ -1448,8 +1448,8 @@ fn report(args: &Args, json: &Path, all: &Results) -> String {
     );
     let _ = writeln!(
         out,
-        "- subjects: kube-informer {} (kube-client {}) through the client the README \
-         recommends (`kube_informer::client`: HTTP/2 with keep-alive pings, as client-go \
+        "- subjects: kube-informer {} (kube-client {}) through the client the guides \
+         recommend (`kube_informer::client`: HTTP/2 with keep-alive pings, as client-go \
          speaks), kube-runtime {} `watcher` + `reflector` through kube-client's default \
          (HTTP/1.1), client-go {} `SharedIndexInformer` ({}); {}",
         lock_version("kube-informer"),

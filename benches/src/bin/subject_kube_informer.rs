@@ -1,7 +1,7 @@
 //! The kube-informer subject of the informer benchmark: a [`SharedInformer`] on the Pods
 //! of one namespace that counts events and keeps the cache. See `benches::SubjectArgs`
 //! for the protocol. With no flag it runs the library's defaults (a streaming list, a
-//! compact cache of the bytes the server sent) through the client the README recommends
+//! compact cache of the bytes the server sent) through the client the guides recommend
 //! (`kube_informer::client`, HTTP/2); `--client kube` uses kube-client's default (HTTP/1.1)
 //! instead, `--paged-list` turns on the informer option of that name, `--cache decoded`
 //! keeps decoded objects and `--cache json-codec` compact JSON encoded by the store (the

@@ -1,6 +1,6 @@
 //! The kube-informer subject of `recovery-bench`: a [`SharedInformer`] on the ConfigMaps of
 //! one namespace, built the way a new user writes it (the builder's defaults, one handler,
-//! the client `kube_informer::client` builds, as the README recommends), that prints every
+//! the client `kube_informer::client` builds, as docs/informers.md recommends), that prints every
 //! event its handler sees; see `benches::recovery` for the protocol. The only addition to
 //! the defaults is a watch-error hook, which only reports.
 
