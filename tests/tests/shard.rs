@@ -416,7 +416,6 @@ mod sharded_controller {
     use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
-        list_watch::{HashRange, Shard, ShardField},
         retry_with_backoff,
         sharding::{RingConfig, ShardRing},
     };
@@ -465,12 +464,13 @@ mod sharded_controller {
             .slots(12);
             let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
             let factory = InformerFactory::new(client.clone());
-            let everything = Shard::new(ShardField::Uid, [HashRange::all()]).unwrap();
-            let primary =
-                factory.informer::<ConfigMap>(Scope::namespace(&namespace).shard(everything));
-            let controller = Controller::new("sharded", primary)
-                .sharded(ring.clone())
-                .workers(2);
+            let controller = Controller::<ConfigMap>::sharded(
+                "sharded",
+                &factory,
+                Scope::namespace(&namespace),
+                &ring,
+            )
+            .workers(2);
             factory.start(&stop);
             let log = log.clone();
             let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
@@ -740,13 +740,14 @@ mod owned_children {
             let ring = Arc::new(ShardRing::new(client.clone(), config).unwrap());
             let factory = InformerFactory::new(client.clone());
             let scope = Scope::namespace(&namespace);
-            let parents = factory
-                .informer::<ConfigMap>(scope.clone().shard(Shard::everything(ShardField::Uid)));
-            let children = factory
-                .informer::<Secret>(scope.shard(Shard::everything(ShardField::ControllerUid)));
-            let controller = Controller::new("owned", parents.clone())
-                .owns(children.clone())
-                .sharded(ring.clone());
+            let children = factory.informer::<Secret>(
+                scope
+                    .clone()
+                    .shard(Shard::everything(ShardField::ControllerUid)),
+            );
+            let controller = Controller::<ConfigMap>::sharded("owned", &factory, scope, &ring)
+                .owns(children.clone());
+            let parents = controller.informer();
             factory.start(&stop);
             let log = reconciled.clone();
             let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
@@ -1037,7 +1038,6 @@ mod lapsed_renewals {
     use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
-        list_watch::{Shard, ShardField},
         retry_with_backoff,
         sharding::{RingConfig, ShardRing},
     };
@@ -1076,10 +1076,12 @@ mod lapsed_renewals {
         let ring = Arc::new(ShardRing::new(ring_client, config).unwrap());
         let stop = CancellationToken::new();
         let factory = InformerFactory::new(client.clone());
-        let primary = factory.informer::<ConfigMap>(
-            Scope::namespace(&namespace).shard(Shard::everything(ShardField::Uid)),
+        let controller = Controller::<ConfigMap>::sharded(
+            "lapsing",
+            &factory,
+            Scope::namespace(&namespace),
+            &ring,
         );
-        let controller = Controller::new("lapsing", primary).sharded(ring.clone());
         let stats = controller.stats();
         factory.start(&stop);
         let latest: Arc<Mutex<BTreeMap<String, String>>> = Arc::default();
@@ -1191,7 +1193,6 @@ mod handover_deletions {
     use kube_informer::lease::LeaseConfig;
     use kube_informer::{
         Action, CancellationToken, Controller, InformerFactory, ReconcileRequest, Scope,
-        list_watch::{Shard, ShardField},
         retry_with_backoff,
         sharding::{COVERAGE_ANNOTATION, RingConfig, ShardRing, dealt_slots, slot_of},
     };
@@ -1256,13 +1257,14 @@ mod handover_deletions {
         let ring = Arc::new(ShardRing::new(ring_client.clone(), config).unwrap());
         let stop = CancellationToken::new();
         let factory = InformerFactory::new(informer_client);
-        let primary = factory.informer::<ConfigMap>(
-            Scope::namespace(namespace).shard(Shard::everything(ShardField::Uid)),
-        );
         // b's cache cannot sync while it is cut off: its controller waits.
-        let controller = Controller::new("handover", primary)
-            .sharded(ring.clone())
-            .startup_grace(Duration::from_secs(300));
+        let controller = Controller::<ConfigMap>::sharded(
+            "handover",
+            &factory,
+            Scope::namespace(namespace),
+            &ring,
+        )
+        .startup_grace(Duration::from_secs(300));
         factory.start(&stop);
         let log = log.clone();
         let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {

@@ -42,8 +42,12 @@ use worker::Worker;
 
 use crate::{
     error::{Error, error_chain},
-    informer::{FactoryScope, InformerHandle, RunningInformer, SharedInformer},
+    informer::{
+        FactoryScope, InformerFactory, InformerHandle, RunningInformer, Scope, SharedInformer,
+        TypedResource,
+    },
     key::ObjectKey,
+    list_watch::{Shard, ShardField},
     sharding::ShardRing,
     store::Store,
     task::join_within,
@@ -216,6 +220,47 @@ where
     pub fn owning(name: impl Into<String>, informer: SharedInformer<K>) -> Self {
         let mut controller = Self::new(name, informer.handle());
         controller.owned = Some(informer);
+        controller
+    }
+
+    /// A controller named `name` that reconciles only the primaries in the slots of `ring`
+    /// this replica holds: one controller split across replicas (see
+    /// [`sharding`](crate::sharding)). Its primary is `factory`'s informer of `K` in
+    /// `scope`, built to follow a shard: the controller gives it the ring's
+    /// [`RingView::shard`] as the ring changes, so it caches only the slots this replica is
+    /// dealt, holds, warms or owes. A primary is reconciled under the ring's
+    /// [`SlotGuard`], so its slot is not handed over mid-reconcile; when this replica takes
+    /// a slot, the slot's cached primaries are reconciled. Run the ring itself
+    /// ([`ShardRing::run`]) beside the controller, or let a [`Manager`](crate::Manager)
+    /// do both ([`Manager::sharded_controller`](crate::Manager::sharded_controller)).
+    ///
+    /// Children given to [`owns`](Self::owns) follow their parent when their informer was
+    /// built with a shard (say [`Shard::everything`] of [`ShardField::ControllerUid`]): it
+    /// then caches only the children whose controller owner is in this replica's shard.
+    /// The API server cannot select on an owner, so every child is still sent to every
+    /// replica and the informer keeps its own; the saving is the cache's memory, not the
+    /// traffic. Children of an informer built without a shard are all cached, and those
+    /// of other replicas' parents are dropped at the reconcile, as any key outside the
+    /// held slots is.
+    ///
+    /// [`Shard::everything`]: crate::list_watch::Shard::everything
+    /// [`ShardField::ControllerUid`]: crate::list_watch::ShardField::ControllerUid
+    /// [`RingView::shard`]: crate::sharding::RingView::shard
+    /// [`SlotGuard`]: crate::sharding::SlotGuard
+    pub fn sharded(
+        name: impl Into<String>,
+        factory: &InformerFactory,
+        scope: Scope,
+        ring: &Arc<ShardRing>,
+    ) -> Self
+    where
+        K: TypedResource,
+    {
+        // Replaced by the ring's shard before the informer lists (see `run`).
+        let scope = scope.shard(Shard::everything(ShardField::Uid));
+        let mut controller = Self::new(name, factory.informer::<K>(scope));
+        ring.expect_handover();
+        controller.ring = Some(ring.clone());
         controller
     }
 
@@ -465,30 +510,9 @@ where
         self.caches.stats()
     }
 
-    /// Reconciles only the primaries in the slots of `ring` this replica holds: one
-    /// controller split across replicas (see [`sharding`](crate::sharding)). The primary
-    /// informer must have been built with a shard ([`Scope::shard`](crate::Scope::shard),
-    /// any one: the controller gives it the ring's [`RingView::shard`] as the ring changes).
-    /// A primary is reconciled under the ring's [`SlotGuard`], so its slot is not handed
-    /// over mid-reconcile; when this replica takes a slot, the slot's cached primaries are
-    /// reconciled. Run the ring itself ([`ShardRing::run`]) beside the controller.
-    ///
-    /// Children given to [`owns`](Self::owns) follow their parent when their informer was
-    /// built with a shard (say [`Shard::everything`] of [`ShardField::ControllerUid`]): it
-    /// then caches only the children whose controller owner is in this replica's shard.
-    /// The API server cannot select on an owner, so every child is still sent to every
-    /// replica and the informer keeps its own; the saving is the cache's memory, not the
-    /// traffic. Children of an informer built without a shard are all cached, and those
-    /// of other replicas' parents are dropped at the reconcile, as any key outside the
-    /// held slots is.
-    ///
-    /// [`Shard::everything`]: crate::list_watch::Shard::everything
-    /// [`ShardField::ControllerUid`]: crate::list_watch::ShardField::ControllerUid
-    ///
-    /// [`RingView::shard`]: crate::sharding::RingView::shard
-    /// [`SlotGuard`]: crate::sharding::SlotGuard
-    #[must_use]
-    pub fn sharded(mut self, ring: Arc<ShardRing>) -> Self {
+    /// [`sharded`](Self::sharded) for an informer this crate's tests build.
+    #[cfg(test)]
+    pub(crate) fn sharded_on(mut self, ring: Arc<ShardRing>) -> Self {
         ring.expect_handover();
         self.ring = Some(ring);
         self
@@ -618,9 +642,6 @@ where
             ring,
             followers,
         } = self;
-        if ring.is_some() && primary.shard().is_none() {
-            return Err(Error::NotSharded);
-        }
         #[cfg(feature = "prometheus")]
         if let Some(metrics) = &reconcile_metrics {
             caches.set_recorder(metrics.own_writes_of(&name));

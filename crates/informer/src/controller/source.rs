@@ -512,7 +512,7 @@ mod tests {
             .build();
         let primary = informer.handle();
         let controller = Controller::new("sharded", primary.clone())
-            .sharded(ring.clone())
+            .sharded_on(ring.clone())
             .workers(1);
         let stats = controller.stats();
         let cancel = CancellationToken::new();
@@ -636,7 +636,7 @@ mod tests {
             .build();
         let primary = informer.handle();
         let controller = Controller::new("sharded", primary.clone())
-            .sharded(ring.clone())
+            .sharded_on(ring.clone())
             .workers(1);
         let cancel = CancellationToken::new();
         let _informer = informer.spawn(cancel.clone());

@@ -298,13 +298,6 @@ where
         self
     }
 
-    /// All reflector settings at once.
-    #[must_use]
-    pub fn reflector_config(mut self, config: ReflectorConfig) -> Self {
-        self.config = config;
-        self
-    }
-
     /// Checks the cache against the server as `check` says: a list of keys and
     /// resourceVersions (metadata only, paged) at exactly the version the cache holds, so
     /// that events in flight never look like drift. A drift is logged naming the objects,

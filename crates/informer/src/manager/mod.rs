@@ -24,7 +24,6 @@ use crate::{
     error::error_chain,
     events::{Recorder, Reporter},
     informer::{FactoryScope, InformerFactory, Scope, TypedResource},
-    list_watch::{Shard, ShardField},
     sharding::{RingConfig, RingError, RingView, ShardRing},
     task::join_within,
     workqueue::PrometheusMetrics,
@@ -358,9 +357,7 @@ impl Manager {
         K: TypedResource,
         K::Scope: FactoryScope,
     {
-        // Replaced by the ring's shard before the informer lists (see `run`).
-        let scope = scope.shard(Shard::everything(ShardField::Uid));
-        Controller::new(name, self.factory.informer::<K>(scope)).sharded(ring.clone())
+        Controller::sharded(name, &self.factory, scope, ring)
     }
 
     /// A server-side applier writing as the field manager `controller` (a controller's
