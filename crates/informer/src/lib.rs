@@ -56,6 +56,8 @@ pub mod list_watch;
 #[cfg(feature = "manager")]
 #[cfg_attr(docsrs, doc(cfg(feature = "manager")))]
 pub mod manager;
+#[cfg(feature = "manager")]
+mod metrics;
 pub mod reflector;
 mod replica;
 pub mod sharding;

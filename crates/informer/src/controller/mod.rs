@@ -35,6 +35,7 @@ pub use request::{
     Action, ErrorAction, Failure, ReconcileError, ReconcileRequest, SyncFuture, retry_up_to,
     retry_with_backoff, sync_by_key,
 };
+#[cfg(feature = "manager")]
 pub(crate) use source::Follower;
 use source::{Enqueue, Mapper, Source, key_of, remove_all};
 pub use worker::ControllerStats;
@@ -525,6 +526,7 @@ where
 
     /// The informers that follow the ring: the primary's, and owned children's built with
     /// a shard.
+    #[cfg(feature = "manager")]
     pub(crate) fn followers(&self) -> Vec<Follower> {
         self.followers.clone()
     }

@@ -33,6 +33,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "manager")]
+pub(crate) mod metrics;
 mod series;
 mod sink;
 

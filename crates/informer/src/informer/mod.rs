@@ -8,6 +8,8 @@ mod factory;
 mod handler;
 mod health;
 mod listener;
+#[cfg(feature = "manager")]
+pub(crate) mod metrics;
 mod processor;
 mod sync;
 

@@ -22,9 +22,17 @@ use crate::{
     apply::Applier,
     controller::{Controller, ControllerClient, ControllerMetrics, Reconciler},
     error::error_chain,
-    events::{Recorder, Reporter},
-    informer::{FactoryScope, InformerFactory, Scope, TypedResource},
-    sharding::{RingConfig, RingError, RingView, ShardRing},
+    events::{
+        Recorder, Reporter,
+        metrics::{Recorders, register_event_metrics},
+    },
+    informer::{
+        FactoryScope, InformerFactory, Scope, TypedResource, metrics::register_informer_metrics,
+    },
+    sharding::{
+        RingConfig, RingError, RingView, ShardRing,
+        metrics::{Rings, register_ring_metrics},
+    },
     task::join_within,
     workqueue::PrometheusMetrics,
 };
@@ -154,9 +162,9 @@ pub struct Manager {
     shutdown_timeout: Duration,
     leader_election: Option<LeaderElectionConfig>,
     /// The event recorders handed out, flushed at shutdown and read at each scrape.
-    recorders: http::Recorders,
+    recorders: Recorders,
     /// The shard rings this replica takes part in, read at each scrape.
-    rings: http::Rings,
+    rings: Rings,
     /// Tasks every replica runs, leading or not: the rings and the sharded controllers.
     replica_tasks: Vec<(String, TaskFn)>,
     initial_shards: Vec<(Arc<ShardRing>, InitialShard)>,
@@ -193,11 +201,11 @@ impl Manager {
         let mut registry = Registry::default();
         let workqueue_metrics = PrometheusMetrics::new(&mut registry);
         let controller_metrics = ControllerMetrics::new(&mut registry);
-        http::register_informer_metrics(&mut registry, factory.clone());
-        let recorders = http::Recorders::default();
-        http::register_event_metrics(&mut registry, recorders.clone());
-        let rings = http::Rings::default();
-        http::register_ring_metrics(&mut registry, rings.clone());
+        register_informer_metrics(&mut registry, factory.clone());
+        let recorders = Recorders::default();
+        register_event_metrics(&mut registry, recorders.clone());
+        let rings = Rings::default();
+        register_ring_metrics(&mut registry, rings.clone());
         Self {
             factory,
             registry,

@@ -58,6 +58,8 @@ mod deal;
 mod forward;
 mod handover;
 mod leases;
+#[cfg(feature = "manager")]
+pub(crate) mod metrics;
 mod stats;
 
 use std::{
@@ -259,7 +261,7 @@ impl ShardRing {
     }
 
     /// The times from a membership change to a slot taken, in seconds.
-    #[cfg(feature = "prometheus")]
+    #[cfg(feature = "manager")]
     pub(crate) fn handover_seconds(&self) -> &prometheus_client::metrics::histogram::Histogram {
         &self.counters.handover_seconds
     }

@@ -1,0 +1,250 @@
+//! The informers' gauges and handler counters on Prometheus, read from a factory at each
+//! scrape: objects, sync, lists and restarts per informer, and each handler's lag.
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use super::{HandlerStats, InformerFactory, InformerHealth};
+use crate::{list_watch::ShardMode, metrics::encode_family};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct InformerLabels {
+    resource: String,
+    namespace: String,
+    label_selector: String,
+    field_selector: String,
+}
+
+/// The informers' gauges, read from the factory at each scrape.
+#[derive(Debug)]
+struct InformerCollector {
+    factory: InformerFactory,
+}
+
+impl Collector for InformerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let objects: Family<InformerLabels, Gauge> = Family::default();
+        let synced: Family<InformerLabels, Gauge> = Family::default();
+        let version: Family<InformerLabels, Gauge> = Family::default();
+        let restarts: Family<InformerLabels, Counter> = Family::default();
+        let lists: Family<InformerLabels, Counter> = Family::default();
+        let hot_bytes: Family<InformerLabels, Gauge> = Family::default();
+        let hot_objects: Family<InformerLabels, Gauge> = Family::default();
+        let hot_hits: Family<InformerLabels, Counter> = Family::default();
+        let hot_misses: Family<InformerLabels, Counter> = Family::default();
+        let hot_evictions: Family<InformerLabels, Counter> = Family::default();
+        let shard_by_server: Family<InformerLabels, Gauge> = Family::default();
+        let users: Family<InformerLabels, Gauge> = Family::default();
+        let missing: Family<InformerLabels, Gauge> = Family::default();
+        let mut handlers: Vec<(HandlerLabels, HandlerStats)> = Vec::new();
+        for state in self.factory.informers() {
+            let labels = InformerLabels {
+                resource: state.resource,
+                namespace: state.scope.namespace_name().unwrap_or_default().to_owned(),
+                label_selector: state.scope.label_selector().unwrap_or_default().to_owned(),
+                field_selector: state.scope.field_selector().unwrap_or_default().to_owned(),
+            };
+            objects
+                .get_or_create(&labels)
+                .set(i64::try_from(state.objects).unwrap_or(i64::MAX));
+            synced.get_or_create(&labels).set(i64::from(state.synced));
+            users
+                .get_or_create(&labels)
+                .set(i64::try_from(state.users).unwrap_or(i64::MAX));
+            let resource_missing = matches!(state.health, InformerHealth::ResourceMissing { .. });
+            missing
+                .get_or_create(&labels)
+                .set(i64::from(resource_missing));
+            // etcd's revisions are integers; a server whose versions are not has no gauge.
+            if let Some(rv) = state
+                .last_sync_resource_version
+                .and_then(|rv| rv.parse::<i64>().ok())
+            {
+                version.get_or_create(&labels).set(rv);
+            }
+            restarts.get_or_create(&labels).inc_by(state.watch_restarts);
+            lists.get_or_create(&labels).inc_by(state.lists);
+            if let Some(mode) = state.shard_mode {
+                let by_server = i64::from(mode == ShardMode::Server);
+                shard_by_server.get_or_create(&labels).set(by_server);
+            }
+            let hot = state.working_set;
+            hot_bytes
+                .get_or_create(&labels)
+                .set(i64::try_from(hot.bytes).unwrap_or(i64::MAX));
+            hot_objects
+                .get_or_create(&labels)
+                .set(i64::try_from(hot.objects).unwrap_or(i64::MAX));
+            hot_hits.get_or_create(&labels).inc_by(hot.hits);
+            hot_misses.get_or_create(&labels).inc_by(hot.misses);
+            hot_evictions.get_or_create(&labels).inc_by(hot.evictions);
+            for handler in &state.handlers {
+                let labels = HandlerLabels {
+                    resource: labels.resource.clone(),
+                    namespace: labels.namespace.clone(),
+                    label_selector: labels.label_selector.clone(),
+                    field_selector: labels.field_selector.clone(),
+                    handler: handler.name.clone(),
+                };
+                handlers.push((labels, handler.clone()));
+            }
+        }
+        let gauges = [
+            (
+                "informer_objects",
+                "Objects in the informer's cache",
+                objects,
+            ),
+            (
+                "informer_synced",
+                "Whether the informer has synced (1) or not (0)",
+                synced,
+            ),
+            (
+                "informer_last_sync_resource_version",
+                "The resourceVersion the informer's cache last synced to",
+                version,
+            ),
+            (
+                "informer_working_set_bytes",
+                "Estimated bytes of the decoded objects the cache's working set holds",
+                hot_bytes,
+            ),
+            (
+                "informer_working_set_objects",
+                "Decoded objects the cache's working set holds",
+                hot_objects,
+            ),
+            (
+                "informer_shard_server_side",
+                "Whether the API server applied the informer's shard (1) or the informer did (0)",
+                shard_by_server,
+            ),
+            (
+                "informer_users",
+                "Handles, stores and handlers holding the informer in use; at 0 it stops after a grace period",
+                users,
+            ),
+            (
+                "informer_resource_missing",
+                "Whether the API server answers 404 to the informer's list and watch (1), its CRD deleted or not installed, or serves it (0)",
+                missing,
+            ),
+        ];
+        let counters = [
+            (
+                "informer_watch_restarts",
+                "Watches the informer opened again after its first one",
+                restarts,
+            ),
+            (
+                "informer_lists",
+                "Lists the informer started, the first one included",
+                lists,
+            ),
+            (
+                "informer_working_set_hits",
+                "Reads of one object the cache's working set served decoded",
+                hot_hits,
+            ),
+            (
+                "informer_working_set_misses",
+                "Reads of one object that decoded it",
+                hot_misses,
+            ),
+            (
+                "informer_working_set_evictions",
+                "Objects the working set let go to stay within its budget",
+                hot_evictions,
+            ),
+        ];
+        for (name, help, family) in gauges {
+            encode_family(&mut encoder, name, help, &family)?;
+        }
+        for (name, help, family) in counters {
+            encode_family(&mut encoder, name, help, &family)?;
+        }
+        encode_handlers(&mut encoder, &handlers)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandlerLabels {
+    resource: String,
+    namespace: String,
+    label_selector: String,
+    field_selector: String,
+    handler: String,
+}
+
+/// Each event handler's lag: `informer_handler_waiting`, `_oldest_waiting_seconds`,
+/// `_delivered_total`, `_coalesced_total` and the histogram `_processing_seconds`.
+fn encode_handlers(
+    encoder: &mut DescriptorEncoder<'_>,
+    handlers: &[(HandlerLabels, HandlerStats)],
+) -> Result<(), std::fmt::Error> {
+    let waiting: Family<HandlerLabels, Gauge> = Family::default();
+    let oldest: Family<HandlerLabels, Gauge<f64, std::sync::atomic::AtomicU64>> = Family::default();
+    let delivered: Family<HandlerLabels, Counter> = Family::default();
+    let coalesced: Family<HandlerLabels, Counter> = Family::default();
+    for (labels, stats) in handlers {
+        waiting
+            .get_or_create(labels)
+            .set(i64::try_from(stats.waiting).unwrap_or(i64::MAX));
+        oldest
+            .get_or_create(labels)
+            .set(stats.oldest_waiting.as_secs_f64());
+        delivered.get_or_create(labels).inc_by(stats.delivered);
+        coalesced.get_or_create(labels).inc_by(stats.coalesced);
+    }
+    encode_family(
+        encoder,
+        "informer_handler_waiting",
+        "Events waiting in an event handler's buffer, the one it is handling included",
+        &waiting,
+    )?;
+    encode_family(
+        encoder,
+        "informer_handler_oldest_waiting_seconds",
+        "How long the oldest event waiting for an event handler has waited",
+        &oldest,
+    )?;
+    encode_family(
+        encoder,
+        "informer_handler_delivered",
+        "Events an event handler has finished handling",
+        &delivered,
+    )?;
+    encode_family(
+        encoder,
+        "informer_handler_coalesced",
+        "Events merged into an event of the same object already waiting, because the event handler was behind",
+        &coalesced,
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "informer_handler_processing_seconds",
+        "Time an event handler took over each event",
+        None,
+        prometheus_client::metrics::MetricType::Histogram,
+    )?;
+    for (labels, stats) in handlers {
+        metric
+            .encode_family(labels)?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                stats.processing_total.as_secs_f64(),
+                stats.delivered,
+                &stats.processing_buckets,
+                None,
+            )?;
+    }
+    Ok(())
+}
+
+/// Serves the factory's informers' gauges from `registry`.
+pub(crate) fn register_informer_metrics(registry: &mut Registry, factory: InformerFactory) {
+    registry.register_collector(Box::new(InformerCollector { factory }));
+}
