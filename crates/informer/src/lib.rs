@@ -30,7 +30,7 @@
 //!   a bounded shutdown (feature `manager`);
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`);
 //! - [`sharding`]: a shard ring on Leases, for one controller split across replicas;
-//! - [`client`], [`lease`], [`error`]: the API client informers use, the Lease settings
+//! - [`client`](mod@client), [`lease`], [`error`](mod@error): the API client informers use, the Lease settings
 //!   leader election and the ring share, and the errors.
 //!
 //! The crate root holds what a controller's author needs; the rest stays in its module

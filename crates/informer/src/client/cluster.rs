@@ -76,7 +76,7 @@ impl ClusterSource {
         Ok(config)
     }
 
-    /// A client for the chosen cluster: [`client`](crate::client), on HTTP/2 with pings.
+    /// A client for the chosen cluster: [`client`](fn@crate::client), on HTTP/2 with pings.
     ///
     /// # Errors
     ///

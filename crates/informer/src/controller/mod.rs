@@ -60,7 +60,7 @@ use crate::{
 
 /// A controller for the primary resource `K` (kube-runtime's `Controller`,
 /// controller-runtime's builder, client-go's sample controller), on shared informers,
-/// usually from an [`InformerFactory`](crate::InformerFactory) or a
+/// usually from an [`InformerFactory`] or a
 /// [`Manager`](crate::Manager).
 ///
 /// Changes reach a queue of primary keys from four kinds of source:
@@ -566,7 +566,7 @@ where
     }
 
     /// The limiter that spaces retries (default:
-    /// [`default_controller_rate_limiter`](crate::workqueue::default_controller_rate_limiter)).
+    /// [`default_controller_rate_limiter`]).
     #[must_use]
     pub fn rate_limiter(mut self, limiter: impl RateLimiter<ObjectKey> + 'static) -> Self {
         self.rate_limiter = Some(Arc::new(limiter));

@@ -25,7 +25,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// runs. If the informer has already synced, it first receives every cached object as
     /// an initial add; its registration's
     /// [`has_synced`](HandlerRegistration::has_synced) turns true once those are processed.
-    /// The same call on a [`SharedInformer`] that has not run yet, through its handle.
+    /// The same call on a [`SharedInformer`](super::SharedInformer) that has not run yet, through its handle.
     ///
     /// # Errors
     ///
@@ -116,7 +116,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// Registers a handler with a resync period of its own (client-go's
     /// `AddEventHandlerWithResyncPeriod`): every cached object is re-delivered to it as
     /// `on_update(obj, obj, Delivery::Resync)` that often, whatever the informer's
-    /// [`resync_period`](InformerBuilder::resync_period). Zero turns resyncs off for it;
+    /// [`resync_period`](super::InformerBuilder::resync_period). Zero turns resyncs off for it;
     /// periods under [`MIN_RESYNC_PERIOD`] are raised to it.
     ///
     /// # Errors

@@ -1,15 +1,15 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease (client-go's `tools/leaderelection`).
 //!
 //! Replicas of a controller race for one Lease. The holder writes its identity and renews
-//! the lease every [`retry_period`](LeaderElectionConfig::retry_period); the others poll it
+//! the lease every [`retry_period`](crate::lease::LeaseConfig::retry_period); the others poll it
 //! and take it over once it has not been renewed for a
-//! [`lease_duration`](LeaderElectionConfig::lease_duration). Writes carry the Lease's
+//! [`lease_duration`](crate::lease::LeaseConfig::lease_duration). Writes carry the Lease's
 //! resourceVersion, so of two replicas racing for it exactly one wins.
 //!
 //! As in client-go, expiry is judged by the *local* time at which a replica last saw the
 //! lease record change, never by the timestamps written in it, so clock skew between
 //! machines does not matter. A leader that cannot renew within
-//! [`renew_deadline`](LeaderElectionConfig::renew_deadline) (shorter than the lease
+//! [`renew_deadline`](crate::lease::LeaseConfig::renew_deadline) (shorter than the lease
 //! duration) stops leading before anyone else may start.
 //!
 //! [`LeaderElector::run`] waits for the lease, then runs your leading future with a

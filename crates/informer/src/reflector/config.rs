@@ -72,7 +72,7 @@ impl ReflectorConfig {
     /// A watch that delivers nothing, not even a bookmark, for this long is reconnected
     /// (2 min). Servers send bookmarks about once a minute, so this is twice that: the
     /// backstop for a stalled connection on a client without pings (kube-client's
-    /// default); [`client`](crate::client) finds one by its HTTP/2 pings in seconds.
+    /// default); [`client`](fn@crate::client) finds one by its HTTP/2 pings in seconds.
     #[must_use]
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;

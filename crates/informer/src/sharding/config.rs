@@ -18,7 +18,7 @@ pub enum RingError {
     /// or the resource is unknown).
     #[error("cannot watch the ring's Leases: {0}")]
     Watch(#[source] crate::error::Error),
-    /// [`ShardRing::run`] was called on a ring already running (or that ran).
+    /// [`ShardRing::run`](super::ShardRing::run) was called on a ring already running (or that ran).
     #[error("the ring is already running")]
     AlreadyRunning,
 }

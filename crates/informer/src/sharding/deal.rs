@@ -74,7 +74,7 @@ pub(super) fn merged_ranges(slots: &BTreeSet<u16>, count: u16) -> Vec<HashRange>
 }
 
 /// The owner of each of `slots` among `members` (sorted), as indexes into `members`: by
-/// rendezvous hashing with equal capacities (see the [module docs](self)).
+/// rendezvous hashing with equal capacities (see the [module docs](super)).
 pub(super) fn deal(members: &[String], slots: u16) -> Vec<usize> {
     let count = members.len().max(1);
     let base = usize::from(slots) / count;
@@ -111,7 +111,7 @@ fn mix(member: u64, slot: u16) -> u64 {
 }
 
 /// The slots `me` is dealt of `slots` when `members` (sorted, `me` among them) are the
-/// ring's live members: what every member computes (see the [module docs](self)). Empty
+/// ring's live members: what every member computes (see the [module docs](super)). Empty
 /// when `me` is not a member.
 ///
 /// ```
