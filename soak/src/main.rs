@@ -170,8 +170,12 @@ async fn main() -> anyhow::Result<()> {
         .init();
     watchdog::count_panics();
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
+    let replicas = match args.replicas {
+        0 => String::new(),
+        n => format!(" --replicas {n}"),
+    };
     println!(
-        "seed {seed} (replay its faults with: soak --seed {seed} --seconds {})",
+        "seed {seed} (replay its faults with: soak --seed {seed} --seconds {}{replicas})",
         args.seconds
     );
     let report = run(&args, seed, uncaused).await?;
