@@ -31,9 +31,9 @@ use crate::{client::ClusterSource, informer::Scope, lease::LeaseConfig};
 
 /// Where `/metrics` is served unless told otherwise: loopback, on a port that the usual
 /// local services (8080, 8081) leave free.
-pub const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9807";
+pub const DEFAULT_METRICS_ADDRESS: &str = crate::manager::DEFAULT_METRICS_ADDRESS;
 /// Where `/healthz` and `/readyz` are served unless told otherwise.
-pub const DEFAULT_PROBE_ADDRESS: &str = "127.0.0.1:9808";
+pub const DEFAULT_PROBE_ADDRESS: &str = crate::manager::DEFAULT_PROBE_ADDRESS;
 
 /// An operator's standard flags, each also read from the environment variable `--help`
 /// shows. Flatten it into the operator's own [`clap::Parser`].

@@ -87,9 +87,9 @@ type Task = Pin<Box<dyn Future<Output = Result<(), TaskError>> + Send>>;
 type TaskFn = Box<dyn FnOnce(CancellationToken) -> Task + Send>;
 /// Where `/healthz` and `/readyz` are served by default, on loopback: a port the usual
 /// local services (8080, 8081) leave free.
-const DEFAULT_PROBE_PORT: u16 = 9808;
+pub(crate) const DEFAULT_PROBE_ADDRESS: &str = "127.0.0.1:9808";
 /// Where `/metrics` is served by default, on loopback.
-const DEFAULT_METRICS_PORT: u16 = 9807;
+pub(crate) const DEFAULT_METRICS_ADDRESS: &str = "127.0.0.1:9807";
 
 /// Gives a sharded controller's informer its ring's first view, before it lists.
 type InitialShard = Box<dyn FnOnce(&RingView) + Send>;
@@ -212,8 +212,8 @@ impl Manager {
             workqueue_metrics,
             controller_metrics,
             tasks: Vec::new(),
-            probe_address: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PROBE_PORT))),
-            metrics_address: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_METRICS_PORT))),
+            probe_address: DEFAULT_PROBE_ADDRESS.parse().ok(),
+            metrics_address: DEFAULT_METRICS_ADDRESS.parse().ok(),
             shutdown_timeout: Duration::from_secs(30),
             leader_election: None,
             recorders,
