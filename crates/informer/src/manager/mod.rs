@@ -339,7 +339,7 @@ impl Manager {
     pub fn shard_ring(&mut self, config: RingConfig) -> Result<Arc<ShardRing>, RingError> {
         let ring = Arc::new(ShardRing::new(self.factory.client(), config)?);
         self.rings.add(ring.clone());
-        let name = format!("shard ring {}", ring.config().name());
+        let name = format!("shard ring {}", ring.config().name);
         let running = ring.clone();
         self.replica_tasks.push((
             name,
@@ -693,7 +693,7 @@ async fn take_first_ring_views(
         match first {
             Ok(view) => give(&view),
             Err(_) => warn!(
-                ring = %ring.config().name(),
+                ring = %ring.config().name,
                 waited = ?FIRST_RING_VIEW_WAIT,
                 "no first look at the shard ring yet; its informers relist when it comes"
             ),

@@ -63,16 +63,6 @@ impl RingConfig {
         self
     }
 
-    /// The ring's name.
-    pub fn name(&self) -> &str {
-        &self.lease.name
-    }
-
-    /// This replica's identity.
-    pub fn identity(&self) -> &str {
-        &self.lease.identity
-    }
-
     pub(super) fn validate(&self) -> Result<(), RingError> {
         if self.slots == 0 {
             return Err(RingError::Config("a ring needs at least one slot"));

@@ -31,7 +31,7 @@ impl std::fmt::Debug for Rings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let rings = self.lock();
         f.debug_list()
-            .entries(rings.iter().map(|e| e.ring.config().name().to_owned()))
+            .entries(rings.iter().map(|e| e.ring.config().name.clone()))
             .finish()
     }
 }
@@ -96,7 +96,7 @@ impl Collector for RingCollector {
         for entry in rings.iter() {
             let stats = entry.ring.stats();
             let labels = RingLabels {
-                ring: entry.ring.config().name().to_owned(),
+                ring: entry.ring.config().name.clone(),
             };
             members.get_or_create(&labels).set(gauge(stats.members));
             assigned.get_or_create(&labels).set(gauge(stats.assigned));
@@ -162,7 +162,7 @@ impl Collector for RingCollector {
         )?;
         for entry in rings.iter() {
             let labels = RingLabels {
-                ring: entry.ring.config().name().to_owned(),
+                ring: entry.ring.config().name.clone(),
             };
             entry
                 .ring
