@@ -170,8 +170,8 @@ impl Subject {
         let widgets = self.widgets.as_ref().map(|w| w.handle());
         tokio::spawn(async move {
             let lists = || {
-                pods.reflector_stats().lists()
-                    + widgets.as_ref().map_or(0, |w| w.reflector_stats().lists())
+                pods.reflector_stats().lists
+                    + widgets.as_ref().map_or(0, |w| w.reflector_stats().lists)
             };
             let mut seen = lists();
             let mut started = Vec::new();
@@ -190,11 +190,11 @@ impl Subject {
 
     /// Lists and watches started so far (a relist shows as one more list).
     pub fn lists(&self) -> u64 {
-        self.pods.reflector_stats().lists()
+        self.pods.reflector_stats().lists
             + self
                 .widgets
                 .as_ref()
-                .map_or(0, |w| w.reflector_stats().lists())
+                .map_or(0, |w| w.reflector_stats().lists)
     }
 
     /// Stops the controllers, then the informers, and waits for every task they started.

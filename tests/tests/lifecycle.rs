@@ -438,9 +438,9 @@ async fn lifecycle_a_crd_deleted_and_recreated_is_reported_once_and_reconciled_a
     })
     .await;
     // Retried, and still the same report: it said so once.
-    let errors = informer.reflector_stats().errors();
+    let errors = informer.reflector_stats().errors;
     eventually("two more retries", || {
-        informer.reflector_stats().errors() >= errors + 2
+        informer.reflector_stats().errors >= errors + 2
     })
     .await;
     assert_eq!(informer.health(), InformerHealth::ResourceMissing { since });
@@ -605,7 +605,7 @@ async fn lifecycle_a_warm_restart_after_10_s_of_changes_resumes_without_a_list()
         "{:?}",
         calls.watches
     );
-    assert_eq!(informer.reflector_stats().lists(), 0);
+    assert_eq!(informer.reflector_stats().lists, 0);
     // The API server agrees: that read and this test's own `server_state` above.
     assert_eq!(lists_served(&client, "secrets").await, lists_before + 2);
     // Every object reached the handler once as an add: the snapshot's and the new ones.
@@ -681,7 +681,7 @@ async fn lifecycle_a_warm_restart_past_a_compaction_relists_to_the_same_cache() 
     let resumed = calls.watches.first().expect("the resumed watch");
     assert!(!resumed.send_initial_events && !resumed.resource_version.is_empty());
     assert!(
-        informer.reflector_stats().lists() >= 1,
+        informer.reflector_stats().lists >= 1,
         "the snapshot was too old: a full list replaced it"
     );
     informer.stop().await;

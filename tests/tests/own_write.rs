@@ -232,10 +232,10 @@ async fn children_case(own_writes: OwnWrites, prefix: &str) -> (Arc<Ctx>, u64) {
         "{own_writes:?}: {} creates, {} AlreadyExists, {} reads waited ({:?} in all)",
         PARENTS,
         ctx.tally.already_exists.load(Ordering::Relaxed),
-        stats.waited(),
-        stats.waited_for()
+        stats.read().waited,
+        stats.read().waited_for
     );
-    (ctx, stats.waited())
+    (ctx, stats.read().waited)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -123,11 +123,11 @@ async fn three_shards(client: Client, namespace: &str) -> (Vec<Option<ShardMode>
     .await;
     let modes = informers
         .iter()
-        .map(|i| i.reflector_stats().shard_mode())
+        .map(|i| i.reflector_stats().shard_mode)
         .collect();
     let outside = informers
         .iter()
-        .map(|i| i.reflector_stats().outside_shard())
+        .map(|i| i.reflector_stats().outside_shard)
         .sum();
     cancel.cancel();
     factory.shutdown().await;
@@ -1118,10 +1118,10 @@ mod lapsed_renewals {
         proxy.latency(LATENCY, Duration::ZERO).await.unwrap();
         // Each round a change is made while the slot, still held, admits nothing, until
         // three have been held back.
-        let started = stats.held_back();
+        let started = stats.read().held_back;
         let mut changed: BTreeMap<String, String> = BTreeMap::new();
         let mut round = 0;
-        while stats.held_back() - started < 3 {
+        while stats.read().held_back - started < 3 {
             round += 1;
             assert!(round <= 20, "no lapse in {round} rounds");
             eventually_some_within(Duration::from_secs(30), "the slot's renewals lapse", || {
@@ -1137,9 +1137,9 @@ mod lapsed_renewals {
                 .unwrap();
             changed.insert(name, round.to_string());
             // Refused, or admitted if the lapse ended first: either way, on to the next.
-            let before = stats.held_back();
+            let before = stats.read().held_back;
             let _ = tokio::time::timeout(LATENCY * 4, async {
-                while stats.held_back() == before && ring.admitting().is_empty() {
+                while stats.read().held_back == before && ring.admitting().is_empty() {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             })

@@ -297,8 +297,8 @@ async fn run_once(
         api_writes: counts.creates.load(Ordering::Relaxed),
         already_exists: counts.already_exists.load(Ordering::Relaxed),
         failed_reconciles: counts.failed.load(Ordering::Relaxed),
-        waited_reads: stats.waited(),
-        waited_ms: stats.waited_for().as_secs_f64() * 1e3,
+        waited_reads: stats.read().waited,
+        waited_ms: stats.read().waited_for.as_secs_f64() * 1e3,
     };
     info!(?sample, "run done");
     Ok(sample)

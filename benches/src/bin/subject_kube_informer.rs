@@ -413,7 +413,7 @@ where
         relisted.notified().await;
         RelistLine::print(
             "kube-informer",
-            informer.reflector_stats().lists() >= 2,
+            informer.reflector_stats().lists >= 2,
             informer.store().len(),
         );
     }

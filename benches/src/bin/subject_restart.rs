@@ -111,11 +111,11 @@ async fn main() -> anyhow::Result<()> {
     let synced = Synced {
         synced_ms: started.elapsed().as_secs_f64() * 1e3,
         objects: informer.store().len(),
-        lists: informer.reflector_stats().lists(),
+        lists: informer.reflector_stats().lists,
         handled: seen.load(Ordering::Relaxed),
         caught_up_by: informer
             .reflector_stats()
-            .warm_restart_caught_up()
+            .warm_restart_caught_up
             .map(|by| match by {
                 CatchUp::Version => "version",
                 CatchUp::Bookmark => "bookmark",

@@ -63,7 +63,7 @@ async fn main() -> anyhow::Result<()> {
         objects: informer.store().len(),
         shard_mode: informer
             .reflector_stats()
-            .shard_mode()
+            .shard_mode
             .map(|m| format!("{m:?}")),
     };
     println!("{}", serde_json::to_string(&line)?);

@@ -61,6 +61,7 @@ mod metrics;
 pub mod reflector;
 mod replica;
 pub mod sharding;
+mod stats;
 pub mod store;
 mod task;
 #[cfg(any(test, feature = "testing"))]
@@ -83,6 +84,7 @@ pub use informer::{
 pub use key::ObjectKey;
 #[cfg(feature = "manager")]
 pub use manager::{Manager, ManagerError, cancel_on_signals};
+pub use stats::LiveStats;
 pub use store::{Lister, Selector, Store, WorkingSet};
 /// The token that stops informers, controllers and queues (re-exported from `tokio-util`).
 pub use tokio_util::sync::CancellationToken;

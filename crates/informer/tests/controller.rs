@@ -55,13 +55,13 @@ async fn a_failing_key_is_retried_five_times_with_growing_delays_then_dropped() 
     // The default limiter's exponential part: 5 ms doubling per failure.
     let expected: Vec<Duration> = [5, 10, 20, 40, 80].map(Duration::from_millis).to_vec();
     assert_eq!(gaps, expected);
-    assert_eq!(stats.failed(), 6);
-    assert_eq!(stats.dropped(), 1, "dropped and reported once");
+    assert_eq!(stats.read().failed, 6);
+    assert_eq!(stats.read().dropped, 1, "dropped and reported once");
 
     // Nothing more happens to the dropped key.
     tokio::time::sleep(Duration::from_secs(3600)).await;
     assert!(dropped.try_recv().is_err());
-    assert_eq!(stats.failed(), 6);
+    assert_eq!(stats.read().failed, 6);
 
     cancel.cancel();
     run.await.unwrap().unwrap();
@@ -102,11 +102,11 @@ async fn a_panicking_sync_does_not_kill_its_worker() {
         "the one worker went on after the panic"
     );
     // The panicking key is retried once, then dropped; both attempts are counted.
-    while stats.dropped() == 0 {
+    while stats.read().dropped == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    assert_eq!(stats.panicked(), 2);
-    assert_eq!(stats.synced(), 2);
+    assert_eq!(stats.read().panicked, 2);
+    assert_eq!(stats.read().synced, 2);
 
     cancel.cancel();
     run.await.unwrap().unwrap();
@@ -209,7 +209,7 @@ async fn updates_and_deletes_become_keys_and_success_forgets() {
         "absent = deleted"
     );
     assert_eq!(
-        (stats.synced(), stats.failed()),
+        (stats.read().synced, stats.read().failed),
         (3, 0),
         "every sync succeeded, so no key waits for a retry"
     );

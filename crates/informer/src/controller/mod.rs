@@ -39,7 +39,7 @@ pub use request::{
 pub(crate) use source::Follower;
 use source::{Enqueue, Mapper, Source, key_of, remove_all};
 pub use worker::ControllerStats;
-use worker::Worker;
+use worker::{Worker, WorkerCounters};
 
 use crate::{
     error::{Error, error_chain},
@@ -50,6 +50,7 @@ use crate::{
     key::ObjectKey,
     list_watch::{Shard, ShardField},
     sharding::ShardRing,
+    stats::LiveStats,
     store::Store,
     task::join_within,
     workqueue::{
@@ -137,7 +138,7 @@ pub struct Controller<K> {
     metrics: Option<Arc<dyn MetricsProvider>>,
     #[cfg(feature = "prometheus")]
     reconcile_metrics: Option<ControllerMetrics>,
-    stats: Arc<ControllerStats>,
+    stats: Arc<WorkerCounters>,
     caches: Arc<Caches>,
     ring: Option<Arc<ShardRing>>,
     /// The informers that follow the ring's shard: the primary's, then owned children's.
@@ -506,9 +507,11 @@ where
         ControllerClient::new(client, self.caches.clone(), &self.name)
     }
 
-    /// What the reads of the controller's client did about its own writes.
-    pub fn own_write_stats(&self) -> Arc<OwnWriteStats> {
-        self.caches.stats()
+    /// What the reads of the controller's clients do about its own writes, readable while
+    /// it runs and after.
+    pub fn own_write_stats(&self) -> LiveStats<OwnWriteStats> {
+        let caches = self.caches.clone();
+        LiveStats::new(move || caches.stats())
     }
 
     /// [`sharded`](Self::sharded) for an informer this crate's tests build.
@@ -604,9 +607,10 @@ where
         self.reconcile_metrics.is_some()
     }
 
-    /// What the workers have done so far (readable while the controller runs).
-    pub fn stats(&self) -> Arc<ControllerStats> {
-        self.stats.clone()
+    /// What the workers do, readable while the controller runs and after.
+    pub fn stats(&self) -> LiveStats<ControllerStats> {
+        let counters = self.stats.clone();
+        LiveStats::new(move || counters.snapshot())
     }
 
     /// Runs the controller until `cancel` fires, reconciling with `reconciler` (a

@@ -56,35 +56,39 @@ impl Default for OwnWrites {
     }
 }
 
-/// What a controller's reads did about its own writes, readable while it runs.
-#[derive(Debug, Default)]
+/// What a controller's reads did about its own writes, from
+/// [`Controller::own_write_stats`](crate::Controller::own_write_stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OwnWriteStats {
+    /// Writes recorded (those whose type the controller has an informer of).
+    pub recorded: u64,
+    /// Reads that found their cache behind one of the controller's writes and waited,
+    /// timeouts included.
+    pub waited: u64,
+    /// How long those reads waited in all.
+    pub waited_for: Duration,
+    /// Reads that gave up waiting ([`ClientError::NotObserved`](crate::ClientError::NotObserved)).
+    pub timed_out: u64,
+}
+
+/// The counters behind [`OwnWriteStats`].
+#[derive(Debug, Default)]
+struct OwnWriteCounters {
     recorded: AtomicU64,
     waited: AtomicU64,
     waited_nanos: AtomicU64,
     timed_out: AtomicU64,
 }
 
-impl OwnWriteStats {
-    /// Writes recorded (those whose type the controller has an informer of).
-    pub fn recorded(&self) -> u64 {
-        self.recorded.load(AtomicOrdering::Relaxed)
-    }
-
-    /// Reads that found their cache behind one of the controller's writes and waited,
-    /// timeouts included.
-    pub fn waited(&self) -> u64 {
-        self.waited.load(AtomicOrdering::Relaxed)
-    }
-
-    /// How long those reads waited in all.
-    pub fn waited_for(&self) -> Duration {
-        Duration::from_nanos(self.waited_nanos.load(AtomicOrdering::Relaxed))
-    }
-
-    /// Reads that gave up waiting ([`ClientError::NotObserved`](crate::ClientError::NotObserved)).
-    pub fn timed_out(&self) -> u64 {
-        self.timed_out.load(AtomicOrdering::Relaxed)
+impl OwnWriteCounters {
+    fn snapshot(&self) -> OwnWriteStats {
+        OwnWriteStats {
+            recorded: self.recorded.load(AtomicOrdering::Relaxed),
+            waited: self.waited.load(AtomicOrdering::Relaxed),
+            waited_for: Duration::from_nanos(self.waited_nanos.load(AtomicOrdering::Relaxed)),
+            timed_out: self.timed_out.load(AtomicOrdering::Relaxed),
+        }
     }
 }
 
@@ -331,7 +335,7 @@ impl<C: Resource + Send + Sync + 'static> Cache<C> {
 pub(super) struct Caches {
     by_type: DashMap<TypeId, Arc<dyn Any + Send + Sync>>,
     mode: Mutex<OwnWrites>,
-    stats: Arc<OwnWriteStats>,
+    stats: OwnWriteCounters,
     /// Cancelled when the controller stops: ends the waits of its workers and clients.
     stopped: CancellationToken,
     #[cfg(feature = "prometheus")]
@@ -352,7 +356,7 @@ impl Default for Caches {
         Self {
             by_type: DashMap::new(),
             mode: Mutex::new(OwnWrites::default()),
-            stats: Arc::default(),
+            stats: OwnWriteCounters::default(),
             stopped: CancellationToken::new(),
             #[cfg(feature = "prometheus")]
             recorder: OnceLock::new(),
@@ -388,8 +392,8 @@ impl Caches {
         self.stopped.cancel();
     }
 
-    pub(super) fn stats(&self) -> Arc<OwnWriteStats> {
-        self.stats.clone()
+    pub(super) fn stats(&self) -> OwnWriteStats {
+        self.stats.snapshot()
     }
 
     #[cfg(feature = "prometheus")]

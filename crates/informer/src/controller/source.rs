@@ -439,6 +439,7 @@ mod tests {
         informer::{InformerHandle, RunningInformer, SharedInformer},
         list_watch::{HashRange, Shard, ShardField, fnv1a_64},
         sharding::{RingConfig, ShardRing},
+        stats::LiveStats,
         testing::FakeListWatch,
     };
 
@@ -482,9 +483,13 @@ mod tests {
     }
 
     /// Waits (on the paused clock) until `count` of `stats` has gone past `before`.
-    async fn refused(stats: &ControllerStats, count: fn(&ControllerStats) -> u64, before: u64) {
+    async fn refused(
+        stats: &LiveStats<ControllerStats>,
+        count: fn(ControllerStats) -> u64,
+        before: u64,
+    ) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        while count(stats) == before {
+        while count(stats.read()) == before {
             assert!(Instant::now() < deadline, "the change was never refused");
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -496,7 +501,7 @@ mod tests {
         fake: FakeListWatch<ConfigMap>,
         ring: Arc<ShardRing>,
         seen: Seen,
-        stats: Arc<ControllerStats>,
+        stats: LiveStats<ControllerStats>,
         cancel: CancellationToken,
     }
 
@@ -561,9 +566,9 @@ mod tests {
         // admits nothing.
         tokio::time::advance(RENEW_DEADLINE).await;
         assert!(run.ring.admitting().is_empty());
-        let before = run.stats.held_back();
+        let before = run.stats.read().held_back;
         run.fake.update(config_map("a", 2));
-        refused(&run.stats, ControllerStats::held_back, before).await;
+        refused(&run.stats, |stats| stats.held_back, before).await;
         // The renewal that ends the lapse: the change is reconciled after all.
         run.ring.admission().hold(0, Instant::now());
         assert!(
@@ -590,9 +595,9 @@ mod tests {
         // held slots is the same before and after.
         run.ring.admission().release(0);
         run.ring.deal_for_test([].into());
-        let before = run.stats.elsewhere();
+        let before = run.stats.read().elsewhere;
         run.fake.update(config_map("a", 2));
-        refused(&run.stats, ControllerStats::elsewhere, before).await;
+        refused(&run.stats, |stats| stats.elsewhere, before).await;
         run.ring.admission().hold(0, Instant::now());
         run.ring.deal_for_test([0].into());
         assert!(
@@ -609,8 +614,8 @@ mod tests {
         // The slot is dealt here and its old owner is still handing it over: not held yet.
         run.ring.admission().release(0);
         run.ring.deal_for_test([0].into());
-        let refusals = |stats: &ControllerStats| stats.held_back() + stats.elsewhere();
-        let before = refusals(&run.stats);
+        let refusals = |stats: ControllerStats| stats.held_back + stats.elsewhere;
+        let before = refusals(run.stats.read());
         run.fake.delete(Some("ns"), "a");
         refused(&run.stats, refusals, before).await;
         // Taken: no list can show a deletion, so it is reconciled from what was held back.

@@ -32,9 +32,33 @@ use crate::{
     workqueue::RateLimitingQueue,
 };
 
-/// Counts of what a controller's workers did, readable while it runs.
-#[derive(Debug, Default)]
+/// What a controller's workers have done, from [`Controller::stats`](crate::Controller::stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ControllerStats {
+    /// Reconciles that succeeded.
+    pub synced: u64,
+    /// Reconciles that failed, panics and timeouts included.
+    pub failed: u64,
+    /// Reconciles that panicked.
+    pub panicked: u64,
+    /// Keys the error policy gave up on.
+    pub dropped: u64,
+    /// Keys left to another replica of a [sharded](crate::Controller::sharded) controller.
+    pub elsewhere: u64,
+    /// Keys a [sharded](crate::Controller::sharded) controller held back while their
+    /// slot's renewals were late (a slow API server, a busy machine), each reconciled once
+    /// a renewal goes through.
+    pub held_back: u64,
+    /// Deletions a [sharded](crate::Controller::sharded) controller saw in slots it lost
+    /// without handing them over (its renewals failed for the renew deadline), forwarded
+    /// to the slots' new holders.
+    pub forwarded: u64,
+}
+
+/// The counters behind [`ControllerStats`], which the workers add to.
+#[derive(Debug, Default)]
+pub(super) struct WorkerCounters {
     synced: AtomicU64,
     failed: AtomicU64,
     panicked: AtomicU64,
@@ -44,44 +68,18 @@ pub struct ControllerStats {
     forwarded: AtomicU64,
 }
 
-impl ControllerStats {
-    /// Reconciles that succeeded.
-    pub fn synced(&self) -> u64 {
-        self.synced.load(Ordering::Relaxed)
-    }
-
-    /// Reconciles that failed, panics and timeouts included.
-    pub fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
-    }
-
-    /// Reconciles that panicked.
-    pub fn panicked(&self) -> u64 {
-        self.panicked.load(Ordering::Relaxed)
-    }
-
-    /// Keys the error policy gave up on.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-
-    /// Keys left to another replica of a [sharded](crate::Controller::sharded) controller.
-    pub fn elsewhere(&self) -> u64 {
-        self.elsewhere.load(Ordering::Relaxed)
-    }
-
-    /// Keys a [sharded](crate::Controller::sharded) controller held back while their
-    /// slot's renewals were late (a slow API server, a busy machine), each reconciled once
-    /// a renewal goes through.
-    pub fn held_back(&self) -> u64 {
-        self.held_back.load(Ordering::Relaxed)
-    }
-
-    /// Deletions a [sharded](crate::Controller::sharded) controller saw in slots it lost
-    /// without handing them over (its renewals failed for the renew deadline), forwarded
-    /// to the slots' new holders.
-    pub fn forwarded(&self) -> u64 {
-        self.forwarded.load(Ordering::Relaxed)
+impl WorkerCounters {
+    pub(super) fn snapshot(&self) -> ControllerStats {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        ControllerStats {
+            synced: read(&self.synced),
+            failed: read(&self.failed),
+            panicked: read(&self.panicked),
+            dropped: read(&self.dropped),
+            elsewhere: read(&self.elsewhere),
+            held_back: read(&self.held_back),
+            forwarded: read(&self.forwarded),
+        }
     }
 
     fn record_forwarded(&self) {
@@ -120,7 +118,7 @@ pub(super) struct Worker<K, Rec> {
     pub(super) deleted: LastStates<K>,
     pub(super) reconciler: Rec,
     pub(super) reconcile_timeout: Option<Duration>,
-    pub(super) stats: Arc<ControllerStats>,
+    pub(super) stats: Arc<WorkerCounters>,
     #[cfg(feature = "prometheus")]
     pub(super) recorder: Option<Recorder>,
     pub(super) cancel: CancellationToken,

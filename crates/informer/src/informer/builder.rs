@@ -23,7 +23,7 @@ use crate::{
     list_watch::{ListWatch, Shard},
     reflector::{
         BackoffConfig, ErrorHook, ListMode, ReadSnapshot, Reflector, ReflectorConfig,
-        ReflectorStats, ShardCell, SyncedVersion, WarmRestart, WriteSnapshot, read_snapshot,
+        ReflectorCounters, ShardCell, SyncedVersion, WarmRestart, WriteSnapshot, read_snapshot,
         snapshot_selection, write_snapshot,
     },
     store::{IndexFn, TransformFn, WorkingSet, Writer},
@@ -355,7 +355,7 @@ where
         let permanent_tx = Arc::new(permanent_tx);
         let processor = Arc::new(Processor::new(store, synced_tx, permanent_tx.clone()));
         let version = SyncedVersion::default();
-        let stats = ReflectorStats::default();
+        let stats = ReflectorCounters::default();
         let sharded = self.config.shard.is_some();
         let snapshot = self.warm_restart.map(|parts| {
             let selection = snapshot_selection::<K>(

@@ -136,35 +136,40 @@ impl fmt::Display for Drift {
     }
 }
 
-/// Counters of an informer's divergence checks, readable while it runs.
-#[derive(Debug, Default)]
+/// What an informer's divergence checks found, from
+/// [`InformerHandle::divergence_stats`](crate::InformerHandle::divergence_stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DivergenceStats {
+    /// Checks that compared the cache with the server.
+    pub checks: u64,
+    /// Checks skipped: a full list was being applied, or the version to compare at had
+    /// been compacted away.
+    pub skipped: u64,
+    /// Checks that found a drift.
+    pub drifts: u64,
+    /// Objects found drifted, summed over all checks.
+    pub drifted_objects: u64,
+}
+
+/// The counters behind [`DivergenceStats`].
+#[derive(Debug, Default)]
+pub(super) struct DivergenceCounters {
     checks: AtomicU64,
     skipped: AtomicU64,
     drifts: AtomicU64,
     drifted_objects: AtomicU64,
 }
 
-impl DivergenceStats {
-    /// Checks that compared the cache with the server.
-    pub fn checks(&self) -> u64 {
-        self.checks.load(Ordering::Relaxed)
-    }
-
-    /// Checks skipped: a full list was being applied, or the version to compare at had
-    /// been compacted away.
-    pub fn skipped(&self) -> u64 {
-        self.skipped.load(Ordering::Relaxed)
-    }
-
-    /// Checks that found a drift.
-    pub fn drifts(&self) -> u64 {
-        self.drifts.load(Ordering::Relaxed)
-    }
-
-    /// Objects found drifted, summed over all checks.
-    pub fn drifted_objects(&self) -> u64 {
-        self.drifted_objects.load(Ordering::Relaxed)
+impl DivergenceCounters {
+    pub(super) fn snapshot(&self) -> DivergenceStats {
+        let read = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        DivergenceStats {
+            checks: read(&self.checks),
+            skipped: read(&self.skipped),
+            drifts: read(&self.drifts),
+            drifted_objects: read(&self.drifted_objects),
+        }
     }
 }
 
@@ -176,7 +181,7 @@ type VersionLister =
 pub(super) struct Divergence {
     pub(super) check: DivergenceCheck,
     lister: VersionLister,
-    pub(super) stats: Arc<DivergenceStats>,
+    pub(super) stats: DivergenceCounters,
     /// Wakes the reflector for a relist from a consistent read.
     pub(super) relist: Arc<Notify>,
     resource: String,
@@ -201,7 +206,7 @@ impl Divergence {
         Self {
             check,
             lister,
-            stats: Arc::default(),
+            stats: DivergenceCounters::default(),
             relist,
             resource,
             shard: None,

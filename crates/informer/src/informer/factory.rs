@@ -24,7 +24,7 @@ use super::{
 };
 use crate::{
     error::Error,
-    list_watch::{ApiListWatch, Shard, ShardMode},
+    list_watch::{ApiListWatch, Shard},
     reflector::ReflectorStats,
     store::{Usage, WeakUsage, WorkingSet, WorkingSetStats},
 };
@@ -388,13 +388,9 @@ pub struct InformerStatus {
     pub health: InformerHealth,
     /// The resourceVersion the cache last synced to.
     pub last_sync_resource_version: Option<String>,
-    /// Watches opened after the first one (see [`ReflectorStats::watch_restarts`]).
-    pub watch_restarts: u64,
-    /// Lists started, the first one included.
-    pub lists: u64,
-    /// With a [shard](Scope::shard): whether the server or the informer applied it on the
-    /// last list.
-    pub shard_mode: Option<ShardMode>,
+    /// Its reflector's lists, watches and errors, and with a [shard](Scope::shard) whether
+    /// the server or the informer applied it on the last list.
+    pub reflector: ReflectorStats,
     /// Its cache's decoded working set (see [`WorkingSet`](crate::WorkingSet)).
     pub working_set: WorkingSetStats,
     /// How far behind each of its event handlers is.
@@ -749,9 +745,7 @@ impl InformerFactory {
                 synced: e.synced.has_synced(),
                 health: e.synced.health(),
                 last_sync_resource_version: e.synced.last_sync_resource_version(),
-                watch_restarts: e.synced.stats().watch_restarts(),
-                lists: e.synced.stats().lists(),
-                shard_mode: e.synced.stats().shard_mode(),
+                reflector: e.synced.stats(),
                 working_set: e.synced.working_set(),
                 handlers: e.synced.handler_stats(),
                 users: e.users.count(),

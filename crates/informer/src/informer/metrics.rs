@@ -66,9 +66,11 @@ impl Collector for InformerCollector {
             {
                 version.get_or_create(&labels).set(rv);
             }
-            restarts.get_or_create(&labels).inc_by(state.watch_restarts);
-            lists.get_or_create(&labels).inc_by(state.lists);
-            if let Some(mode) = state.shard_mode {
+            restarts
+                .get_or_create(&labels)
+                .inc_by(state.reflector.watch_restarts);
+            lists.get_or_create(&labels).inc_by(state.reflector.lists);
+            if let Some(mode) = state.reflector.shard_mode {
                 let by_server = i64::from(mode == ShardMode::Server);
                 shard_by_server.get_or_create(&labels).set(by_server);
             }

@@ -36,7 +36,10 @@ use tracing::{debug, info, warn};
 use crate::{
     error::Error,
     list_watch::{ListWatch, Shard},
-    reflector::{ReflectorStats, ShardCell, Synced, SyncedVersion, WarmRestart, WriteSnapshot},
+    reflector::{
+        ReflectorCounters, ReflectorStats, ShardCell, Synced, SyncedVersion, WarmRestart,
+        WriteSnapshot,
+    },
     store::{Lister, Store, Usage},
 };
 use processor::{Processor, lock};
@@ -175,7 +178,7 @@ struct Inner<K> {
     /// The latest list/watch error that retrying cannot fix (see [`Error::permanent_copy`]).
     permanent_error: watch::Receiver<Option<Arc<Error>>>,
     version: SyncedVersion,
-    stats: ReflectorStats,
+    stats: ReflectorCounters,
     lifecycle: Mutex<Lifecycle>,
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
@@ -189,7 +192,7 @@ struct HandleParts<K> {
     synced: watch::Receiver<bool>,
     permanent_error: watch::Receiver<Option<Arc<Error>>>,
     version: SyncedVersion,
-    stats: ReflectorStats,
+    stats: ReflectorCounters,
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
     reshard: Option<Reshard>,
@@ -558,7 +561,10 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// What the informer is doing: syncing, synced, or without its resource (see
     /// [`InformerHealth`]).
     pub fn health(&self) -> InformerHealth {
-        InformerHealth::of(self.has_synced(), self.inner.stats.resource_missing_since())
+        InformerHealth::of(
+            self.has_synced(),
+            self.inner.stats.snapshot().resource_missing_since,
+        )
     }
 
     /// True once the first full list is in the store.
@@ -614,8 +620,8 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     }
 
     /// The counters of the divergence checks, if the informer has one.
-    pub fn divergence_stats(&self) -> Option<Arc<DivergenceStats>> {
-        Some(self.inner.divergence.as_ref()?.stats.clone())
+    pub fn divergence_stats(&self) -> Option<DivergenceStats> {
+        Some(self.inner.divergence.as_ref()?.stats.snapshot())
     }
 
     /// The resourceVersion the cache last synced to (list, event or bookmark).
@@ -676,7 +682,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
 
     /// The counters of the informer's reflector: lists, watches, restarts, errors.
     pub fn reflector_stats(&self) -> ReflectorStats {
-        self.inner.stats.clone()
+        self.inner.stats.snapshot()
     }
 }
 
@@ -1078,7 +1084,7 @@ mod tests {
         fake.bookmark();
         informer.wait_synced().await;
         assert_eq!(
-            informer.reflector_stats().warm_restart_caught_up(),
+            informer.reflector_stats().warm_restart_caught_up,
             Some(crate::reflector::CatchUp::Bookmark)
         );
         assert_eq!(
@@ -1106,7 +1112,7 @@ mod tests {
         // the current one.
         informer.wait_synced().await;
         assert_eq!(
-            informer.reflector_stats().warm_restart_caught_up(),
+            informer.reflector_stats().warm_restart_caught_up,
             Some(crate::reflector::CatchUp::Version)
         );
         assert_eq!(names(&informer.store()), fake_state(&fake, &["a", "b"]));
@@ -1340,8 +1346,8 @@ mod tests {
         assert_eq!(sorted(take(&mut rx, listed.len()).await), sorted(expected));
         assert_eq!(informer.store().len(), listed.len());
         let stats = informer.reflector_stats();
-        assert_eq!(stats.shard_mode(), Some(ShardMode::Client));
-        assert_eq!(stats.outside_shard(), (64 - listed.len()) as u64);
+        assert_eq!(stats.shard_mode, Some(ShardMode::Client));
+        assert_eq!(stats.outside_shard, (64 - listed.len()) as u64);
 
         // Watched objects from outside the shard are dropped as well.
         fake.wait_for_calls(|c| c.watches == 1).await;

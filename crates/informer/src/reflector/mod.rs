@@ -28,6 +28,7 @@ use crate::{
     error::{Error, StreamingRefusal, Verb},
     key::ObjectKey,
     list_watch::{ListWatch, RawObject, Shard, Undecodable},
+    stats::LiveStats,
     store::TransformFn,
 };
 
@@ -39,6 +40,7 @@ pub(crate) use shard::ShardCell;
 pub(crate) use snapshot::selection as snapshot_selection;
 pub use snapshot::{RestoredObject, WarmRestart};
 pub(crate) use snapshot::{read as read_snapshot, write as write_snapshot};
+pub(crate) use stats::ReflectorCounters;
 pub(crate) use stats::Synced;
 pub use stats::{CatchUp, ReflectorStats, SyncedVersion};
 pub use store::{ReflectorEvent, ReflectorStore};
@@ -132,7 +134,7 @@ pub struct Reflector<K, L, S> {
     transform: Option<TransformFn<K>>,
     error_hook: Option<ErrorHook>,
     synced: SyncedVersion,
-    stats: ReflectorStats,
+    stats: ReflectorCounters,
     /// Asks for a relist from a consistent read (a divergence check found drift, the
     /// shard changed).
     relist: Option<Arc<Notify>>,
@@ -166,7 +168,7 @@ where
             transform: None,
             error_hook: None,
             synced: SyncedVersion::default(),
-            stats: ReflectorStats::default(),
+            stats: ReflectorCounters::default(),
             relist: None,
             shard,
             resource,
@@ -204,17 +206,17 @@ where
         self
     }
 
-    /// Counts this reflector's lists, watches and errors into `stats` (the informer passes
-    /// its own).
+    /// Counts this reflector's lists, watches and errors into `stats` (the informer's own).
     #[must_use]
-    pub fn with_stats(mut self, stats: ReflectorStats) -> Self {
+    pub(crate) fn with_stats(mut self, stats: ReflectorCounters) -> Self {
         self.stats = stats;
         self
     }
 
-    /// A handle on this reflector's counters.
-    pub fn stats(&self) -> ReflectorStats {
-        self.stats.clone()
+    /// What this reflector does, readable while it runs and after.
+    pub fn stats(&self) -> LiveStats<ReflectorStats> {
+        let counters = self.stats.clone();
+        LiveStats::new(move || counters.snapshot())
     }
 
     /// Relists from a consistent read (`resourceVersion=""`) whenever `trigger` is notified
@@ -510,23 +512,29 @@ mod tests {
         let task = tokio::spawn(reflector.run(stop.clone()));
         fake.wait_for_calls(|c| c.watches == 1).await;
         assert_eq!(
-            (stats.lists(), stats.watches(), stats.watch_restarts()),
+            {
+                let now = stats.read();
+                (now.lists, now.watches, now.watch_restarts)
+            },
             (1, 1, 0)
         );
         // A watch that ends resumes: one more watch, no list.
         fake.end_watches();
         fake.wait_for_calls(|c| c.watches == 2).await;
         assert_eq!(
-            (stats.lists(), stats.watches(), stats.watch_restarts()),
+            {
+                let now = stats.read();
+                (now.lists, now.watches, now.watch_restarts)
+            },
             (1, 2, 1)
         );
-        assert_eq!(stats.errors(), 0);
+        assert_eq!(stats.read().errors, 0);
         // A 410 on the watch relists: one error, one list, then a watch.
         fake.fail_next_watch(gone("configmaps", Verb::Watch));
         fake.end_watches();
         fake.wait_for_calls(|c| c.watches == 4).await;
-        assert_eq!(stats.errors(), 1);
-        assert_eq!((stats.lists(), stats.watch_restarts()), (2, 3));
+        let now = stats.read();
+        assert_eq!((now.errors, now.lists, now.watch_restarts), (1, 2, 3));
         stop.cancel();
         task.await.unwrap();
     }

@@ -60,10 +60,41 @@ impl SyncedVersion {
     }
 }
 
-/// What a reflector has done so far: its lists, watches and errors (for metrics). Cheap to
-/// clone; every clone reads the same counters.
+/// What a reflector has done so far: its lists, watches and errors; from
+/// [`InformerHandle::reflector_stats`](crate::InformerHandle::reflector_stats) or a
+/// standalone reflector's [`stats`](super::Reflector::stats).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReflectorStats {
+    /// Lists started: paged lists and streaming lists, the first one included.
+    pub lists: u64,
+    /// Watches started from a known resourceVersion (streaming lists are counted as lists).
+    pub watches: u64,
+    /// Watches opened after the first one (a streaming list opens a watch too): one for
+    /// every watch that ended (a server timeout, a dropped connection, a 410, an idle
+    /// watch) and was opened again.
+    pub watch_restarts: u64,
+    /// List and watch errors reported (each also went to the error hook).
+    pub errors: u64,
+    /// Whether the server or the client applied the reflector's
+    /// [shard](super::config::ReflectorConfig::shard) on its last list; `None` without a
+    /// shard or before the first list.
+    pub shard_mode: Option<ShardMode>,
+    /// Objects the server sent from outside the shard, which the reflector dropped.
+    pub outside_shard: u64,
+    /// Since when the API server has not served the resource: every list and watch since
+    /// then was answered 404 (a CRD deleted, or not installed yet). `None` while it is
+    /// served, and before the first answer.
+    pub resource_missing_since: Option<SystemTime>,
+    /// How the watch resumed from a warm restart's snapshot caught up, once it has; `None`
+    /// before, and for an informer that did not restart warm.
+    pub warm_restart_caught_up: Option<CatchUp>,
+}
+
+/// The counters behind [`ReflectorStats`]: the reflector adds to them, the informer's
+/// handles and the metrics read them. Cheap to clone; every clone shares the counters.
 #[derive(Clone, Debug, Default)]
-pub struct ReflectorStats(Arc<StatCounters>);
+pub(crate) struct ReflectorCounters(Arc<StatCounters>);
 
 #[derive(Debug, Default)]
 struct StatCounters {
@@ -95,10 +126,21 @@ pub enum CatchUp {
     Bookmark,
 }
 
-impl ReflectorStats {
-    /// How the watch resumed from a warm restart's snapshot caught up, once it has; `None`
-    /// before, and for an informer that did not restart warm.
-    pub fn warm_restart_caught_up(&self) -> Option<CatchUp> {
+impl ReflectorCounters {
+    pub(crate) fn snapshot(&self) -> ReflectorStats {
+        ReflectorStats {
+            lists: self.lists(),
+            watches: self.watches(),
+            watch_restarts: self.watch_restarts(),
+            errors: self.errors(),
+            shard_mode: self.shard_mode(),
+            outside_shard: self.outside_shard(),
+            resource_missing_since: self.resource_missing_since(),
+            warm_restart_caught_up: self.warm_restart_caught_up(),
+        }
+    }
+
+    fn warm_restart_caught_up(&self) -> Option<CatchUp> {
         match self.0.caught_up.load(Ordering::Relaxed) {
             1 => Some(CatchUp::Version),
             2 => Some(CatchUp::Bookmark),
@@ -114,27 +156,19 @@ impl ReflectorStats {
         self.0.caught_up.store(code, Ordering::Relaxed);
     }
 
-    /// Lists started: paged lists and streaming lists, the first one included.
-    pub fn lists(&self) -> u64 {
+    fn lists(&self) -> u64 {
         self.0.lists.load(Ordering::Relaxed)
     }
 
-    /// Watches started from a known resourceVersion (streaming lists are counted as lists).
-    pub fn watches(&self) -> u64 {
+    fn watches(&self) -> u64 {
         self.0.watches.load(Ordering::Relaxed)
     }
 
-    /// Watches opened after the first one (a streaming list opens a watch too): one for
-    /// every watch that ended (a server timeout, a dropped connection, a 410, an idle
-    /// watch) and was opened again.
-    pub fn watch_restarts(&self) -> u64 {
+    fn watch_restarts(&self) -> u64 {
         (self.0.streaming_lists.load(Ordering::Relaxed) + self.watches()).saturating_sub(1)
     }
 
-    /// Whether the server or the client applied the reflector's
-    /// [shard](super::config::ReflectorConfig::shard) on its last list; `None` without a
-    /// shard or before the first list.
-    pub fn shard_mode(&self) -> Option<ShardMode> {
+    fn shard_mode(&self) -> Option<ShardMode> {
         match self.0.shard_mode.load(Ordering::Relaxed) {
             1 => Some(ShardMode::Server),
             2 => Some(ShardMode::Client),
@@ -142,8 +176,7 @@ impl ReflectorStats {
         }
     }
 
-    /// Objects the server sent from outside the shard, which the reflector dropped.
-    pub fn outside_shard(&self) -> u64 {
+    fn outside_shard(&self) -> u64 {
         self.0.outside_shard.load(Ordering::Relaxed)
     }
 
@@ -164,15 +197,11 @@ impl ReflectorStats {
         Self::count(&self.0.outside_shard);
     }
 
-    /// List and watch errors reported (each also went to the error hook).
-    pub fn errors(&self) -> u64 {
+    fn errors(&self) -> u64 {
         self.0.errors.load(Ordering::Relaxed)
     }
 
-    /// Since when the API server has not served the resource: every list and watch since
-    /// then was answered 404 (a CRD deleted, or not installed yet). `None` while it is
-    /// served, and before the first answer.
-    pub fn resource_missing_since(&self) -> Option<SystemTime> {
+    fn resource_missing_since(&self) -> Option<SystemTime> {
         match self.0.missing_since.load(Ordering::Relaxed) {
             0 => None,
             millis => Some(UNIX_EPOCH + Duration::from_millis(millis)),
