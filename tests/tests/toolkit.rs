@@ -17,8 +17,9 @@ use kube_client::{
     api::{ApiResource, DynamicObject, ListParams, PostParams},
 };
 use kube_informer::{
-    Action, CancellationToken, ReconcileRequest, Scope,
-    apply::{Applier, ApplyError, Conflicts, FieldConflict},
+    Action, CancellationToken, ClientError, Controller, ControllerClient, InformerFactory,
+    ReconcileRequest, Scope,
+    apply::{ApplyError, Conflicts, FieldConflict, install_crd},
     conditions::{ConditionStatus, NewCondition, find_condition, set_condition},
     events::{Event, Recorder, RecorderConfig, Reporter},
     retry_with_backoff,
@@ -27,6 +28,17 @@ use kube_testenv::TestEnv;
 use tests::{config_map, eventually, test_namespace, within};
 
 const CONTROLLER: &str = "example.com/toolkit";
+
+/// The client of a controller named `field_manager` (its field manager), whose informer
+/// never starts: its writes go to the server, as a reconcile's do.
+fn controller_client(client: &Client, namespace: &str, field_manager: &str) -> ControllerClient {
+    let factory = InformerFactory::new(client.clone());
+    Controller::new(
+        field_manager,
+        factory.informer::<ConfigMap>(Scope::namespace(namespace)),
+    )
+    .client(client.clone())
+}
 
 /// A ConfigMap created in `namespace`, as the server returns it (with its uid).
 async fn subject(client: &Client, namespace: &str, name: &str) -> ConfigMap {
@@ -273,7 +285,7 @@ async fn toolkit_a_status_applied_again_unchanged_keeps_its_version_and_transiti
     let env = TestEnv::shared().await;
     let (client, namespace) = test_namespace(env, "apply-status").await;
     let created = service(&client, &namespace, "web").await;
-    let applier = Applier::new(client.clone(), CONTROLLER);
+    let applier = controller_client(&client, &namespace, CONTROLLER);
 
     let (desired, changed) = ready_status(&created, ConditionStatus::True, "serving");
     assert!(changed, "a new condition");
@@ -339,19 +351,19 @@ async fn toolkit_an_apply_over_another_managers_field_is_a_conflict_naming_it() 
         data: Some([("mode".to_owned(), mode.to_owned())].into()),
         ..ConfigMap::default()
     };
-    let other = Applier::new(client.clone(), "someone-else");
+    let other = controller_client(&client, &namespace, "someone-else");
     other
         .apply(&settings("slow"), Conflicts::Refuse)
         .await
         .unwrap();
 
-    let ours = Applier::new(client.clone(), CONTROLLER);
+    let ours = controller_client(&client, &namespace, CONTROLLER);
     let err = ours
         .apply(&settings("fast"), Conflicts::Refuse)
         .await
         .unwrap_err();
     match &err {
-        ApplyError::Conflict { manager, conflicts } => {
+        ClientError::Apply(ApplyError::Conflict { manager, conflicts }) => {
             assert_eq!(manager, CONTROLLER);
             assert_eq!(
                 conflicts,
@@ -407,11 +419,16 @@ fn crd(group: &str, plural: &str, kind: &str) -> CustomResourceDefinition {
 async fn toolkit_an_installed_crd_is_established_and_serves_its_kind_when_install_returns() {
     let env = TestEnv::shared().await;
     let (client, namespace) = test_namespace(env, "install-crd").await;
-    let applier = Applier::new(client.clone(), "example.com/installer");
+    const INSTALLER: &str = "example.com/installer";
     let group = "install.toolkit.kube-informer.dev";
     let installed = within(
         "the CRD to install",
-        applier.install_crd(&crd(group, "gizmos", "Gizmo"), Duration::from_secs(60)),
+        install_crd(
+            &client,
+            INSTALLER,
+            &crd(group, "gizmos", "Gizmo"),
+            Duration::from_secs(60),
+        ),
     )
     .await
     .expect("the CRD is established");
@@ -441,15 +458,24 @@ async fn toolkit_an_installed_crd_is_established_and_serves_its_kind_when_instal
     // Installing again changes nothing and returns at once.
     within(
         "the CRD to install again",
-        applier.install_crd(&crd(group, "gizmos", "Gizmo"), Duration::from_secs(60)),
+        install_crd(
+            &client,
+            INSTALLER,
+            &crd(group, "gizmos", "Gizmo"),
+            Duration::from_secs(60),
+        ),
     )
     .await
     .expect("installed again");
 
     // A second CRD claiming the same kind in the group is never accepted.
-    let clash = applier
-        .install_crd(&crd(group, "gadgets", "Gizmo"), Duration::from_secs(3))
-        .await;
+    let clash = install_crd(
+        &client,
+        INSTALLER,
+        &crd(group, "gadgets", "Gizmo"),
+        Duration::from_secs(3),
+    )
+    .await;
     match clash {
         Err(ApplyError::NotEstablished {
             name, conditions, ..

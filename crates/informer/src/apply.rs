@@ -7,17 +7,24 @@
 //! object's resourceVersion, so a controller that applies the same status on every
 //! reconcile causes no watch event and no reconcile loop.
 //!
+//! A reconcile applies through the controller's client
+//! ([`ControllerClient::apply`](crate::ControllerClient::apply) and
+//! [`apply_status`](crate::ControllerClient::apply_status)), whose reads then wait for what
+//! it applied; this module holds what those calls take and return, and [`install_crd`].
+//!
 //! ```no_run
 //! use k8s_openapi::api::core::v1::ConfigMap;
-//! use kube_informer::apply::{Applier, Conflicts};
+//! use kube_informer::{
+//!     ControllerClient,
+//!     apply::{ApplyError, Conflicts},
+//! };
 //!
-//! # async fn doc(client: kube_client::Client) -> Result<(), kube_informer::apply::ApplyError> {
-//! let applier = Applier::new(client, "example.com/config-writer");
+//! # async fn doc(client: &ControllerClient) -> Result<(), kube_informer::ClientError> {
 //! let mut desired = ConfigMap::default();
 //! desired.metadata.name = Some("settings".into());
 //! desired.metadata.namespace = Some("web".into());
 //! desired.data = Some([("mode".to_owned(), "fast".to_owned())].into());
-//! let written = applier.apply(&desired, Conflicts::Refuse).await?;
+//! let written = client.apply(&desired, Conflicts::Refuse).await?;
 //! # Ok(()) }
 //! ```
 
@@ -83,11 +90,43 @@ pub enum ApplyError {
     NotEstablished {
         /// The CRD's name.
         name: String,
-        /// How long [`install_crd`](Applier::install_crd) waited.
+        /// How long [`install_crd`] waited.
         waited: Duration,
         /// The conditions the server last reported, as `Type=Status (reason)`.
         conditions: String,
     },
+}
+
+/// Applies the CustomResourceDefinition `crd` as the field manager `field_manager` (with
+/// [`Conflicts::TakeOwnership`]: an operator owns its CRDs) and waits, for at most
+/// `timeout`, until the API server reports it `Established`, so objects of its kind can be
+/// listed, watched and written at once. Returns the CRD as stored then.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+/// use kube_informer::apply::install_crd;
+///
+/// # async fn doc(client: kube_client::Client, crd: CustomResourceDefinition) -> Result<(), kube_informer::apply::ApplyError> {
+/// install_crd(&client, "example.com/operator", &crd, Duration::from_secs(30)).await?;
+/// // Informers and controllers of the new kind can start now.
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`ApplyError::Api`] when the server refuses the CRD or does not answer;
+/// [`ApplyError::NotEstablished`] when `timeout` passes first (a name conflict with another
+/// CRD, say: its conditions tell).
+pub async fn install_crd(
+    client: &Client,
+    field_manager: &str,
+    crd: &CustomResourceDefinition,
+    timeout: Duration,
+) -> Result<CustomResourceDefinition, ApplyError> {
+    Applier::new(client.clone(), field_manager)
+        .install_crd(crd, timeout)
+        .await
 }
 
 /// Whether the server reports `crd` `Established`.
@@ -130,7 +169,7 @@ fn describe(conflicts: &[FieldConflict]) -> String {
 
 /// What an [`Applier`] writes: a kind with a static type, namespaced or cluster-scoped,
 /// that serializes (for the patch) and deserializes (the stored object it answers with).
-pub trait Appliable:
+pub(crate) trait Appliable:
     Resource<DynamicType = (), Scope: FactoryScope> + Serialize + DeserializeOwned + Clone + Debug
 {
 }
@@ -144,9 +183,10 @@ impl<K> Appliable for K where
 {
 }
 
-/// Applies objects and their status as one field manager. Cheap to clone.
+/// Applies objects and their status as one field manager; the controller's client applies
+/// through one. Cheap to clone.
 #[derive(Clone)]
-pub struct Applier {
+pub(crate) struct Applier {
     client: Client,
     manager: String,
 }
@@ -161,7 +201,7 @@ impl Debug for Applier {
 
 impl Applier {
     /// Applies with `client` as the field manager `manager` (a controller's name).
-    pub fn new(client: Client, manager: impl Into<String>) -> Self {
+    pub(crate) fn new(client: Client, manager: impl Into<String>) -> Self {
         Self {
             client,
             manager: manager.into(),
@@ -169,7 +209,7 @@ impl Applier {
     }
 
     /// The field manager's name.
-    pub fn manager(&self) -> &str {
+    pub(crate) fn manager(&self) -> &str {
         &self.manager
     }
 
@@ -181,7 +221,7 @@ impl Applier {
     ///
     /// [`ApplyError::Conflict`] naming the other managers and their fields (with
     /// [`Conflicts::Refuse`]); [`ApplyError::NoName`]; [`ApplyError::Api`].
-    pub async fn apply<K: Appliable>(
+    pub(crate) async fn apply<K: Appliable>(
         &self,
         desired: &K,
         conflicts: Conflicts,
@@ -198,7 +238,7 @@ impl Applier {
     /// # Errors
     ///
     /// As [`apply`](Self::apply).
-    pub async fn apply_status<K: Appliable>(
+    pub(crate) async fn apply_status<K: Appliable>(
         &self,
         desired: &K,
         conflicts: Conflicts,
@@ -209,28 +249,8 @@ impl Applier {
             .map_err(|e| self.error(e))
     }
 
-    /// Applies the CustomResourceDefinition `crd` (with [`Conflicts::TakeOwnership`]: an
-    /// operator owns its CRDs) and waits, for at most `timeout`, until the API server
-    /// reports it `Established`, so objects of its kind can be listed, watched and written
-    /// at once. Returns the CRD as stored then.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    /// use kube_informer::apply::Applier;
-    ///
-    /// # async fn doc(client: kube_client::Client, crd: CustomResourceDefinition) -> Result<(), kube_informer::apply::ApplyError> {
-    /// let applier = Applier::new(client, "example.com/operator");
-    /// applier.install_crd(&crd, Duration::from_secs(30)).await?;
-    /// // Informers and controllers of the new kind can start now.
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    ///
-    /// As [`apply`](Self::apply); [`ApplyError::NotEstablished`] when `timeout` passes
-    /// first (a name conflict with another CRD, say: its conditions tell).
-    pub async fn install_crd(
+    /// Applies `crd` (see [`install_crd`]) and waits until it is established.
+    async fn install_crd(
         &self,
         crd: &CustomResourceDefinition,
         timeout: Duration,

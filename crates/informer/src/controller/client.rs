@@ -13,7 +13,7 @@ use serde::{Serialize, de::DeserializeOwned};
 
 use super::own_writes::{Cache, Caches, NotObserved, OwnWrites, ResourceVersion, Written};
 use crate::{
-    apply::{Appliable, Applier, ApplyError, Conflicts},
+    apply::{Applier, ApplyError, Conflicts},
     error::{Error, server_says},
     informer::FactoryScope,
     key::ObjectKey,
@@ -247,11 +247,6 @@ impl ControllerClient {
         &self.client
     }
 
-    /// The server-side applier it applies with (as the controller's field manager).
-    pub fn applier(&self) -> &Applier {
-        &self.applier
-    }
-
     /// The controller's cache of `C`, read as it is: reads of the store never wait.
     pub fn store<C: Resource + Send + Sync + 'static>(&self) -> Option<Store<C>> {
         Some(self.caches.cache::<C>()?.handle().store())
@@ -445,13 +440,18 @@ impl ControllerClient {
         Ok(())
     }
 
-    /// Applies `desired` server-side as the controller's field manager (see
-    /// [`Applier::apply`]) and returns the object as stored.
+    /// Applies `desired` server-side as the controller's field manager and returns the
+    /// object as stored: the fields it sets become the controller's, and fields the
+    /// controller set before and `desired` leaves out are removed. Fields another manager
+    /// owns are taken only with [`Conflicts::TakeOwnership`]. An apply that changes nothing
+    /// writes nothing (the resourceVersion stays), so applying the same object on every
+    /// reconcile causes no watch event and no reconcile loop.
     ///
     /// # Errors
     ///
-    /// [`ClientError::Apply`].
-    pub async fn apply<C: Appliable + Send + Sync + 'static>(
+    /// [`ClientError::Apply`]: [`ApplyError::Conflict`] naming the other managers and their
+    /// fields (with [`Conflicts::Refuse`]), [`ApplyError::NoName`], [`ApplyError::Api`].
+    pub async fn apply<C: Writable>(
         &self,
         desired: &C,
         conflicts: Conflicts,
@@ -460,13 +460,14 @@ impl ControllerClient {
         Ok(self.applied(applied))
     }
 
-    /// Applies `desired`'s status server-side as the controller's field manager (see
-    /// [`Applier::apply_status`]) and returns the object as stored.
+    /// Applies the status `desired` holds server-side as the controller's field manager
+    /// (its other fields are not written) and returns the object as stored; as
+    /// [`apply`](Self::apply).
     ///
     /// # Errors
     ///
-    /// [`ClientError::Apply`].
-    pub async fn apply_status<C: Appliable + Send + Sync + 'static>(
+    /// As [`apply`](Self::apply).
+    pub async fn apply_status<C: Writable>(
         &self,
         desired: &C,
         conflicts: Conflicts,
@@ -476,7 +477,7 @@ impl ControllerClient {
     }
 
     /// An applied object, recorded.
-    fn applied<C: Appliable + Send + Sync + 'static>(&self, applied: C) -> C {
+    fn applied<C: Writable>(&self, applied: C) -> C {
         if let Ok(key) = ObjectKey::from_object(&applied) {
             self.record_version(key, &applied);
         }

@@ -19,7 +19,6 @@ use crate::leader_election::{LeaderElectionConfig, LeaderElectionError, LeaderEl
 use kube_core::Resource;
 
 use crate::{
-    apply::Applier,
     controller::{Controller, ControllerClient, ControllerMetrics, Reconciler},
     error::error_chain,
     events::{
@@ -366,12 +365,6 @@ impl Manager {
         K::Scope: FactoryScope,
     {
         Controller::sharded(name, &self.factory, scope, ring)
-    }
-
-    /// A server-side applier writing as the field manager `controller` (a controller's
-    /// name), with the manager's client: the way a reconcile writes objects and status.
-    pub fn applier(&self, controller: impl Into<String>) -> Applier {
-        Applier::new(self.factory.client(), controller)
     }
 
     /// An event recorder for the controller named `controller` (its
