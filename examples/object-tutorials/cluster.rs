@@ -24,10 +24,13 @@ impl Cluster {
     /// and no cluster configured at all, starts a local control plane with a
     /// controller-manager, so the Deployment gets its Pods.
     pub async fn connect(args: &Args) -> anyhow::Result<Self> {
-        let source = ClusterSource {
-            kubeconfig: args.kubeconfig.clone(),
-            context: args.context.clone(),
-        };
+        let mut source = ClusterSource::default();
+        if let Some(path) = &args.kubeconfig {
+            source = source.kubeconfig(path);
+        }
+        if let Some(context) = &args.context {
+            source = source.context(context);
+        }
         if args.demo && !source.is_configured() {
             tracing::info!(
                 "no cluster configured: starting a local control plane (etcd, kube-apiserver, kube-controller-manager)"
@@ -39,10 +42,7 @@ impl Cluster {
                 .context("starting the local control plane")?;
             tracing::info!(kubeconfig = %env.kubeconfig_path().display(), "local control plane ready; kubectl --kubeconfig works with this file while the demo runs");
             return Ok(Self {
-                source: ClusterSource {
-                    kubeconfig: Some(env.kubeconfig_path().to_owned()),
-                    context: None,
-                },
+                source: ClusterSource::default().kubeconfig(env.kubeconfig_path()),
                 _local: Some(Arc::new(env)),
             });
         }

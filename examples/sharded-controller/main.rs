@@ -145,12 +145,14 @@ async fn reconcile(
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let cancel = cancel_on_signals();
-    let client = ClusterSource {
-        kubeconfig: args.kubeconfig,
-        context: args.context,
+    let mut cluster = ClusterSource::default();
+    if let Some(path) = &args.kubeconfig {
+        cluster = cluster.kubeconfig(path);
     }
-    .client()
-    .await?;
+    if let Some(context) = &args.context {
+        cluster = cluster.context(context);
+    }
+    let client = cluster.client().await?;
     let identity = args.identity.unwrap_or_else(default_identity);
     let lease = Duration::from_secs_f64(args.lease_seconds);
     let ring_config = RingConfig::new(

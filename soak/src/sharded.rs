@@ -76,12 +76,10 @@ pub async fn run_replica(args: ReplicaArgs) -> anyhow::Result<()> {
         std::process::abort();
     }));
     let cancel = cancel_on_signals();
-    let client = ClusterSource {
-        kubeconfig: Some(args.kubeconfig.clone()),
-        context: None,
-    }
-    .client()
-    .await?;
+    let client = ClusterSource::default()
+        .kubeconfig(&args.kubeconfig)
+        .client()
+        .await?;
     let lease = Duration::from_millis(args.lease_ms);
     let ring = RingConfig::new(
         LeaseConfig::new(RING)

@@ -104,10 +104,14 @@ pub struct OperatorArgs {
 impl OperatorArgs {
     /// The cluster `--kubeconfig` and `--context` name.
     pub fn cluster(&self) -> ClusterSource {
-        ClusterSource {
-            kubeconfig: self.kubeconfig.clone(),
-            context: self.context.clone(),
+        let mut cluster = ClusterSource::default();
+        if let Some(path) = &self.kubeconfig {
+            cluster = cluster.kubeconfig(path);
         }
+        if let Some(context) = &self.context {
+            cluster = cluster.context(context);
+        }
+        cluster
     }
 
     /// What the informers watch: `--namespace`, or every namespace.

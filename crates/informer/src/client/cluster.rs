@@ -19,19 +19,31 @@ use crate::error::Error;
 /// use kube_informer::ClusterSource;
 ///
 /// # async fn doc() -> Result<(), kube_informer::Error> {
-/// let cluster = ClusterSource { kubeconfig: None, context: Some("staging".into()) };
-/// let client = cluster.client().await?;
+/// let client = ClusterSource::default().context("staging").client().await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterSource {
-    /// The kubeconfig to read (default: `$KUBECONFIG`, `~/.kube/config`, or in-cluster).
-    pub kubeconfig: Option<PathBuf>,
-    /// The context to use (default: the kubeconfig's current context).
-    pub context: Option<String>,
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
 }
 
 impl ClusterSource {
+    /// Reads the kubeconfig at `path` (default: `$KUBECONFIG`, `~/.kube/config`, or
+    /// in-cluster).
+    #[must_use]
+    pub fn kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
+        self.kubeconfig = Some(path.into());
+        self
+    }
+
+    /// Uses the context `name` (default: the kubeconfig's current context).
+    #[must_use]
+    pub fn context(mut self, name: impl Into<String>) -> Self {
+        self.context = Some(name.into());
+        self
+    }
+
     /// Whether a cluster is configured at all: a kubeconfig given, `$KUBECONFIG` set,
     /// `~/.kube/config` present, or a Pod's service account. A binary can start a local
     /// cluster of its own when there is none.
@@ -120,29 +132,20 @@ users:
     #[tokio::test]
     async fn a_given_kubeconfig_uses_its_current_context_or_the_one_named() {
         let (_dir, path) = written();
-        let current = ClusterSource {
-            kubeconfig: Some(path.clone()),
-            context: None,
-        };
+        let current = ClusterSource::default().kubeconfig(&path);
         let config = current.config().await.unwrap();
         assert_eq!(config.cluster_url.to_string(), "https://127.0.0.1:6443/");
         assert_eq!(config.default_namespace, "apps");
         assert!(current.is_configured());
 
-        let second = ClusterSource {
-            kubeconfig: Some(path),
-            context: Some("second".into()),
-        };
+        let second = ClusterSource::default().kubeconfig(path).context("second");
         let config = second.config().await.unwrap();
         assert_eq!(config.cluster_url.to_string(), "https://127.0.0.2:7443/");
     }
 
     #[tokio::test]
     async fn a_missing_file_or_context_is_a_config_error_naming_it() {
-        let missing = ClusterSource {
-            kubeconfig: Some("/nonexistent/kubeconfig".into()),
-            context: None,
-        };
+        let missing = ClusterSource::default().kubeconfig("/nonexistent/kubeconfig");
         let error = missing.config().await.unwrap_err();
         assert!(matches!(error, Error::Config(_)), "{error}");
         assert!(
@@ -151,10 +154,7 @@ users:
         );
 
         let (_dir, path) = written();
-        let no_such_context = ClusterSource {
-            kubeconfig: Some(path),
-            context: Some("third".into()),
-        };
+        let no_such_context = ClusterSource::default().kubeconfig(path).context("third");
         let error = no_such_context.config().await.unwrap_err();
         assert!(matches!(error, Error::Config(_)), "{error}");
         assert!(error.to_string().contains("third"), "{error}");

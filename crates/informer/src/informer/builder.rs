@@ -370,13 +370,13 @@ where
             .with_synced_version(version.clone())
             .with_stats(stats.clone());
         if let Some(t) = self.transform {
-            reflector = reflector.with_transform(t);
+            reflector = reflector.transform(move |object| t(object));
         }
         let relist = match &self.divergence {
             Some(divergence) => divergence.relist.clone(),
             None => Arc::new(Notify::new()),
         };
-        reflector = reflector.with_relist_trigger(relist.clone());
+        reflector = reflector.relist_on(relist.clone());
         // Only an informer built with a shard lists the way a shard needs.
         let reshard = match sharded {
             true => {
@@ -397,14 +397,14 @@ where
             SnapshotWriter::new(parts.warm, selection, parts.write, processor.clone())
         });
         let user_hook = self.error_hook;
-        reflector = reflector.with_error_hook(Arc::new(move |error: &Error| {
+        reflector = reflector.on_watch_error(move |error: &Error| {
             if let Some(permanent) = error.permanent_copy() {
                 permanent_tx.send_replace(Some(Arc::new(permanent)));
             }
             if let Some(hook) = &user_hook {
                 hook(error);
             }
-        }));
+        });
         let handle = InformerHandle::new(HandleParts {
             processor,
             synced: synced_rx,

@@ -46,7 +46,7 @@ pub use stats::{CatchUp, ReflectorStats, SyncedVersion};
 pub use store::{ReflectorEvent, ReflectorStore};
 
 /// A callback that receives every list/watch error (client-go's `WatchErrorHandler`).
-pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
+pub(crate) type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 
 /// Lists and watches `L` into `S`.
 ///
@@ -125,7 +125,7 @@ pub type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 ///    repaired by a relist after a backoff: the cache never stops following the server in
 ///    silence while it says it has synced.
 ///
-/// Every list/watch error goes to the [error hook](Reflector::with_error_hook), if any, and
+/// Every list/watch error goes to the [error hook](Reflector::on_watch_error), if any, and
 /// to `tracing`.
 pub struct Reflector<K, L, S> {
     lw: L,
@@ -185,23 +185,24 @@ where
         self
     }
 
-    /// Applies `transform` to every object before it is stored.
+    /// Applies `transform` to every object before it is stored (to drop fields the
+    /// program never reads, say).
     #[must_use]
-    pub fn with_transform(mut self, transform: TransformFn<K>) -> Self {
-        self.transform = Some(transform);
+    pub fn transform(mut self, transform: impl Fn(K) -> K + Send + Sync + 'static) -> Self {
+        self.transform = Some(Arc::new(transform));
         self
     }
 
     /// Calls `hook` with every list/watch error.
     #[must_use]
-    pub fn with_error_hook(mut self, hook: ErrorHook) -> Self {
-        self.error_hook = Some(hook);
+    pub fn on_watch_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
+        self.error_hook = Some(Arc::new(hook));
         self
     }
 
-    /// Shares the last-synced resourceVersion with `version` (the informer passes its own).
+    /// Shares the last-synced resourceVersion with `version` (the informer's own).
     #[must_use]
-    pub fn with_synced_version(mut self, version: SyncedVersion) -> Self {
+    pub(crate) fn with_synced_version(mut self, version: SyncedVersion) -> Self {
         self.synced = version;
         self
     }
@@ -222,7 +223,7 @@ where
     /// Relists from a consistent read (`resourceVersion=""`) whenever `trigger` is notified
     /// while watching.
     #[must_use]
-    pub fn with_relist_trigger(mut self, trigger: Arc<Notify>) -> Self {
+    pub fn relist_on(mut self, trigger: Arc<Notify>) -> Self {
         self.relist = Some(trigger);
         self
     }
@@ -331,9 +332,8 @@ mod tests {
         let store = writer.store();
         let errors = Arc::new(Mutex::new(Vec::new()));
         let hook_errors = errors.clone();
-        let reflector = Reflector::new(fake.clone(), writer, config).with_error_hook(Arc::new(
-            move |e: &Error| hook_errors.lock().unwrap().push(e.to_string()),
-        ));
+        let reflector = Reflector::new(fake.clone(), writer, config)
+            .on_watch_error(move |e: &Error| hook_errors.lock().unwrap().push(e.to_string()));
         let stop = CancellationToken::new();
         let task = tokio::spawn(reflector.run(stop.clone()));
         Harness {
