@@ -54,7 +54,7 @@ impl fmt::Display for Verb {
 /// |---|---|
 /// | [`Error::Gone`] (HTTP 410, "too old resource version") | relist from resourceVersion `""` |
 /// | [`Error::Decode`], [`Error::MalformedEvent`] | relist (an event was lost) |
-/// | [`Error::Forbidden`], [`Error::Api`], [`Error::Transport`] | back off, then retry |
+/// | [`Error::Forbidden`], [`Error::Api`], [`Error::Transport`], [`Error::ContinueLoop`] | back off, then retry |
 /// | [`Error::IdleTimeout`] | reconnect the watch at once |
 /// | [`Error::StreamingListUnsupported`] | switch from streaming lists to paged lists |
 ///
@@ -110,6 +110,21 @@ pub enum Error {
         resource: String,
         /// What is wrong with it.
         detail: String,
+    },
+
+    /// A paged list's server sent a `continue` token it had sent before in the same list:
+    /// following it would fetch the same pages for ever. The reflector backs off and lists
+    /// again from the first page.
+    #[error(
+        "list {resource}: continue token {token} came back after {pages} pages; the list would never end"
+    )]
+    ContinueLoop {
+        /// The resource, as `plural[.group]`.
+        resource: String,
+        /// The token, quoted, its middle left out when it is long.
+        token: String,
+        /// The pages read before it came back.
+        pages: usize,
     },
 
     /// Any other error status from the API server (429, 500, 503, ...).
@@ -470,6 +485,25 @@ fn status_says(status: &Status) -> String {
     }
 }
 
+/// `text` quoted for a message, its middle left out when it is long: what a server sends
+/// (a token, a version) may be of any length, and a log line should not be.
+pub(crate) fn quoted_short(text: &str) -> String {
+    const HEAD: usize = 40;
+    const TAIL: usize = 16;
+    let chars = text.chars().count();
+    if chars <= HEAD + TAIL {
+        return format!("{text:?}");
+    }
+    let head: String = text.chars().take(HEAD).collect();
+    let tail: String = text.chars().skip(chars - TAIL).collect();
+    format!(
+        "\"{}…{}\" ({} bytes)",
+        head.escape_debug(),
+        tail.escape_debug(),
+        text.len()
+    )
+}
+
 /// What a caught panic said, when it said it in text.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
@@ -546,6 +580,22 @@ mod tests {
             format!("{}: ServiceUnavailable (503)", wrapped),
             "an outside error's text is kept as it is"
         );
+    }
+
+    #[test]
+    fn long_texts_from_a_server_are_shortened_in_messages() {
+        assert_eq!(quoted_short("t1"), "\"t1\"");
+        let long = format!("{}é{}", "a".repeat(100_000), "z".repeat(15));
+        let short = quoted_short(&long);
+        assert!(
+            short.starts_with(&format!("\"{}…", "a".repeat(40))),
+            "{short}"
+        );
+        assert!(
+            short.ends_with(&format!("é{}\" (100017 bytes)", "z".repeat(15))),
+            "{short}"
+        );
+        assert!(short.len() < 100, "{short}");
     }
 
     #[test]

@@ -46,6 +46,9 @@ pub mod conditions;
 pub mod controller;
 pub mod error;
 pub mod events;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod informer;
 mod key;
 #[cfg(feature = "leader-election")]

@@ -3,6 +3,7 @@
 
 use std::fmt::Debug;
 
+use bytes::Buf;
 use futures::StreamExt;
 use http_body_util::BodyExt;
 use kube_client::{
@@ -383,22 +384,11 @@ async fn send<K: Resource + Clone>(
         .map_err(fail)?;
     let status = response.status();
     let encoding = Encoding::of_response(response.headers().get(http::header::CONTENT_TYPE));
+    let read_as = Encoding::of_body(response.headers());
     let body = response.into_body();
     if !status.is_success() {
-        let bytes = body.collect_bytes().await.map_err(fail)?;
-        let decoded = if encoding == Encoding::Protobuf {
-            Envelope::open(&bytes)
-                .and_then(|e| from_message::<Status>(e.raw, STATUS, None))
-                .ok()
-        } else {
-            serde_json::from_slice::<Status>(&bytes).ok()
-        };
-        let status = decoded
-            .filter(|s| s.code != 0 || !s.reason.is_empty())
-            .unwrap_or_else(|| {
-                Status::failure(String::from_utf8_lossy(&bytes).trim(), "")
-                    .with_code(status.as_u16())
-            });
+        let bytes = error_body(body).await.map_err(fail)?;
+        let status = error_status(&bytes, encoding, status.as_u16());
         return Err(Error::from_status(
             Box::new(status),
             verb,
@@ -406,7 +396,55 @@ async fn send<K: Resource + Clone>(
             api.namespace(),
         ));
     }
+    let encoding = read_as.map_err(|reason| Error::Decode {
+        resource: resource.clone(),
+        verb,
+        source: format!("answered {status}, but {reason}").into(),
+    })?;
     Ok((body, encoding))
+}
+
+/// The most of an error response's body that is read: a status is a few hundred bytes and
+/// a proxy's error page a few kilobytes, so a body that goes on is cut, not held whole.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// An error response's body, its first [`MAX_ERROR_BODY`] bytes at most.
+async fn error_body<B>(mut body: B) -> Result<Vec<u8>, B::Error>
+where
+    B: BodyExt + Unpin,
+{
+    let mut bytes = Vec::new();
+    while bytes.len() < MAX_ERROR_BODY {
+        let Some(frame) = body.frame().await else {
+            break;
+        };
+        if let Ok(mut data) = frame?.into_data() {
+            while data.has_remaining() && bytes.len() < MAX_ERROR_BODY {
+                let chunk = data.chunk();
+                let take = chunk.len().min(MAX_ERROR_BODY - bytes.len());
+                bytes.extend_from_slice(&chunk[..take]);
+                data.advance(take);
+            }
+        }
+    }
+    Ok(bytes)
+}
+
+/// The `Status` an error response's body holds, in `encoding`; a body that is none (a
+/// proxy's page, an empty body) becomes a failure with its text and the HTTP `code`.
+pub(crate) fn error_status(bytes: &[u8], encoding: Encoding, code: u16) -> Status {
+    let decoded = if encoding == Encoding::Protobuf {
+        Envelope::open(bytes)
+            .and_then(|e| from_message::<Status>(e.raw, STATUS, None))
+            .ok()
+    } else {
+        serde_json::from_slice::<Status>(bytes).ok()
+    };
+    decoded
+        .filter(|s| s.code != 0 || !s.reason.is_empty())
+        .unwrap_or_else(|| {
+            Status::failure(String::from_utf8_lossy(bytes).trim(), "").with_code(code)
+        })
 }
 
 /// Lists one page, decoding its objects as the body arrives ([`ListDecoder`], or
@@ -460,6 +498,26 @@ fn list_request<K>(
 where
     K: Resource,
 {
+    list_request_at(
+        api.resource_url(),
+        api.namespace(),
+        K::metadata_api(),
+        labels,
+        fields,
+        options,
+    )
+}
+
+/// The request for one list page of the collection at `url` (of `namespace`, for errors);
+/// `metadata` asks for metadata only.
+pub(crate) fn list_request_at(
+    url: &str,
+    namespace: Option<&str>,
+    metadata: bool,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    options: &ListOptions,
+) -> Result<http::Request<Vec<u8>>, Error> {
     let mut lp = ListParams {
         label_selector: labels.map(str::to_owned),
         field_selector: fields.map(str::to_owned),
@@ -475,10 +533,10 @@ where
         lp.resource_version = Some(rv.to_owned());
         lp.version_match = options.version_match.clone();
     }
-    let resource = describe_url(api.resource_url());
-    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
-    let request = kube_core::Request::new(api.resource_url());
-    let mut req = if K::metadata_api() {
+    let resource = describe_url(url);
+    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, namespace);
+    let request = kube_core::Request::new(url);
+    let mut req = if metadata {
         request.list_metadata(&lp)
     } else {
         request.list(&lp)
@@ -550,34 +608,16 @@ async fn api_watch<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let wp = WatchParams {
-        label_selector: labels.map(str::to_owned),
-        field_selector: fields.map(str::to_owned),
-        timeout: options
-            .timeout
-            .map(|t| u32::try_from(t.as_secs()).unwrap_or(u32::MAX)),
-        bookmarks: options.allow_bookmarks,
-        send_initial_events: options.send_initial_events,
-    };
     let resource = describe_url(api.resource_url());
     let table = protobuf_resource(api, wire);
-    let request = kube_core::Request::new(api.resource_url());
-    let rv = &options.resource_version;
-    let mut req = if K::metadata_api() {
-        request.watch_metadata(&wp, rv)
-    } else {
-        request.watch(&wp, rv)
-    }
-    .map_err(|e| {
-        Error::from_kube(
-            kube_client::Error::BuildRequest(e),
-            Verb::Watch,
-            &resource,
-            api.namespace(),
-        )
-    })?;
-    with_shard(&mut req, options.shard.as_ref(), &resource, Verb::Watch)?;
-    req.extensions_mut().insert("watch");
+    let req = watch_request_at(
+        api.resource_url(),
+        api.namespace(),
+        K::metadata_api(),
+        labels,
+        fields,
+        options,
+    )?;
     let accept = match table {
         Some(_) => Encoding::Protobuf,
         None => Encoding::Json,
@@ -603,6 +643,46 @@ where
     ))
 }
 
+/// The request for a watch of the collection at `url` (of `namespace`, for errors);
+/// `metadata` asks for metadata only.
+pub(crate) fn watch_request_at(
+    url: &str,
+    namespace: Option<&str>,
+    metadata: bool,
+    labels: Option<&str>,
+    fields: Option<&str>,
+    options: &WatchOptions,
+) -> Result<http::Request<Vec<u8>>, Error> {
+    let wp = WatchParams {
+        label_selector: labels.map(str::to_owned),
+        field_selector: fields.map(str::to_owned),
+        timeout: options
+            .timeout
+            .map(|t| u32::try_from(t.as_secs()).unwrap_or(u32::MAX)),
+        bookmarks: options.allow_bookmarks,
+        send_initial_events: options.send_initial_events,
+    };
+    let resource = describe_url(url);
+    let request = kube_core::Request::new(url);
+    let rv = &options.resource_version;
+    let mut req = if metadata {
+        request.watch_metadata(&wp, rv)
+    } else {
+        request.watch(&wp, rv)
+    }
+    .map_err(|e| {
+        Error::from_kube(
+            kube_client::Error::BuildRequest(e),
+            Verb::Watch,
+            &resource,
+            namespace,
+        )
+    })?;
+    with_shard(&mut req, options.shard.as_ref(), &resource, Verb::Watch)?;
+    req.extensions_mut().insert("watch");
+    Ok(req)
+}
+
 /// `plural[.group]` from a resource URL such as `/apis/apps/v1/namespaces/x/deployments`.
 fn describe_url(url: &str) -> String {
     let segments: Vec<&str> = url.split('/').filter(|s| !s.is_empty()).collect();
@@ -616,6 +696,25 @@ fn describe_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_error_body_is_read_up_to_its_limit() {
+        use http_body_util::{Full, StreamBody};
+        let status = br#"{"kind":"Status","code":410,"reason":"Expired"}"#;
+        let short = error_body(Full::new(bytes::Bytes::from_static(status)))
+            .await
+            .unwrap();
+        assert_eq!(short, status);
+        // A body that never ends (a misbehaving proxy) is cut at the limit.
+        let endless = futures::stream::repeat(()).then(|()| async {
+            let mut piece = Full::new(bytes::Bytes::from(vec![b'x'; 10_000]));
+            piece.frame().await.expect("one frame")
+        });
+        let cut = error_body(StreamBody::new(Box::pin(endless)))
+            .await
+            .unwrap();
+        assert_eq!(cut.len(), MAX_ERROR_BODY);
+    }
 
     #[test]
     fn resource_names_from_urls() {

@@ -13,6 +13,25 @@ pub(super) const BATCH_ITEMS: usize = 32;
 /// A batch this small is decoded inline: the hand-off would cost more than it saves.
 const SMALLEST_HANDED_OFF: usize = BATCH_ITEMS / 4;
 
+/// The most bytes one object (a list item, a JSON watch event) may take before it is
+/// refused rather than buffered further. etcd refuses writes over 1.5 MiB by default, and an
+/// object read back as JSON grows by its field names, escapes and the base64 of its bytes,
+/// a few times over at worst; 64 MiB leaves a margin of ten past that, as protobuf watch
+/// frames have. More than this without an object's end is a server that lies or a body
+/// that is no list (a file, an endless line), and buffering it would take the process's
+/// memory.
+pub(super) const MAX_OBJECT_BYTES: usize = 64 << 20;
+
+/// Why a body was refused: more than [`MAX_OBJECT_BYTES`] arrived without completing an
+/// object.
+pub(super) fn too_large(what: &str) -> String {
+    format!(
+        "{what} larger than {} MiB ({MAX_OBJECT_BYTES} bytes arrived without its end); \
+         refused rather than buffered",
+        MAX_OBJECT_BYTES >> 20
+    )
+}
+
 /// The bytes of consecutive items, back to back.
 #[derive(Default)]
 pub(super) struct Batch {

@@ -69,6 +69,21 @@ pub(crate) struct ListDecoder {
     seen_items: bool,
     /// Start in `buf` of the element being received.
     item_start: Option<usize>,
+    /// In `items`, what may come next between its elements: serde_json parses each element
+    /// alone and never sees the commas between them.
+    items_next: ItemsNext,
+}
+
+/// What may come next in `items`, outside its elements.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum ItemsNext {
+    /// Right after `[`: an element or `]`.
+    #[default]
+    First,
+    /// After an element: `,` or `]`.
+    Comma,
+    /// After a comma: an element.
+    Element,
 }
 
 impl ListDecoder {
@@ -131,11 +146,18 @@ impl ListDecoder {
                         2 if b == b'[' && self.last_key_is_items => {
                             self.in_items = true;
                             self.seen_items = true;
+                            self.items_next = ItemsNext::First;
                             self.envelope.push(b);
                             i += 1;
                             continue;
                         }
-                        3 if self.in_items => self.item_start = Some(i),
+                        3 if self.in_items => {
+                            if self.items_next == ItemsNext::Comma {
+                                return Err(ListDecodeError::Shape("items without a comma").into());
+                            }
+                            self.items_next = ItemsNext::Comma;
+                            self.item_start = Some(i);
+                        }
                         _ => {}
                     }
                 }
@@ -147,11 +169,27 @@ impl ListDecoder {
                         let start = self.item_start.take().unwrap_or(i);
                         item(&self.buf[start..=i])?;
                     } else if self.in_items && self.depth == 2 {
+                        if self.items_next == ItemsNext::Element {
+                            return Err(
+                                ListDecodeError::Shape("a comma after the last item").into()
+                            );
+                        }
                         self.in_items = false;
                     }
                     self.depth -= 1;
                 }
                 b',' if self.depth == 1 => self.expect_key = true,
+                b',' if self.in_items && self.depth == 2 => {
+                    if self.items_next != ItemsNext::Comma {
+                        return Err(
+                            ListDecodeError::Shape("a comma without an item before it").into()
+                        );
+                    }
+                    self.items_next = ItemsNext::Element;
+                }
+                b':' if self.in_items && self.depth == 2 => {
+                    return Err(ListDecodeError::Shape("an item is not an object").into());
+                }
                 b' ' | b'\t' | b'\r' | b'\n' | b',' | b':' => {}
                 _ if self.in_items && self.depth == 2 => {
                     return Err(ListDecodeError::Shape("an item is not an object").into());
@@ -279,6 +317,35 @@ mod tests {
             assert_eq!(end.resource_version, "9");
             assert_eq!(end.continue_token, None);
         }
+    }
+
+    #[test]
+    fn items_not_separated_by_single_commas_are_errors() {
+        // Found with the `list_body` fuzz target's check against serde_json: the elements
+        // are parsed alone, so the separators between them went unchecked.
+        for body in [
+            &br#"{"metadata":{"resourceVersion":"1"},"items":[{} {}]}"#[..],
+            br#"{"metadata":{"resourceVersion":"1"},"items":[{},]}"#,
+            br#"{"metadata":{"resourceVersion":"1"},"items":[,{}]}"#,
+            br#"{"metadata":{"resourceVersion":"1"},"items":[{},,{}]}"#,
+            br#"{"metadata":{"resourceVersion":"1"},"items":[{}:{}]}"#,
+        ] {
+            assert!(
+                serde_json::from_slice::<Value>(body).is_err(),
+                "not JSON to begin with"
+            );
+            for chunk in [1, 3, body.len()] {
+                let result = decode_in_chunks(body, chunk);
+                assert!(
+                    result.is_err(),
+                    "{}: {result:?}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
+        let (items, _) =
+            decode_in_chunks(br#"{"items":[ {} , {"a":[1,2]} ],"metadata":{}}"#, 2).unwrap();
+        assert_eq!(items, [json!({}), json!({"a": [1, 2]})]);
     }
 
     #[test]

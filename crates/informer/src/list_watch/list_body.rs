@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 use super::{
     KeyOnly, ListEnd, ListItem, ListStream, RawFormat, RawObject,
-    batch::{self, BATCH_ITEMS, Batch, Decoding},
+    batch::{self, BATCH_ITEMS, Batch, Decoding, MAX_OBJECT_BYTES, too_large},
     json_list::{ListDecodeError, ListDecoder},
     protobuf::{error::ProtobufError, list_decoder::ProtobufListDecoder},
 };
@@ -118,6 +118,9 @@ struct State<B, K> {
     ready: VecDeque<ListItem<K>>,
     end: Option<ListEnd>,
     resource: String,
+    /// Bytes read since the last chunk that completed an item: what the splitter holds of
+    /// the item it is receiving, give or take one chunk.
+    since_item: usize,
 }
 
 impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
@@ -172,6 +175,7 @@ where
         ready: VecDeque::new(),
         end: None,
         resource,
+        since_item: 0,
     };
     try_unfold(state, |mut st| async move {
         loop {
@@ -202,9 +206,21 @@ where
                 chunk = st.body.next(), if body_open && room => match chunk {
                     Some(Ok(chunk)) => {
                         let Some(splitter) = st.splitter.as_mut() else { continue };
-                        if let Err(e) = splitter.feed(chunk.as_ref(), &mut st.batch) {
+                        let chunk = chunk.as_ref();
+                        // Counted whatever the encoding, so no splitter needs a limit of
+                        // its own.
+                        if st.since_item + chunk.len() > MAX_OBJECT_BYTES {
+                            return Err(st.decode_error(too_large("a list item")));
+                        }
+                        let items = st.batch.len();
+                        if let Err(e) = splitter.feed(chunk, &mut st.batch) {
                             return Err(st.decode_error(e));
                         }
+                        st.since_item = if st.batch.len() > items {
+                            0
+                        } else {
+                            st.since_item + chunk.len()
+                        };
                         if st.batch.len() >= BATCH_ITEMS {
                             st.dispatch();
                         }
@@ -235,11 +251,16 @@ where
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
     use futures::TryStreamExt;
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::list_watch::protobuf::test_encoder::{Msg, chunked, envelope, pods};
+    use crate::list_watch::protobuf::test_encoder::{Msg, chunked, envelope, pods, varint};
 
     /// A protobuf list of `n` Pods named `p0`, `p1`, ...; `bad` gets a name that is not UTF-8.
     fn protobuf_body(n: usize, bad: Option<usize>) -> Vec<u8> {
@@ -311,6 +332,82 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("UTF-8"), "{err}");
+    }
+
+    /// `head`, then `filler` bytes in chunks of 1 MiB made as they are read, then `tail`;
+    /// counts the bytes read.
+    fn endless_item(
+        head: Vec<u8>,
+        filler: usize,
+        tail: &'static [u8],
+        read: Arc<AtomicUsize>,
+    ) -> impl Stream<Item = Result<Bytes, std::convert::Infallible>> + Send + 'static {
+        const MIB: usize = 1 << 20;
+        let chunk = Bytes::from(vec![b'x'; MIB]);
+        let fill = (0..filler.div_ceil(MIB)).map(move |i| chunk.slice(..MIB.min(filler - i * MIB)));
+        futures::stream::iter(
+            std::iter::once(Bytes::from(head))
+                .chain(fill)
+                .chain([Bytes::from_static(tail)]),
+        )
+        .map(move |chunk| {
+            read.fetch_add(chunk.len(), Ordering::Relaxed);
+            Ok(chunk)
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_item_larger_than_the_limit_is_refused_before_it_is_buffered() {
+        let filler = MAX_OBJECT_BYTES + (16 << 20);
+        // JSON: one item, a string in it going on past the limit.
+        let read = Arc::new(AtomicUsize::new(0));
+        let head = br#"{"metadata":{"resourceVersion":"1"},"items":[{"data":{"big":""#.to_vec();
+        let stream = decode_list_body::<Value, _, _, _>(
+            endless_item(head, filler, br#""}}]}"#, read.clone()),
+            BodySplitter::Json(ListDecoder::default()),
+            "configmaps".into(),
+        );
+        let err = names(stream).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Decode { resource, verb: Verb::List, .. } if resource == "configmaps"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("larger than 64 MiB"), "{err}");
+        let read = read.load(Ordering::Relaxed);
+        assert!(
+            read <= MAX_OBJECT_BYTES + (1 << 20),
+            "{read} bytes read of {filler}"
+        );
+
+        // Protobuf: the magic, the envelope's `raw` (the list) and the list's one item, each
+        // a length-delimited field that says how long it is, and is that long.
+        let read = Arc::new(AtomicUsize::new(0));
+        let item_len = filler as u64;
+        let item_header = [vec![0x12], varint(item_len)].concat();
+        let list_len = item_header.len() as u64 + item_len;
+        let head = [
+            b"k8s\0".as_slice(),
+            &[0x12],
+            &varint(list_len),
+            &item_header,
+        ]
+        .concat();
+        let stream = decode_list_body::<Value, _, _, _>(
+            endless_item(head, filler, b"", read.clone()),
+            BodySplitter::Protobuf(ProtobufListDecoder::new(pods())),
+            "pods".into(),
+        );
+        let err = names(stream).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Decode { resource, .. } if resource == "pods"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("larger than 64 MiB"), "{err}");
+        let read = read.load(Ordering::Relaxed);
+        assert!(
+            read <= MAX_OBJECT_BYTES + (1 << 20),
+            "{read} bytes read of {filler}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -40,6 +40,15 @@ pub(crate) use raw::RawFormat;
 pub use raw::RawObject;
 pub use shard::{HashRange, Shard, ShardField, ShardMode, fnv1a_64};
 pub use wire_format::WireFormat;
+#[cfg(feature = "fuzzing")]
+pub(crate) use {
+    api::{error_status, list_request_at, watch_request_at},
+    json_list::ListDecoder,
+    list_body::{BodySplitter, decode_list_body},
+    protobuf::{envelope::Envelope, list_decoder::ProtobufListDecoder, watch_decoder::MAX_FRAME},
+    watch_body::{WatchFraming, decode_watch_body},
+    wire_format::Encoding,
+};
 
 /// The newtype name under which a [`LazyObject`] asks a deserializer for the object's own
 /// bytes. The protobuf deserializer answers with the message's bytes; any other

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::{
     Change, KeyOnly, WatchEvent, WatchStream,
-    batch::{self, BATCH_ITEMS, Batch, Decoding},
+    batch::{self, BATCH_ITEMS, Batch, Decoding, MAX_OBJECT_BYTES, too_large},
     protobuf::{
         error::ProtobufError,
         schema::Resource as ProtobufResource,
@@ -80,18 +80,25 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
             Framing::JsonLines(pending) => {
                 let mut events = Vec::new();
                 let mut start = 0;
+                // What was pending holds no newline: scanning it again for each chunk of a
+                // long line would take time quadratic in its length.
+                let mut scan = pending.len();
                 pending.extend_from_slice(chunk);
-                while let Some(end) = memchr::memchr(b'\n', &pending[start..]) {
-                    let line = &pending[start..start + end];
+                while let Some(end) = memchr::memchr(b'\n', &pending[scan..]) {
+                    let line = &pending[start..scan + end];
                     if !line.iter().all(u8::is_ascii_whitespace) {
                         events.push(json_event(line).map_err(|e| Self::decode_error(resource, e)));
                     }
-                    start += end + 1;
+                    start = scan + end + 1;
+                    scan = start;
                 }
                 pending.drain(..start);
                 if !events.is_empty() {
                     self.in_flight
                         .push_back(Box::pin(std::future::ready(events)));
+                }
+                if pending.len() > MAX_OBJECT_BYTES {
+                    return Err(Self::decode_error(resource, too_large("a watch event")));
                 }
                 Ok(())
             }
@@ -465,6 +472,50 @@ mod tests {
             "{:?}",
             events[1]
         );
+    }
+
+    #[tokio::test]
+    async fn a_json_line_longer_than_the_limit_ends_the_stream_with_an_error() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        use bytes::Bytes;
+
+        const MIB: usize = 1 << 20;
+        let first = concat!(
+            r#"{"type":"ADDED","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a"}}}"#,
+            "\n{",
+        );
+        let read = Arc::new(AtomicUsize::new(0));
+        let counted = read.clone();
+        // One event, then bytes without a newline for as long as they are read.
+        let body = futures::stream::iter([Bytes::from_static(first.as_bytes())])
+            .chain(futures::stream::repeat(Bytes::from(vec![b'x'; MIB])))
+            .map(move |chunk| {
+                counted.fetch_add(chunk.len(), Ordering::Relaxed);
+                Ok::<_, std::io::Error>(chunk)
+            });
+        let events: Vec<_> =
+            decode_watch_body::<Pod, _, _, _>(body, WatchFraming::JsonLines, "pods".into())
+                .collect()
+                .await;
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(name(&events[0]), "a");
+        let error = events[1]
+            .as_ref()
+            .expect_err("the endless line is an error");
+        assert!(
+            matches!(
+                error,
+                Error::Decode {
+                    verb: Verb::Watch,
+                    ..
+                }
+            ),
+            "{error}"
+        );
+        assert!(error.to_string().contains("larger than 64 MiB"), "{error}");
+        let read = read.load(Ordering::Relaxed);
+        assert!(read <= MAX_OBJECT_BYTES + 2 * MIB, "{read} bytes read");
     }
 
     #[tokio::test]

@@ -1,5 +1,10 @@
 //! The paged list step: every page of a full list, streamed into the store.
 
+use std::{
+    collections::HashSet,
+    hash::{BuildHasher, RandomState},
+};
+
 use futures::StreamExt;
 use kube_core::Resource;
 use tokio::time::Instant;
@@ -12,7 +17,7 @@ use super::{
     store::{ReflectorEvent, ReflectorStore},
 };
 use crate::{
-    error::{Error, Verb},
+    error::{Error, Verb, quoted_short},
     list_watch::{ListItem, ListOptions, ListWatch, RawObject, Shard, ShardMode},
 };
 use kube_client::api::VersionMatch;
@@ -53,6 +58,10 @@ where
         let mut applied_by_server = true;
         let mut listed = 0usize;
         let mut pages = 0usize;
+        // The tokens followed so far, by hash: a page's worth of memory is eight bytes,
+        // however long the server's tokens.
+        let hasher = RandomState::new();
+        let mut followed = HashSet::new();
         self.store.apply(ReflectorEvent::ListStart);
         let list_rv = loop {
             let mut page = self.lw.list_stream(&options).await?;
@@ -97,6 +106,15 @@ where
                 });
             };
             match continue_token {
+                // A real server's token moves past the page it ends; one that comes back
+                // would have the list fetch the same pages for ever.
+                Some(token) if !followed.insert(hasher.hash_one(&token)) => {
+                    return Err(Error::ContinueLoop {
+                        resource: self.resource.clone(),
+                        token: quoted_short(&token),
+                        pages,
+                    });
+                }
                 Some(token) => {
                     options = ListOptions {
                         limit,

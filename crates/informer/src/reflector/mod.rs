@@ -124,6 +124,13 @@ pub(crate) type ErrorHook = Arc<dyn Fn(&Error) + Send + Sync>;
 ///    index function, a codec, a decoder) is caught, reported as [`Error::Panicked`], and
 ///    repaired by a relist after a backoff: the cache never stops following the server in
 ///    silence while it says it has synced.
+/// 5. A **server that lies** is caught before the cache takes the lie. A change older than
+///    a version the watch already reached (or whose version is no number, where the
+///    server's are) ends the watch unapplied, and a relist follows; a bookmark with such a
+///    version is reported and dropped, so the next watch resumes from the last good one. A
+///    paged list whose `continue` token comes back fails with [`Error::ContinueLoop`] and
+///    starts over after the backoff. An object larger than 64 MiB on the wire, or a watch
+///    line that never ends, fails the list or watch instead of being buffered.
 ///
 /// Every list/watch error goes to the [error hook](Reflector::on_watch_error), if any, and
 /// to `tracing`.
@@ -299,13 +306,19 @@ mod tests {
     use super::*;
     use crate::{
         error::Verb,
-        list_watch::WatchEvent,
+        list_watch::{ListOptions, ListPage, WatchEvent, WatchOptions, WatchStream},
         store::{Store, Writer},
         testing::{FakeListWatch, decode_error, gone, status, transport_error},
     };
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube_client::api::VersionMatch;
-    use std::{sync::Mutex, time::Duration};
+    use std::{
+        sync::{
+            Mutex,
+            atomic::{AtomicUsize, Ordering},
+        },
+        time::Duration,
+    };
     use tokio::time::Instant;
     use tokio_util::sync::CancellationToken;
 
@@ -682,6 +695,129 @@ mod tests {
         assert!(h.errors()[1].contains("etcd unavailable"));
         assert_eq!(h.store.len(), 1);
         h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_older_than_the_watch_is_never_applied_and_relists() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let h = start(&fake, paged());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        let reached = fake.update(cm("a"));
+        let mut stale = fake.get("ns/a").unwrap();
+        stale.metadata.resource_version = Some("1".to_owned());
+        stale.data = Some([("stale".to_owned(), "yes".to_owned())].into());
+        // A repeat of the version reached is applied as the same state, without a relist.
+        fake.inject(Ok(WatchEvent::Modified(fake.get("ns/a").unwrap())));
+        fake.inject(Ok(WatchEvent::Modified(stale)));
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 2, "relisted");
+        let relist = fake.list_requests().pop().unwrap();
+        assert_eq!(relist.resource_version.as_deref(), Some(reached.as_str()));
+        assert_eq!(relist.version_match, Some(VersionMatch::NotOlderThan));
+        let a = h.store.get_by_key("ns/a").unwrap();
+        assert_eq!(
+            a.metadata.resource_version.as_deref(),
+            Some(reached.as_str())
+        );
+        assert!(a.data.is_none(), "the stale state was never stored");
+        assert_eq!(h.errors().len(), 1, "{:?}", h.errors());
+        assert!(
+            h.errors()[0].contains(&format!(
+                "change of ns/a: resourceVersion 1 is older than {reached}"
+            )),
+            "{:?}",
+            h.errors()
+        );
+        h.stop().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bookmark_the_watch_cannot_be_at_is_reported_and_ignored() {
+        let fake = Fake::new("configmaps");
+        fake.add(cm("a"));
+        let h = start(&fake, paged());
+        fake.wait_for_calls(|c| c.watches == 1).await;
+        let reached = fake.update(cm("a"));
+        for garbage in ["garbage", "1", "99999999999999999999999", ""] {
+            fake.inject(Ok(WatchEvent::Bookmark {
+                resource_version: garbage.to_owned(),
+                initial_events_end: false,
+            }));
+        }
+        fake.end_watches();
+        fake.wait_for_calls(|c| c.watches == 2).await;
+        assert_eq!(fake.calls().lists, 1, "no relist");
+        assert_eq!(fake.watch_requests()[1].resource_version, reached);
+        let errors = h.errors();
+        assert_eq!(errors.len(), 3, "an empty version is no error: {errors:?}");
+        assert!(
+            errors[0].contains("\"garbage\" is not a version"),
+            "{errors:?}"
+        );
+        assert!(errors[1].contains("1 is older than"), "{errors:?}");
+        assert!(errors[2].contains("99999999999999999999999"), "{errors:?}");
+        assert!(errors.iter().all(|e| e.contains("ignored")), "{errors:?}");
+        h.stop().await;
+    }
+
+    /// Pages of one object each, whose tokens go `1`, `2`, `3` and back to `1`; counts the
+    /// pages asked for.
+    struct LoopingPages(Fake, Arc<AtomicUsize>);
+
+    impl ListWatch<ConfigMap> for LoopingPages {
+        fn resource(&self) -> String {
+            self.0.resource()
+        }
+
+        async fn list(&self, options: &ListOptions) -> Result<ListPage<ConfigMap>, Error> {
+            let page: u32 = options
+                .continue_token
+                .as_deref()
+                .map_or(0, |t| t.parse().unwrap());
+            self.1.fetch_add(1, Ordering::SeqCst);
+            Ok(ListPage {
+                items: vec![cm(&format!("p{page}"))],
+                resource_version: "5".to_owned(),
+                continue_token: Some((page % 3 + 1).to_string()),
+                shard_selector: None,
+            })
+        }
+
+        async fn watch(&self, options: &WatchOptions) -> Result<WatchStream<ConfigMap>, Error> {
+            self.0.watch(options).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_continue_token_that_comes_back_ends_the_list_with_an_error() {
+        let fake = Fake::new("configmaps");
+        let pages = Arc::new(AtomicUsize::new(0));
+        let writer = Writer::new();
+        let store = writer.store();
+        let (errors, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let looping = LoopingPages(fake.clone(), pages.clone());
+        let reflector =
+            Reflector::new(looping, writer, paged()).on_watch_error(move |e: &Error| {
+                let _ = errors.send(e.to_string());
+            });
+        let version = reflector.synced_version();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(reflector.run(stop.clone()));
+        for attempt in 1..=2 {
+            let error = seen.recv().await.unwrap();
+            assert!(
+                error.contains("continue token \"1\" came back after 4 pages"),
+                "{error}"
+            );
+            // Pages 0, 1, 2 and 3 each time, and never one more.
+            assert_eq!(pages.load(Ordering::SeqCst), 4 * attempt);
+        }
+        assert_eq!(version.get(), None, "never synced");
+        assert_eq!(store.len(), 4, "the objects of each page, once");
+        assert_eq!(fake.calls().watches, 0);
+        stop.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

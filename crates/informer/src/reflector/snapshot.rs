@@ -138,6 +138,22 @@ pub(crate) enum SnapshotError {
     Undecodable { index: usize, reason: String },
 }
 
+#[cfg(feature = "fuzzing")]
+impl From<&SnapshotError> for crate::fuzzing::SnapshotRefusal {
+    fn from(error: &SnapshotError) -> Self {
+        match error {
+            SnapshotError::Missing(_) => Self::Missing,
+            SnapshotError::Io { .. } => Self::Io,
+            SnapshotError::Foreign(_) => Self::Foreign,
+            SnapshotError::FormatVersion { .. } => Self::FormatVersion,
+            SnapshotError::OtherSelection { .. } => Self::OtherSelection,
+            SnapshotError::Checksum => Self::Checksum,
+            SnapshotError::Truncated => Self::Truncated,
+            SnapshotError::Undecodable { index, .. } => Self::Undecodable(*index),
+        }
+    }
+}
+
 /// One object of a warm restart's snapshot, as a restore hands it to a
 /// [`ReflectorStore`](super::ReflectorStore): its key, and the bytes the store kept it as
 /// with its resourceVersion and labels beside them. It comes decoded when the store said
@@ -638,6 +654,11 @@ pub(crate) fn read<K: Resource + DeserializeOwned + Send + Sync>(
         for at in index..index + group {
             read.push(fields.record(at, protobuf, &mut labels)?);
         }
+        // Bytes after the last record: the count is not the file's. Refused before the
+        // last part is decoded or handed on, whether or not the store decodes.
+        if index as u64 + group as u64 == count && fields.left != 0 {
+            return Err(SnapshotError::Truncated);
+        }
         let labels = Arc::new(labels);
         let records: Vec<EncodedObject> = read
             .into_iter()
@@ -860,6 +881,44 @@ mod tests {
         ));
         fs::remove_file(&path).unwrap();
         assert!(matches!(refused_missing(&path), SnapshotError::Missing(_)));
+    }
+
+    #[test]
+    fn a_snapshot_with_bytes_after_its_last_record_is_refused_before_any_object() {
+        // Found by the `snapshot_read` fuzz target: bytes left after the records the count
+        // names were refused only once every object had been handed on, or, by a store
+        // that decodes, as the first object that did not decode.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("snapshot");
+        let kept: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|name| {
+                (
+                    ObjectKey::new(Some("ns"), name),
+                    Kept::Object(cm(name, "1", &[])),
+                )
+            })
+            .collect();
+        write(&path, "selection", "1", &kept).unwrap();
+        let mut bytes = fs::read(&path).unwrap();
+        let count_at = MAGIC.len() + 4 + (4 + "selection".len()) + (4 + "1".len()) + 4;
+        bytes[count_at..count_at + 8].copy_from_slice(&1u64.to_le_bytes());
+        let body = bytes.len() - 4;
+        let checksum = crc32fast::hash(&bytes[..body]);
+        bytes[body..].copy_from_slice(&checksum.to_le_bytes());
+        fs::write(&path, &bytes).unwrap();
+        for decode in [false, true] {
+            let mut delivered = 0;
+            let result = read::<ConfigMap>(&path, "selection", decode, &mut |part| {
+                delivered += part.len();
+                true
+            });
+            assert!(
+                matches!(result, Err(SnapshotError::Truncated)),
+                "decode {decode}: {result:?}"
+            );
+            assert_eq!(delivered, 0, "decode {decode}: nothing handed on");
+        }
     }
 
     fn refused_missing(path: &Path) -> SnapshotError {

@@ -17,7 +17,8 @@ use super::{
     store::{ReflectorEvent, ReflectorStore},
 };
 use crate::{
-    error::{Error, StreamingRefusal, Verb},
+    error::{Error, StreamingRefusal, Verb, quoted_short},
+    key::ObjectKey,
     list_watch::{Change, ListWatch, RawObject, WatchEvent, WatchOptions, WatchStream},
 };
 
@@ -335,6 +336,19 @@ where
         resource_version: String,
         initial_events_end: bool,
     ) {
+        // A bookmark's version is where the next watch starts: one the watch cannot be at
+        // would have every later watch fail, or skip changes. The bookmark changes nothing
+        // else, so it is reported and dropped, and the watch goes on.
+        if progress.initial.is_none()
+            && !resource_version.is_empty()
+            && let Err(reason) = next_version(&progress.last_rv, &resource_version)
+        {
+            self.report(&Error::MalformedEvent {
+                resource: self.resource.clone(),
+                detail: format!("bookmark: {reason}; ignored"),
+            });
+            return;
+        }
         if initial_events_end && let Some(phase) = progress.initial.take() {
             self.store
                 .apply(ReflectorEvent::ListEnd(resource_version.clone()));
@@ -367,6 +381,22 @@ where
         deleted: bool,
     ) -> ControlFlow<WatchEnd> {
         let rv = obj.meta().resource_version.clone();
+        // A change older than one already applied is no state the server is in now: the
+        // cache would go back in time and claim to be synced. Only a list can tell what the
+        // state is, so the watch ends before the change is applied.
+        if progress.initial.is_none()
+            && let Some(rv) = rv.as_deref().filter(|rv| !rv.is_empty())
+            && let Err(reason) = next_version(&progress.last_rv, rv)
+        {
+            let what = if deleted { "deletion" } else { "change" };
+            let key =
+                ObjectKey::from_object(&obj).map_or_else(|_| "?".to_owned(), |k| k.to_string());
+            let error = Error::MalformedEvent {
+                resource: self.resource.clone(),
+                detail: format!("{what} of {key}: {reason}"),
+            };
+            return ControlFlow::Break(progress.failed(error));
+        }
         // One from outside the shard (a server that does not apply it) is not ours: on a
         // field that cannot change it never was, so there is nothing to store or delete,
         // but its version still counts. On one that can (a controller owner), an
@@ -449,4 +479,24 @@ where
 /// A resourceVersion as the number etcd's revisions are; `None` for one that is not.
 fn version_number(resource_version: &str) -> Option<u64> {
     resource_version.parse().ok()
+}
+
+/// Whether a watch at `last` may move to `next`, and why not. The API server's versions
+/// are etcd's revisions, which only grow along a watch (a repeat is harmless: the store
+/// ignores an object at the version it holds); a server whose versions are not numbers
+/// (an aggregated API's own) is taken at its word.
+fn next_version(last: &str, next: &str) -> Result<(), String> {
+    let Some(at) = version_number(last) else {
+        return Ok(());
+    };
+    match version_number(next) {
+        Some(next) if next >= at => Ok(()),
+        Some(next) => Err(format!(
+            "resourceVersion {next} is older than {at}, which the watch had reached"
+        )),
+        None => Err(format!(
+            "resourceVersion {} is not a version (the watch's are numbers, at {at} now)",
+            quoted_short(next)
+        )),
+    }
 }

@@ -193,14 +193,19 @@ impl<'de> Deserializer<'de> for MessageDeserializer<'de> {
                     {
                         visitor.visit_unit()
                     }
-                    Some(Raw::Len(json)) => serde_json::Deserializer::from_slice(json)
-                        .deserialize_any(visitor)
-                        .map_err(|e| {
-                            ProtobufError::Custom(format!(
-                                "embedded JSON in {}: {e}",
-                                self.message.name
-                            ))
-                        }),
+                    Some(Raw::Len(json)) => {
+                        // Whole, as `serde_json::from_slice` reads it (and so the field-set
+                        // memo): bytes after the value are an error, not ignored.
+                        let mut json = serde_json::Deserializer::from_slice(json);
+                        json.deserialize_any(visitor)
+                            .and_then(|value| json.end().map(|()| value))
+                            .map_err(|e| {
+                                ProtobufError::Custom(format!(
+                                    "embedded JSON in {}: {e}",
+                                    self.message.name
+                                ))
+                            })
+                    }
                     Some(_) => Err(self.mismatch("raw", "bytes")),
                 }
             }
@@ -493,6 +498,17 @@ impl<'de> ObjectAccess<'de> {
             };
             let seen_before = frame.see(index);
             match field.cardinality {
+                // Protobuf merges a second occurrence into the first, JSON readers keep
+                // one of two keys (serde_json's `Value` the last, derived structs
+                // neither): the API server never writes one, so it is refused, and every
+                // target type reads the same message the same way.
+                Cardinality::Single if seen_before => {
+                    return Err(ProtobufError::Mismatch {
+                        message: message.name,
+                        field: field.json,
+                        expected: "a single occurrence",
+                    });
+                }
                 Cardinality::Single => {
                     let raw = frame.reader.value(wire)?;
                     if field.inline {
@@ -948,6 +964,55 @@ mod tests {
             decode(&m),
             Err(ProtobufError::SplitRun { field: "tags", .. })
         ));
+    }
+
+    #[test]
+    fn a_singular_field_given_twice_is_an_error_for_every_target_type() {
+        // Found by the `protobuf_dynamic` fuzz target: an object's metadata, then an empty
+        // one, read as an object without a name into `Value`, and refused by a struct.
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Typed {
+            name: Option<String>,
+        }
+        let twice = [
+            Msg::new().str(1, "web").str(1, "db"),
+            Msg::new()
+                .msg(3, &Msg::new().str(1, "x"))
+                .msg(3, &Msg::new()),
+            Msg::new()
+                .msg(12, &Msg::new().bytes(1, b"{}"))
+                .str(1, "web")
+                .msg(12, &Msg::new()),
+        ];
+        for m in twice {
+            assert!(
+                matches!(decode(&m), Err(ProtobufError::Mismatch { .. })),
+                "{:?}",
+                decode(&m)
+            );
+            assert!(from_message::<Typed>(&m.0, &OUTER, None).is_err());
+        }
+        let pod = Msg::new()
+            .msg(1, &Msg::new().str(1, "web"))
+            .msg(1, &Msg::new());
+        let pods = test_encoder::pods();
+        assert!(from_message::<Json>(&pod.0, pods.item, None).is_err());
+        assert!(from_message::<kube_core::DynamicObject>(&pod.0, pods.item, None).is_err());
+    }
+
+    #[test]
+    fn embedded_json_with_bytes_after_its_value_is_an_error() {
+        // Found by the `protobuf_dynamic` fuzz target: a field set followed by more bytes
+        // read as its first value here, and as an error through the field-set memo.
+        let m = Msg::new().msg(12, &Msg::new().bytes(1, br#"{"f:metadata":{}} {}"#));
+        assert!(matches!(decode(&m), Err(ProtobufError::Custom(_))));
+        let m = Msg::new().msg(12, &Msg::new().bytes(1, b"{\"a\":1} \n"));
+        assert_eq!(
+            decode(&m).unwrap()["raw"],
+            json!({ "a": 1 }),
+            "trailing space is fine"
+        );
     }
 
     #[test]
