@@ -561,10 +561,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// What the informer is doing: syncing, synced, or without its resource (see
     /// [`InformerHealth`]).
     pub fn health(&self) -> InformerHealth {
-        InformerHealth::of(
-            self.has_synced(),
-            self.inner.stats.snapshot().resource_missing_since,
-        )
+        InformerHealth::of(self.has_synced(), self.inner.stats.resource_missing_since())
     }
 
     /// True once the first full list is in the store.

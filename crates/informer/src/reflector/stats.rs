@@ -201,7 +201,7 @@ impl ReflectorCounters {
         self.0.errors.load(Ordering::Relaxed)
     }
 
-    fn resource_missing_since(&self) -> Option<SystemTime> {
+    pub(crate) fn resource_missing_since(&self) -> Option<SystemTime> {
         match self.0.missing_since.load(Ordering::Relaxed) {
             0 => None,
             millis => Some(UNIX_EPOCH + Duration::from_millis(millis)),
