@@ -27,6 +27,15 @@ command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 # Fuzz builds (nightly, sanitizers) share nothing with the workspace's: keep
 # them apart, and out of the fresh clone CI runs in.
 export CARGO_TARGET_DIR="${KUBE_INFORMER_FUZZ_TARGET_DIR:-$HOME/.cache/kube-informer/fuzz-target}"
+# A warm fuzz build holds about 2 GiB; older dependency versions are never
+# collected, so start over once it has grown well past that.
+if [ -d "$CARGO_TARGET_DIR" ]; then
+  fuzz_cache_kib=$(du -sk "$CARGO_TARGET_DIR" | cut -f1)
+  if [ "$fuzz_cache_kib" -gt $(( ${KUBE_INFORMER_FUZZ_CACHE_LIMIT_GIB:-6} * 1024 * 1024 )) ]; then
+    echo "==> clearing the fuzz build cache ($(( fuzz_cache_kib / 1024 )) MiB)"
+    rm -rf "$CARGO_TARGET_DIR"
+  fi
+fi
 
 targets=$(cargo +nightly fuzz list --fuzz-dir fuzz)
 echo "==> building the fuzz targets"

@@ -86,11 +86,14 @@ impl<'de> MessageDeserializer<'de> {
 
     /// Shapes whose zero value is JSON `null`.
     fn is_null(&self) -> bool {
-        self.bytes.is_empty()
-            && matches!(
-                self.message.shape,
-                Shape::Time | Shape::MicroTime | Shape::RawJson
-            )
+        match self.message.shape {
+            Shape::Time | Shape::MicroTime => self.bytes.is_empty(),
+            // Without its `raw` bytes (only fields this reader does not know), the message
+            // is Go's `Raw == nil`, which writes as JSON `null`: absent, as the JSON path
+            // reads it, not a present `null`.
+            Shape::RawJson => matches!(self.scalars::<1>(), Ok([None | Some(Raw::Len(&[]))])),
+            _ => false,
+        }
     }
 
     /// The fields of a small fixed-layout message, by number; later values win.
@@ -1013,6 +1016,38 @@ mod tests {
             json!({ "a": 1 }),
             "trailing space is fine"
         );
+    }
+
+    #[test]
+    fn a_field_set_without_its_raw_bytes_is_absent_as_in_its_json() {
+        // Found by the `protobuf_typed` fuzz target: a managed-fields entry whose
+        // `fieldsV1` holds only a field this reader does not know read as
+        // `Some(FieldsV1(null))`, while the JSON it presents (`"fieldsV1": null`) reads as
+        // `None`.
+        use k8s_openapi::api::core::v1::Pod;
+        let entry = |fields: Msg| Msg::new().str(1, "kubectl").msg(7, &fields);
+        let pod =
+            |fields: Msg| Msg::new().msg(1, &Msg::new().str(1, "web").msg(17, &entry(fields)));
+        let pods = test_encoder::pods();
+        for fields in [
+            Msg::new().varint(9, 1),
+            Msg::new(),
+            Msg::new().bytes(1, b""),
+        ] {
+            let m = pod(fields);
+            let typed: Pod = from_message(&m.0, pods.item, None).unwrap();
+            let json: Json = from_message(&m.0, pods.item, None).unwrap();
+            assert_eq!(json["metadata"]["managedFields"][0]["fieldsV1"], Json::Null);
+            let via_json: Pod = serde_json::from_value(json).unwrap();
+            assert_eq!(typed, via_json);
+            let managed = typed.metadata.managed_fields.unwrap();
+            assert_eq!(managed[0].manager.as_deref(), Some("kubectl"));
+            assert_eq!(managed[0].fields_v1, None);
+        }
+        let m = pod(Msg::new().bytes(1, br#"{"f:metadata":{}}"#).varint(9, 1));
+        let typed: Pod = from_message(&m.0, pods.item, None).unwrap();
+        let fields = typed.metadata.managed_fields.unwrap()[0].fields_v1.clone();
+        assert_eq!(fields.unwrap().0, json!({ "f:metadata": {} }));
     }
 
     #[test]
