@@ -10,7 +10,7 @@ use kube_client::{
     Api,
     api::{ListParams, VersionMatch, WatchParams},
 };
-use kube_core::{ObjectList, PartialObjectMeta, Resource, Status};
+use kube_core::{PartialObjectMeta, Resource, Status};
 use serde::de::DeserializeOwned;
 
 use super::{
@@ -217,7 +217,7 @@ const NO_SUCH_NAME: &str = "kube_informer_version_probe";
 /// a few hundred bytes however many objects there are.
 async fn api_cached_version<K>(api: &Api<K>) -> Result<String, Error>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let options = ListOptions {
         resource_version: Some("0".to_owned()),
@@ -238,25 +238,13 @@ async fn api_list<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    if protobuf_resource(api, wire).is_some() {
-        let resource = describe_url(api.resource_url());
-        let stream = api_list_stream(api, labels, fields, wire, options).await?;
-        return collect_page(stream, resource).await;
-    }
+    // Read as a stream in either encoding, so no object larger than the stream's bound is
+    // held, however long the body the server sends.
     let resource = describe_url(api.resource_url());
-    let fail = |e: kube_client::Error| Error::from_kube(e, Verb::List, &resource, api.namespace());
-    let req = list_request(api, labels, fields, options)?;
-    let client: kube_client::Client = api.clone().into();
-    let list = client.request::<ObjectList<K>>(req).await.map_err(fail)?;
-    Ok(ListPage {
-        items: list.items,
-        resource_version: list.metadata.resource_version.unwrap_or_default(),
-        continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
-        shard_selector: list.metadata.shard_info.map(|info| info.selector),
-    })
+    let stream = api_list_stream(api, labels, fields, wire, options).await?;
+    collect_page(stream, resource).await
 }
 
-/// One page from its stream.
 /// One page of keys and versions, read as metadata only (`PartialObjectMetadataList`).
 async fn api_list_versions<K>(
     api: &Api<K>,
@@ -265,7 +253,7 @@ async fn api_list_versions<K>(
     options: &ListOptions,
 ) -> Result<VersionPage, Error>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let resource = describe_url(api.resource_url());
     let mut lp = ListParams {
@@ -290,13 +278,25 @@ where
         .map_err(|e| fail(kube_client::Error::BuildRequest(e)))?;
     with_shard(&mut req, options.shard.as_ref(), &resource, Verb::List)?;
     req.extensions_mut().insert("list_metadata");
-    let client: kube_client::Client = api.clone().into();
-    let list = client
-        .request::<ObjectList<PartialObjectMeta<K>>>(req)
-        .await
-        .map_err(fail)?;
+    // Streamed, as a list of objects is: a body that never ends its metadata is refused
+    // at the stream's bound instead of held whole.
+    let (body, encoding) = send(api, req, Encoding::Json, Verb::List).await?;
+    if encoding != Encoding::Json {
+        return Err(Error::Decode {
+            resource,
+            verb: Verb::List,
+            source: "the server answered a metadata list in protobuf, which was not asked for"
+                .into(),
+        });
+    }
+    let stream = decode_list_body::<PartialObjectMeta<K>, _, _, _>(
+        body.into_data_stream(),
+        BodySplitter::Json(ListDecoder::default()),
+        resource.clone(),
+    );
+    let list = collect_page(stream, resource).await?;
     // Where the server did not apply the shard, keep what it would have selected.
-    let server_applied = list.metadata.shard_info.is_some();
+    let server_applied = list.shard_selector.is_some();
     let in_shard = |meta: &&PartialObjectMeta<K>| match &options.shard {
         Some(shard) if !server_applied => shard.contains(*meta),
         _ => true,
@@ -308,8 +308,8 @@ where
             .filter(in_shard)
             .filter_map(ObjectVersion::of)
             .collect(),
-        resource_version: list.metadata.resource_version.unwrap_or_default(),
-        continue_token: list.metadata.continue_.filter(|c| !c.is_empty()),
+        resource_version: list.resource_version,
+        continue_token: list.continue_token,
     })
 }
 

@@ -29,6 +29,7 @@ use kube_client::{Api, Config};
 use kube_informer::{
     CancellationToken, Delivery, Error, RunningInformer, SharedInformer, handler_fn,
     informer::{HANDLER_COALESCE_AFTER, HandlerRegistration, InformerBuilder, InformerHealth},
+    list_watch::{ApiListWatch, ListOptions, ListWatch, WireFormat},
     reflector::BackoffConfig,
 };
 use serde_json::{Value, json};
@@ -385,6 +386,77 @@ async fn hostile_list_with_an_object_of_100_mib_is_refused_in_bounded_memory() {
     within("the sync", informer.wait_synced()).await;
     assert_eq!(cached(&informer), state(&[("small", 10, "s")]));
     informer.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_one_off_lists_and_version_probes_refuse_an_object_of_100_mib() {
+    // The reads outside the informer's list stream: a page read whole in JSON (a custom
+    // resource's, or any kind asked for in JSON), the keys-and-versions page the
+    // divergence check reads, and the probe of the server cache's version.
+    let _alone = MEMORY.write().await;
+    let server = Server::start(|request: Request| {
+        async move {
+            assert!(!request.is_watch(), "nothing here watches");
+            let head = r#"{"apiVersion":"v1","kind":"ConfigMapList","metadata":{"resourceVersion":"10"},"items":[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"huge","namespace":"ns","resourceVersion":"9"},"data":{"v":""#;
+            let body = stream::iter([Bytes::from_static(head.as_bytes())])
+                .chain(filler(100 * MIB))
+                .chain(stream::iter([Bytes::from_static(br#""}}]}"#)]));
+            Reply::streamed("application/json", body.boxed())
+        }
+        .boxed()
+    })
+    .await;
+    let config = Config::new(server.url().parse().expect("the server's URL"));
+    let client = kube_informer::client(config).expect("a client");
+    let api = Api::<ConfigMap>::namespaced(client, "ns");
+    let in_json = ApiListWatch::new(api.clone()).wire_format(WireFormat::Json);
+    let options = ListOptions::default();
+
+    let peak = Peak::start();
+    let bound = OBJECT_LIMIT + MARGIN;
+    let refusals = [
+        (
+            "list",
+            in_memory(peak.as_ref(), bound, in_json.list(&options))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "list_versions",
+            in_memory(
+                peak.as_ref(),
+                bound,
+                ListWatch::list_versions(&api, &options),
+            )
+            .await
+            .map(|_| ()),
+        ),
+        (
+            "cached_version",
+            in_memory(peak.as_ref(), bound, ListWatch::cached_version(&api))
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (request, (what, refusal)) in refusals.into_iter().enumerate() {
+        let error = refusal.expect_err(what);
+        assert_eq!(kind(&error), "decode", "{what}: {error}");
+        assert!(
+            error.to_string().contains("larger than 64 MiB"),
+            "{what}: {error}"
+        );
+        let outcome = server.outcome(request).await;
+        assert!(
+            matches!(outcome, Outcome::ClientGone { .. }),
+            "{what}: {outcome:?}"
+        );
+        assert!(
+            outcome.body_bytes() <= bound,
+            "{what}: {} MiB of the 100 MiB list sent",
+            outcome.body_bytes() / MIB
+        );
+    }
+    assert_peak_within(peak.as_ref(), bound, "one-off lists of a 100 MiB object");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
