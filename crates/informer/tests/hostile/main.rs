@@ -270,6 +270,15 @@ fn filler(len: usize) -> impl Stream<Item = Bytes> + Send + 'static {
     stream::iter(std::iter::repeat_n(chunk, full).chain([last]))
 }
 
+/// A list page at version 10 holding one ConfigMap whose data is `len` bytes.
+fn list_with_an_object_of(len: usize) -> Reply {
+    let head = r#"{"apiVersion":"v1","kind":"ConfigMapList","metadata":{"resourceVersion":"10"},"items":[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"huge","namespace":"ns","resourceVersion":"9"},"data":{"v":""#;
+    let body = stream::iter([Bytes::from_static(head.as_bytes())])
+        .chain(filler(len))
+        .chain(stream::iter([Bytes::from_static(br#""}}]}"#)]));
+    Reply::streamed("application/json", body.boxed())
+}
+
 /// The version of the cached `ns/<name>`, if it is cached.
 fn cached_rv(informer: &RunningInformer<ConfigMap>, name: &str) -> Option<String> {
     let object = informer.store().get_by_key(format!("ns/{name}"))?;
@@ -347,11 +356,7 @@ async fn hostile_list_with_an_object_of_100_mib_is_refused_in_bounded_memory() {
                 gate.pass().await;
                 return page(10, &[config_map("small", 10, "s")], None);
             }
-            let head = r#"{"apiVersion":"v1","kind":"ConfigMapList","metadata":{"resourceVersion":"10"},"items":[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"huge","namespace":"ns","resourceVersion":"9"},"data":{"v":""#;
-            let body = stream::iter([Bytes::from_static(head.as_bytes())])
-                .chain(filler(100 * MIB))
-                .chain(stream::iter([Bytes::from_static(br#""}}]}"#)]));
-            Reply::streamed("application/json", body.boxed())
+            list_with_an_object_of(100 * MIB)
         }
         .boxed()
     })
@@ -397,11 +402,7 @@ async fn hostile_one_off_lists_and_version_probes_refuse_an_object_of_100_mib() 
     let server = Server::start(|request: Request| {
         async move {
             assert!(!request.is_watch(), "nothing here watches");
-            let head = r#"{"apiVersion":"v1","kind":"ConfigMapList","metadata":{"resourceVersion":"10"},"items":[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"huge","namespace":"ns","resourceVersion":"9"},"data":{"v":""#;
-            let body = stream::iter([Bytes::from_static(head.as_bytes())])
-                .chain(filler(100 * MIB))
-                .chain(stream::iter([Bytes::from_static(br#""}}]}"#)]));
-            Reply::streamed("application/json", body.boxed())
+            list_with_an_object_of(100 * MIB)
         }
         .boxed()
     })
