@@ -1,5 +1,7 @@
 //! The checks: every stream of events (one handler of one subject, one resource) and
-//! every controller's reconciles held against the server's history.
+//! every controller's reconciles held against the server's history. The leader-elected
+//! subject's rules are checked in [`crate::leader_check`], the warm restarts' in
+//! [`crate::warm`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -32,6 +34,18 @@ pub enum Rule {
     /// A controller reconciled one key twice at once (in one process, or in two of its
     /// replicas).
     Exclusive,
+    /// A replica of the leader-elected controller reconciled, created a child or ran a
+    /// cleanup outside its own term of the Lease ([`crate::leader_check`]).
+    Fenced,
+    /// A parent got a second child that its creator's reads should have shown it already
+    /// had: its cache's version, its term's fence, or its own write.
+    SingleChild,
+    /// A deleted parent's cleanup never ran, ran for a parent that lives on, or ran again
+    /// where the finalizer promises once.
+    CleanupOnce,
+    /// A warm-restarted informer, synced, held something other than the server's state
+    /// at its version, or did not sync ([`crate::warm`]).
+    WarmRestart,
     /// Something the run itself observed: a panic, an error logged without its cause,
     /// tasks left running, a subject that did not stop cleanly.
     Process,

@@ -62,6 +62,26 @@ impl FaultKind {
     }
 }
 
+/// The run's calendar: calm spells of `calm` and storms of `storm` in turn from `start`,
+/// the run starting calm, until `span` has passed: the calendar [`plan`] draws faults on,
+/// which the subjects' own disruptions (replicas killed, informers restarted) follow too.
+#[derive(Clone, Copy, Debug)]
+pub struct Calendar {
+    pub start: Instant,
+    pub span: Duration,
+    pub calm: Duration,
+    pub storm: Duration,
+}
+
+impl Calendar {
+    /// When storm `n` (from 0) starts, counted from `start`; `None` once past the span.
+    pub fn storm(&self, n: u32) -> Option<Duration> {
+        let cycle = self.calm + self.storm;
+        let at = self.calm + cycle * n;
+        (!cycle.is_zero() && at < self.span).then_some(at)
+    }
+}
+
 /// One fault of the schedule.
 #[derive(Clone, Debug, Serialize)]
 pub struct PlannedFault {

@@ -14,7 +14,13 @@
 //!
 //! Beside them, replicas of a sharded controller split the Pods through a shard ring on
 //! the same faulty link, one killed and started again each storm, one more joining
-//! halfway ([`sharded`]).
+//! halfway ([`sharded`]). Two replicas of a leader-elected controller share one Lease on a
+//! faulty link of their own, the leader killed each storm; it gives each of the run's
+//! parents a child through its controller's client and holds a finalizer on them whose
+//! cleanup calls a counter outside the cluster ([`leader`], [`parents`],
+//! [`leader_check`]). A Pod informer is stopped in each storm and started again from its
+//! snapshot, and its synced cache compared with the server's list at its version
+//! ([`warm`]).
 //!
 //! ```text
 //! cargo run -p soak -- --seconds 120           # the short mode CI runs
@@ -24,9 +30,13 @@
 mod check;
 mod client_go;
 mod faults;
+mod leader;
+mod leader_check;
+mod parents;
 mod record;
 mod sharded;
 mod subject;
+mod warm;
 mod watchdog;
 mod writer;
 
@@ -79,6 +89,9 @@ enum Mode {
     /// One replica of the sharded subject (the driver starts these itself).
     #[command(hide = true)]
     ShardedReplica(sharded::ReplicaArgs),
+    /// One replica of the leader-elected subject (the driver starts these itself).
+    #[command(hide = true)]
+    LeaderReplica(leader::ReplicaArgs),
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -125,6 +138,24 @@ struct Args {
     /// How long the shard ring's Leases last without renewal, milliseconds.
     #[arg(long, default_value_t = 4_000)]
     replica_lease_ms: u64,
+    /// Replicas of the leader-elected controller (0 runs none; its leader is killed and
+    /// started again each storm).
+    #[arg(long, default_value_t = 2)]
+    leader_replicas: usize,
+    /// How long the leader-elected controller's Lease lasts without renewal, whole seconds.
+    #[arg(long, default_value_t = 4)]
+    leader_lease_seconds: u64,
+    /// Parents (the leader-elected controller's custom resource) created at the start and
+    /// kept about that many while the writer creates and deletes them.
+    #[arg(long, default_value_t = 40)]
+    parents: usize,
+    /// Writes of parents per second (creates, annotations, deletes).
+    #[arg(long, default_value_t = 4.0)]
+    parent_rate: f64,
+    /// Runs no warm-restarted informer (one is stopped and started again from its
+    /// snapshot each storm by default).
+    #[arg(long)]
+    no_warm_restart: bool,
     /// The bound on a write's delivery to a fast handler while no fault is active, ms.
     #[arg(long, default_value_t = 5_000)]
     lag_bound_ms: u64,
@@ -140,7 +171,8 @@ struct Args {
     #[arg(long)]
     report: Option<PathBuf>,
     /// Writes what the checks read into this directory: the server's history as the
-    /// writer recorded it, every event and every reconcile (JSON).
+    /// writer recorded it, every event and every reconcile (JSON), the replicas' records
+    /// and logs, and the leader-elected subject's observations (`leader.json`).
     #[arg(long)]
     records: Option<PathBuf>,
 }
@@ -148,12 +180,15 @@ struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    if let Some(Mode::ShardedReplica(replica)) = cli.mode {
+    if let Some(mode) = cli.mode {
         tracing_subscriber::fmt()
             .with_writer(std::io::stderr)
             .with_env_filter(EnvFilter::from_default_env())
             .init();
-        return sharded::run_replica(replica).await;
+        return match mode {
+            Mode::ShardedReplica(replica) => sharded::run_replica(replica).await,
+            Mode::LeaderReplica(replica) => leader::run_replica(replica).await,
+        };
     }
     let args = cli.args;
     let uncaused = Uncaused::default();
@@ -217,6 +252,11 @@ struct Report {
     /// Reconciles of a deleted object and of one created again under its name that ran at
     /// once on two replicas (their UIDs fall in two slots).
     recreated_at_once: usize,
+    /// The leader-elected subject: its replicas, the parents written, what its checks
+    /// covered.
+    leader: Option<LeaderReport>,
+    /// The warm-restarted informer's restarts and comparisons.
+    warm_restarts: Option<warm::WarmSummary>,
     writes: u64,
     unanswered_writes: u64,
     faults: Vec<Injected>,
@@ -234,6 +274,16 @@ struct Report {
     redelivered: BTreeMap<String, usize>,
     memory: Vec<MemorySample>,
     findings: Findings,
+}
+
+/// The leader-elected subject's part of the report.
+#[derive(Debug, Serialize)]
+struct LeaderReport {
+    replicas: usize,
+    lease_seconds: u64,
+    churn: sharded::Churn,
+    parent_writes: parents::ParentWrites,
+    checked: leader_check::LeaderSummary,
 }
 
 async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Report> {
@@ -279,8 +329,10 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         slow_handler_delay: Duration::from_millis(10),
     };
     info!(?tuning, "starting the subjects");
-    // One proxy per subject: ours, client-go's, the sharded replicas'.
+    // One proxy per subject: ours (with the warm-restarted informer), client-go's, the
+    // sharded replicas', the leader-elected replicas'.
     let proxies = Arc::new(vec![
+        FaultProxy::for_apiserver(&env).await?,
         FaultProxy::for_apiserver(&env).await?,
         FaultProxy::for_apiserver(&env).await?,
         FaultProxy::for_apiserver(&env).await?,
@@ -289,6 +341,15 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     let mut subject = subject::Subject::start(subject_client, tuning)?;
     let scratch = env.dir().join("soak");
     std::fs::create_dir_all(&scratch)?;
+    let warm_subject = if args.no_warm_restart {
+        None
+    } else {
+        let client = kube_informer::client(env.config_via(&proxies[0]).await?)?;
+        Some(warm::WarmSubject::start(
+            client,
+            scratch.join("pods.snapshot"),
+        ))
+    };
     let mut client_go = match &client_go_binary {
         Some(binary) => {
             let kubeconfig = scratch.join("client-go.kubeconfig");
@@ -312,13 +373,33 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     let replica_kubeconfig = scratch.join("sharded.kubeconfig");
     env.kubeconfig_via(&proxies[2], &replica_kubeconfig)?;
     let replicas = Arc::new(tokio::sync::Mutex::new(sharded::ReplicaSet::start(
+        sharded::command(Duration::from_millis(args.replica_lease_ms)),
         args.replicas,
         &replica_kubeconfig,
         &replica_dir,
-        Duration::from_millis(args.replica_lease_ms),
     )?));
+    let leader = if args.leader_replicas > 0 {
+        let dir = replica_dir.with_file_name("leader");
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = scratch.join("leader.kubeconfig");
+        env.kubeconfig_via(&proxies[3], &kubeconfig)?;
+        let settings = parents::LeaderSettings {
+            replicas: args.leader_replicas,
+            lease_seconds: args.leader_lease_seconds,
+            parents: args.parents,
+        };
+        info!(?settings, "starting the leader-elected subject");
+        Some(parents::LeaderRun::start(&admin, settings, &kubeconfig, &dir).await?)
+    } else {
+        None
+    };
     let deadline = Instant::now() + Duration::from_secs(120);
-    while !(subject.has_synced() && client_go.as_ref().is_none_or(|c| c.said().synced)) {
+    while !(subject.has_synced()
+        && client_go.as_ref().is_none_or(|c| c.said().synced)
+        && warm_subject
+            .as_ref()
+            .is_none_or(warm::WarmSubject::has_synced))
+    {
         if Instant::now() > deadline {
             bail!("the subjects did not sync within 120 s");
         }
@@ -371,14 +452,52 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     ));
     let stop_relists = CancellationToken::new();
     let relists_recorded = subject.record_relists(stop_relists.clone());
+    let calendar = faults::Calendar {
+        start: started,
+        span,
+        calm: Duration::from_secs(args.calm_seconds),
+        storm: Duration::from_secs(args.storm_seconds),
+    };
     let churn = (args.replicas > 0).then(|| {
         tokio::spawn(sharded::churn(
             replicas.clone(),
+            seed ^ 0x5a4d_c4a1,
+            calendar,
+            true,
+            sharded::in_turn,
+            stop_load.clone(),
+        ))
+    });
+    // The leader is the replica killed each storm: its successor takes over once the
+    // Lease expires.
+    let leader_tasks = leader.as_ref().map(|leader| {
+        let leading = leader.leading_replica();
+        let churn = tokio::spawn(sharded::churn(
+            leader.replicas.clone(),
+            seed ^ 0x1ead_e4c1,
+            calendar,
+            false,
+            move |n, running: &[String]| {
+                leading()
+                    .filter(|replica| running.contains(replica))
+                    .or_else(|| sharded::in_turn(n, running))
+            },
+            stop_load.clone(),
+        ));
+        let writes = tokio::spawn(leader.writer.clone().run(
             seed,
-            started,
-            span,
-            Duration::from_secs(args.calm_seconds),
-            Duration::from_secs(args.storm_seconds),
+            args.parent_rate,
+            args.parents,
+            stop_load.clone(),
+        ));
+        (churn, writes)
+    });
+    let warm_restarts = warm_subject.map(|subject| {
+        tokio::spawn(warm::restarts(
+            subject,
+            admin.clone(),
+            seed,
+            calendar,
             stop_load.clone(),
         ))
     });
@@ -420,6 +539,14 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     if let Some(churn) = churn {
         churn.await??;
     }
+    if let Some((churn, writes)) = leader_tasks {
+        churn.await??;
+        writes.await?;
+    }
+    let warm_subject = match warm_restarts {
+        Some(task) => Some(task.await?),
+        None => None,
+    };
     if !env.apiserver_running() {
         env.start_apiserver().await?;
     }
@@ -431,7 +558,8 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
 
     let history = recorded.history();
     let settle = Duration::from_secs(args.settle_seconds);
-    let settled_s = settle_all(
+    let settle_deadline = Instant::now() + settle;
+    let mut settled_s = settle_all(
         &history,
         &subject,
         client_go.as_ref(),
@@ -441,11 +569,29 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         quiet_ns,
     )
     .await?;
+    let mut leader_unsettled = Vec::new();
+    if leader.is_some() {
+        let (took, unsettled) = settle_leader(&admin, settle_deadline, quiet_ns).await;
+        settled_s.insert("leader".into(), took);
+        leader_unsettled = unsettled;
+    }
     let mut replicas = Arc::try_unwrap(replicas)
         .map_err(|_| anyhow::anyhow!("the replicas are still shared"))?
         .into_inner();
     let churn = replicas.stop().await;
-    let replica_records = replicas.reconciles()?;
+    let replica_records = replicas.records()?;
+    let leader = match leader {
+        Some(leader) => Some(leader.stop(&admin).await?),
+        None => None,
+    };
+    let warm_checks = match warm_subject {
+        Some((warm_subject, mut checks)) => {
+            checks.push(warm_subject.check_now("end", &admin).await);
+            warm_subject.stop().await;
+            Some(checks)
+        }
+        None => None,
+    };
 
     stop_relists.cancel();
     let mut relists = check::Relists::new();
@@ -526,6 +672,44 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
     if args.replicas > 0 && replica_reconciles.is_empty() {
         process.push("the sharded replicas recorded no reconcile".to_owned());
     }
+    if let (Some(dir), Some(outcome)) = (&args.records, &leader) {
+        outcome.save(dir)?;
+    }
+    let leader = leader.map(|outcome| {
+        let (violations, checked) = leader_check::check(&leader_check::Inputs {
+            records: &outcome.records,
+            observed: &outcome.observed,
+            calls: &outcome.calls,
+            end: &outcome.end,
+            deleted_holding: &outcome.deleted_holding,
+        });
+        findings.violations.extend(violations);
+        for unsettled in leader_unsettled.iter().take(20) {
+            findings.violations.push(Violation {
+                rule: Rule::LevelTriggered,
+                source: leader::LEASE.to_owned(),
+                key: String::new(),
+                detail: format!(
+                    "not settled {} s after the load: {unsettled}",
+                    args.settle_seconds
+                ),
+            });
+        }
+        process.extend(outcome.churn.unexpected.iter().cloned());
+        LeaderReport {
+            replicas: args.leader_replicas,
+            lease_seconds: args.leader_lease_seconds,
+            churn: outcome.churn,
+            parent_writes: outcome.writes,
+            checked,
+        }
+    });
+    let had_storm = calendar.storm(0).is_some();
+    let warm_restarts = warm_checks.map(|checks| {
+        let (violations, summary) = warm::check(checks, had_storm);
+        findings.violations.extend(violations);
+        summary
+    });
     for panic in watchdog::panics() {
         process.push(format!("panic: {panic}"));
     }
@@ -555,6 +739,8 @@ async fn run(args: &Args, seed: u64, uncaused: Uncaused) -> anyhow::Result<Repor
         churn,
         replica_reconciles,
         recreated_at_once,
+        leader,
+        warm_restarts,
         writes: recorded.writes(),
         unanswered_writes: recorded.unanswered(),
         worst_lag_after_fault_ms: worst_lag_after_faults(&history, &events, &faults, grace),
@@ -582,33 +768,46 @@ fn save_records(
     Ok(())
 }
 
-/// Namespaces (the writer's, and the shard ring's) and the custom resource, ready to serve.
+/// Namespaces (the writer's, the shard ring's, the leader-elected subject's), the custom
+/// resources, ready to serve, and the leader-elected subject's fences.
 async fn prepare(client: &Client, count: usize) -> anyhow::Result<Vec<String>> {
     let mut namespaces = Vec::new();
     let names = (0..count).map(|i| format!("soak-{i}"));
-    for name in names.chain([sharded::RING_NAMESPACE.to_owned()]) {
+    for name in names.chain([
+        sharded::RING_NAMESPACE.to_owned(),
+        leader::NAMESPACE.to_owned(),
+    ]) {
         let namespace: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": { "name": name }
         }))?;
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &namespace)
             .await?;
-        if name != sharded::RING_NAMESPACE {
+        if name != sharded::RING_NAMESPACE && name != leader::NAMESPACE {
             namespaces.push(name);
         }
     }
-    let crd: CustomResourceDefinition = serde_json::from_value(writer::widget_crd())?;
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await?;
-    let widgets = Api::<DynamicObject>::all_with(client.clone(), &writer::widget_resource());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while widgets.list(&ListParams::default().limit(1)).await.is_err() {
-        if Instant::now() > deadline {
-            bail!("the widgets' CustomResourceDefinition was not served within 60 s");
+    for (crd, resource) in [
+        (writer::widget_crd(), writer::widget_resource()),
+        (leader::parent_crd(), leader::parent_resource()),
+    ] {
+        let crd: CustomResourceDefinition = serde_json::from_value(crd)?;
+        Api::<CustomResourceDefinition>::all(client.clone())
+            .create(&PostParams::default(), &crd)
+            .await?;
+        let served = Api::<DynamicObject>::all_with(client.clone(), &resource);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while served.list(&ListParams::default().limit(1)).await.is_err() {
+            if Instant::now() > deadline {
+                bail!(
+                    "the {}' CustomResourceDefinition was not served within 60 s",
+                    resource.plural
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    parents::create_fences(client).await?;
     Ok(namespaces)
 }
 
@@ -648,7 +847,7 @@ async fn settle_all(
         }
         let (sharded, kills) = {
             let mut replicas = replicas.lock().await;
-            (replicas.reconciles()?, replicas.kills())
+            (replicas.records()?, replicas.kills())
         };
         let reconciled = controllers_settled(history, subject, &sharded, &kills, expect_sharded);
         let all = streams.len() == settled.len() && settled.values().all(Option::is_some);
@@ -676,6 +875,29 @@ fn controllers_settled(
             .collect();
         check::unreconciled(history, &records, &check::Kills::new()).is_empty()
     }) && (!expect_sharded || check::unreconciled(history, &replicas, kills).is_empty())
+}
+
+/// Waits until the leader-elected subject's world matches the parents (each live one holds
+/// the finalizer and has a child, none is left being deleted), or `deadline` passes;
+/// returns the seconds since `quiet_ns` it took, and what was left unsettled.
+async fn settle_leader(
+    admin: &Client,
+    deadline: Instant,
+    quiet_ns: i64,
+) -> (Option<f64>, Vec<String>) {
+    loop {
+        let unsettled = match parents::EndState::read(admin).await {
+            Ok(end) => end.unsettled(),
+            Err(error) => vec![format!("the parents could not be listed: {error}")],
+        };
+        if unsettled.is_empty() {
+            return (Some((unix_nanos() - quiet_ns) as f64 / 1e9), unsettled);
+        }
+        if Instant::now() > deadline {
+            return (None, unsettled);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Tasks of this runtime still alive beyond those running before the subjects started,
@@ -790,6 +1012,44 @@ fn redelivered(events: &[EventRecord]) -> BTreeMap<String, usize> {
     counts
 }
 
+fn print_leader(leader: &LeaderReport) {
+    let checked = &leader.checked;
+    let writes = &leader.parent_writes;
+    println!(
+        "leader-elected controller ({} replicas, {} s Lease): {} killed and restarted; {} terms of the Lease ({} missed by the observer), {} led, {} lost; parents: {} created, {} annotated, {} deleted, {} writes failed",
+        leader.replicas,
+        leader.lease_seconds,
+        leader.churn.killed.len(),
+        checked.terms,
+        checked.terms_missed,
+        checked.terms_led,
+        checked.terms_lost,
+        writes.created,
+        writes.annotated,
+        writes.deleted,
+        writes.failed
+    );
+    println!(
+        "  fenced: {} reconciles; {} starts, ends, creates and cleanup calls held to their terms ({} unjudged)",
+        checked.reconciles, checked.actions_checked, checked.actions_unjudged
+    );
+    println!(
+        "  single child: {} children of {} parents checked; {} parents with two children ({} that no read could have prevented)",
+        checked.children,
+        checked.parents_with_children,
+        checked.duplicates,
+        checked.duplicates_unpromised
+    );
+    println!(
+        "  cleanup once: {} deleted parents needed their cleanup; {} calls counted; {} cleaned up once, {} again by the same term (a removal failed), {} again by a later term",
+        checked.cleanups_required,
+        checked.cleanup_calls,
+        checked.cleaned_once,
+        checked.cleaned_again_same_term,
+        checked.cleaned_again_later_term
+    );
+}
+
 fn print_report(report: &Report) {
     println!(
         "{} s of load: {} writes ({} settled by reading back), {:?}",
@@ -807,6 +1067,20 @@ fn print_report(report: &Report) {
         report.replica_reconciles,
         report.recreated_at_once
     );
+    if let Some(leader) = &report.leader {
+        print_leader(leader);
+    }
+    if let Some(warm) = &report.warm_restarts {
+        let end = warm
+            .checks
+            .iter()
+            .find(|c| c.when == "end")
+            .map_or_else(|| "-".to_owned(), |c| format!("{:?}", c.outcome));
+        println!(
+            "warm restarts: {} restarts, {} compared equal to the server's list at their version ({} resumed from the snapshot, {} listed again, {} unverifiable); at the end: {end}",
+            warm.restarts, warm.verified, warm.resumed, warm.relisted, warm.unverifiable
+        );
+    }
     let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
     for fault in &report.faults {
         *by_kind.entry(format!("{:?}", fault.kind)).or_default() += 1;

@@ -6,6 +6,10 @@
 //! its finished reconciles to a file of its own, which the driver reads for the checks:
 //! the last reconcile of each key, by whichever replica, saw its final state, and no two
 //! reconciles of a key overlapped, within a replica or across them.
+//!
+//! The replica processes, their kills and restarts ([`ReplicaSet`], [`churn`]) serve the
+//! leader-elected subject ([`crate::leader`]) too: only the subcommand and the records
+//! differ.
 
 use std::{
     collections::BTreeMap,
@@ -25,11 +29,12 @@ use kube_informer::{
     retry_with_backoff, sharding::RingConfig,
 };
 use rand::{Rng, SeedableRng, rngs::StdRng};
-use serde::Serialize;
+use serde::{Serialize, de::DeserializeOwned};
 use tokio::process::{Child, Command};
 use tracing::{info, warn};
 
 use crate::{
+    faults::Calendar,
     record::{ReconcileRecord, unix_nanos},
     subject::marker_of,
 };
@@ -174,41 +179,67 @@ impl Churn {
     }
 }
 
-/// The replicas, run as child processes of the driver.
-pub struct ReplicaSet {
+/// How the driver starts one kind of replica: this binary's hidden subcommand, the names
+/// the replicas get, and the arguments they all share.
+#[derive(Clone, Debug)]
+pub struct ReplicaCommand {
+    /// The hidden subcommand (`sharded-replica`, `leader-replica`).
+    pub subcommand: &'static str,
+    /// Replicas are named `{prefix}0`, `{prefix}1`, …
+    pub prefix: &'static str,
+    /// Arguments after the kubeconfig, the identity and the records.
+    pub args: Vec<String>,
+    /// `RUST_LOG` for the replicas, unless `SOAK_REPLICA_LOG` says otherwise.
+    pub log_filter: &'static str,
+}
+
+/// The sharded subject's replicas: `sharded-replica` with the ring's Lease duration.
+pub fn command(lease: Duration) -> ReplicaCommand {
+    ReplicaCommand {
+        subcommand: "sharded-replica",
+        prefix: "r",
+        args: vec!["--lease-ms".to_owned(), lease.as_millis().to_string()],
+        log_filter: "warn,kube_informer::sharding=info",
+    }
+}
+
+/// Replicas of one subject, run as child processes of the driver, each appending records
+/// of type `R` (one JSON line each) to a file of its own.
+pub struct ReplicaSet<R = ReconcileRecord> {
     binary: PathBuf,
     kubeconfig: PathBuf,
     dir: PathBuf,
-    lease: Duration,
+    command: ReplicaCommand,
     running: BTreeMap<String, Child>,
-    readers: BTreeMap<String, RecordReader>,
+    readers: BTreeMap<String, RecordReader<R>>,
     churn: Churn,
 }
 
-impl ReplicaSet {
-    /// Starts `replicas` replicas named `r0`, `r1`, … on `kubeconfig`, keeping their
-    /// records and logs in `dir`.
+impl<R: DeserializeOwned + Clone> ReplicaSet<R> {
+    /// Starts `replicas` replicas named after `command`'s prefix on `kubeconfig`, keeping
+    /// their records and logs in `dir`.
     ///
     /// # Errors
     ///
     /// When this binary cannot be found or a replica cannot be started.
     pub fn start(
+        command: ReplicaCommand,
         replicas: usize,
         kubeconfig: &Path,
         dir: &Path,
-        lease: Duration,
     ) -> anyhow::Result<Self> {
         let mut set = Self {
             binary: std::env::current_exe().context("finding the soak binary")?,
             kubeconfig: kubeconfig.to_owned(),
             dir: dir.to_owned(),
-            lease,
+            command,
             running: BTreeMap::new(),
             readers: BTreeMap::new(),
             churn: Churn::default(),
         };
         for i in 0..replicas {
-            set.spawn(&format!("r{i}"))?;
+            let identity = format!("{}{i}", set.command.prefix);
+            set.spawn(&identity)?;
         }
         Ok(set)
     }
@@ -220,17 +251,17 @@ impl ReplicaSet {
             .append(true)
             .open(self.dir.join(format!("{identity}.log")))?;
         let child = Command::new(&self.binary)
-            .arg("sharded-replica")
+            .arg(self.command.subcommand)
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--identity", identity])
             .arg("--records")
             .arg(&records)
-            .args(["--lease-ms", &self.lease.as_millis().to_string()])
+            .args(&self.command.args)
             .env(
                 "RUST_LOG",
                 std::env::var("SOAK_REPLICA_LOG")
-                    .unwrap_or_else(|_| "warn,kube_informer::sharding=info".into()),
+                    .unwrap_or_else(|_| self.command.log_filter.into()),
             )
             .stdout(Stdio::from(log.try_clone()?))
             .stderr(Stdio::from(log))
@@ -288,7 +319,7 @@ impl ReplicaSet {
     }
 
     fn join(&mut self) -> anyhow::Result<String> {
-        let identity = format!("r{}", self.readers.len());
+        let identity = format!("{}{}", self.command.prefix, self.readers.len());
         info!(%identity, "a replica joins");
         self.spawn(&identity)?;
         self.churn.joined.push((identity.clone(), unix_nanos()));
@@ -300,12 +331,13 @@ impl ReplicaSet {
         self.churn.kills()
     }
 
-    /// Every reconcile the replicas have finished so far.
+    /// Every record the replicas have written so far (for the sharded subject, each
+    /// reconcile it finished).
     ///
     /// # Errors
     ///
     /// When a record file cannot be read or holds a line that is not a record.
-    pub fn reconciles(&mut self) -> anyhow::Result<Vec<ReconcileRecord>> {
+    pub fn records(&mut self) -> anyhow::Result<Vec<R>> {
         let mut all = Vec::new();
         for reader in self.readers.values_mut() {
             all.extend_from_slice(reader.read_new()?);
@@ -346,13 +378,13 @@ impl ReplicaSet {
 }
 
 /// Reads a replica's record file as it grows, across the replica's restarts.
-struct RecordReader {
+struct RecordReader<R> {
     path: PathBuf,
     offset: u64,
-    records: Vec<ReconcileRecord>,
+    records: Vec<R>,
 }
 
-impl RecordReader {
+impl<R: DeserializeOwned> RecordReader<R> {
     fn new(path: PathBuf) -> Self {
         Self {
             path,
@@ -363,7 +395,7 @@ impl RecordReader {
 
     /// All records so far, reading only what was appended since the last call; a line
     /// still being written is left for the next.
-    fn read_new(&mut self) -> anyhow::Result<&[ReconcileRecord]> {
+    fn read_new(&mut self) -> anyhow::Result<&[R]> {
         let mut file = match File::open(&self.path) {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(&[]),
@@ -387,27 +419,31 @@ impl RecordReader {
     }
 }
 
-/// Kills one replica in each storm, in turn, and starts it again a few seconds later;
-/// adds one replica halfway through `span`. Storms follow the fault schedule's calendar:
-/// calm spells of `calm` and storms of `storm` in turn, from `start`.
-pub async fn churn(
-    set: Arc<tokio::sync::Mutex<ReplicaSet>>,
+/// Kills one replica in each storm of `calendar` (the one `victim` names among those
+/// running, given the storm's number) and starts it again a few seconds later; with
+/// `join_halfway`, adds one replica halfway through the span. `seed` draws when in the
+/// storm each kill comes and how long the replica stays down.
+pub async fn churn<R, F>(
+    set: Arc<tokio::sync::Mutex<ReplicaSet<R>>>,
     seed: u64,
-    start: tokio::time::Instant,
-    span: Duration,
-    calm: Duration,
-    storm: Duration,
+    calendar: Calendar,
+    join_halfway: bool,
+    victim: F,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut rng = StdRng::seed_from_u64(seed ^ 0x5a4d_c4a1);
-    let mut joined = false;
-    let cycle = calm + storm;
+) -> anyhow::Result<()>
+where
+    R: DeserializeOwned + Clone,
+    F: Fn(u32, &[String]) -> Option<String>,
+{
+    let mut rng = StdRng::seed_from_u64(seed);
+    let start = calendar.start;
+    let span = calendar.span;
+    let mut joined = !join_halfway;
     for n in 0u32.. {
-        let storm_starts = calm + cycle * n;
-        if storm_starts >= span || cycle.is_zero() {
+        let Some(storm_starts) = calendar.storm(n) else {
             break;
-        }
-        let kill_at = storm_starts + storm.mul_f64(rng.random_range(0.0..0.5));
+        };
+        let kill_at = storm_starts + calendar.storm.mul_f64(rng.random_range(0.0..0.5));
         let down = Duration::from_millis(rng.random_range(1_000..6_000));
         if !joined && kill_at >= span / 2 {
             if !sleep_until(start + span / 2, &stop).await {
@@ -423,10 +459,7 @@ pub async fn churn(
             let mut set = set.lock().await;
             set.reap();
             let identities: Vec<String> = set.running.keys().cloned().collect();
-            let Some(victim) = identities
-                .get(n as usize % identities.len().max(1))
-                .cloned()
-            else {
+            let Some(victim) = victim(n, &identities) else {
                 break;
             };
             set.kill(&victim).await;
@@ -442,6 +475,11 @@ pub async fn churn(
         set.lock().await.join()?;
     }
     Ok(())
+}
+
+/// The replica storm `n` kills when nothing else decides: each in turn.
+pub fn in_turn(n: u32, running: &[String]) -> Option<String> {
+    running.get(n as usize % running.len().max(1)).cloned()
 }
 
 /// Sleeps until `at`; false when `stop` fired first.
