@@ -30,6 +30,8 @@
 //!   a bounded shutdown (feature `manager`);
 //! - [`leader_election`]: a Lease-based leader elector (feature `leader-election`);
 //! - [`sharding`]: a shard ring on Leases, for one controller split across replicas;
+//! - [`fleet`]: many clusters that come and go, as [`ClusterProvider`](fleet::ClusterProvider)s
+//!   announce them (kubeconfig files, a hub's Secrets, namespaces as clusters);
 //! - [`client`](mod@client), [`lease`], [`error`](mod@error): the API client informers use, the Lease settings
 //!   leader election and the ring share, and the errors.
 //!
@@ -46,6 +48,7 @@ pub mod conditions;
 pub mod controller;
 pub mod error;
 pub mod events;
+pub mod fleet;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;

@@ -1,0 +1,357 @@
+//! A fleet's cluster providers on a real API server: namespaces presented as clusters,
+//! kubeconfig Secrets of a hub followed through rotation and garbage, a hub without the
+//! RBAC to read them, and a directory of kubeconfig files. Every announced cluster's
+//! client is used against the server, so a client that only looks right fails.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::{
+    ByteString,
+    api::core::v1::{ConfigMap, Namespace, Secret},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube_client::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use kube_informer::{
+    CancellationToken,
+    fleet::{
+        Cluster, ClusterEvent, ClusterEvents, ClusterProvider, FleetError, KUBECONFIG_SECRET_KEY,
+        KUBECONFIG_SECRET_LABEL, KubeconfigDirectory, KubeconfigSecrets, NamespaceClusters,
+    },
+};
+use kube_testenv::TestEnv;
+use tests::{config_map, test_namespace, within};
+
+/// The next event, or a panic naming `what` after the tests' patience.
+async fn next(events: &mut ClusterEvents, what: &str) -> ClusterEvent {
+    within(what, events.next())
+        .await
+        .unwrap_or_else(|| panic!("{what}: the provider's stream ended"))
+}
+
+/// Proves `cluster`'s client reaches the API server: it lists namespaces with it.
+async fn reaches_the_server(cluster: &Cluster) {
+    let namespaces = Api::<Namespace>::all(cluster.client().clone())
+        .list(&ListParams::default().limit(1))
+        .await
+        .unwrap_or_else(|e| panic!("{}'s client: {e}", cluster.name()));
+    assert!(!namespaces.items.is_empty());
+}
+
+/// The admin kubeconfig of `env`, as JSON, and the same with `marker` added to the
+/// user's name: another kubeconfig for the same credentials (a rotation).
+fn kubeconfigs(env: &TestEnv, marker: &str) -> (Vec<u8>, Vec<u8>) {
+    let original = std::fs::read(env.kubeconfig_path()).expect("the admin kubeconfig");
+    let mut rotated: serde_json::Value =
+        serde_json::from_slice(&original).expect("the admin kubeconfig is JSON");
+    let user = rotated["users"][0]["name"]
+        .as_str()
+        .expect("a user")
+        .to_owned();
+    let renamed = format!("{user}-{marker}");
+    rotated["users"][0]["name"] = renamed.clone().into();
+    rotated["contexts"][0]["context"]["user"] = renamed.into();
+    (
+        original,
+        serde_json::to_vec_pretty(&rotated).expect("JSON writes"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_namespaces_appear_and_go_as_clusters() {
+    let env = TestEnv::shared().await;
+    let client = env.client().await.expect("an admin client");
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let label = format!("fleet-test-{}", std::process::id());
+    let cancel = CancellationToken::new();
+    let mut events = NamespaceClusters::new(client.clone())
+        .label_selector(format!("{label}=member"))
+        .events(cancel.clone());
+
+    // An unlabelled namespace first: were it announced, it would come first.
+    let (_, unlabelled) = test_namespace(env, "fleet-other").await;
+    let mut created = Vec::new();
+    for i in 0..3 {
+        let name = format!("{label}-m{i}");
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([(label.clone(), "member".to_owned())])),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("the namespace is created");
+        created.push(name);
+    }
+    let mut appeared = Vec::new();
+    for _ in 0..3 {
+        match next(&mut events, "three namespaces as clusters").await {
+            ClusterEvent::Appeared(cluster) => {
+                assert_eq!(cluster.namespace(), Some(cluster.name().as_str()));
+                // The client writes in the cluster's namespace.
+                Api::<ConfigMap>::namespaced(cluster.client().clone(), cluster.name().as_str())
+                    .create(&PostParams::default(), &config_map("hello", &[]))
+                    .await
+                    .expect("a ConfigMap is created in the cluster's namespace");
+                appeared.push(cluster.name().to_string());
+            }
+            other => panic!("expected a namespace to appear, got {other:?}"),
+        }
+    }
+    appeared.sort();
+    assert_eq!(appeared, created);
+    assert!(!appeared.contains(&unlabelled));
+
+    namespaces
+        .delete(&created[1], &DeleteParams::default())
+        .await
+        .expect("the namespace is deleted");
+    match next(&mut events, "the deleted namespace to go").await {
+        ClusterEvent::Gone(name) => assert_eq!(name.as_str(), created[1]),
+        other => panic!("expected the namespace to go, got {other:?}"),
+    }
+    cancel.cancel();
+    assert!(
+        within("the stream to end", events.next()).await.is_none(),
+        "the stream ends once cancelled"
+    );
+    for name in [&created[0], &created[2], &unlabelled] {
+        let _ = namespaces.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+/// A labelled Secret holding `kubeconfig`, named `name`.
+fn kubeconfig_secret(name: &str, kubeconfig: &[u8], labelled: bool) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: labelled
+                .then(|| BTreeMap::from([(KUBECONFIG_SECRET_LABEL.to_owned(), "true".to_owned())])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            KUBECONFIG_SECRET_KEY.to_owned(),
+            ByteString(kubeconfig.to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_kubeconfig_secrets_follow_rotation_and_refuse_garbage() {
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "fleet-hub").await;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let (kubeconfig, rotated) = kubeconfigs(env, "rotated");
+    let cancel = CancellationToken::new();
+    let mut events = KubeconfigSecrets::new(client.clone(), &namespace).events(cancel.clone());
+
+    // Unlabelled first: were it announced, it would come first.
+    for secret in [
+        kubeconfig_secret("unlabelled", &kubeconfig, false),
+        kubeconfig_secret("broken", b"clusters: [ this is not a kubeconfig", true),
+        kubeconfig_secret("member-a", &kubeconfig, true),
+    ] {
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("the Secret is created");
+    }
+    match next(&mut events, "the broken Secret's refusal").await {
+        ClusterEvent::Refused {
+            cluster: Some(name),
+            error: error @ FleetError::Kubeconfig { .. },
+        } => {
+            assert_eq!(name.as_str(), "broken");
+            assert!(
+                error
+                    .to_string()
+                    .contains(&format!("Secret {namespace}/broken")),
+                "{error}"
+            );
+        }
+        other => panic!("expected the broken Secret refused, got {other:?}"),
+    }
+    match next(&mut events, "member-a to appear").await {
+        ClusterEvent::Appeared(cluster) => {
+            assert_eq!(cluster.name().as_str(), "member-a");
+            assert_eq!(cluster.namespace(), None);
+            reaches_the_server(&cluster).await;
+        }
+        other => panic!("expected member-a to appear, got {other:?}"),
+    }
+
+    // A label added changes nothing a client is built from: no event. The rotation that
+    // follows must be the next event.
+    let labelled = serde_json::json!({ "metadata": { "labels": { "team": "platform" } } });
+    secrets
+        .patch(
+            "member-a",
+            &PatchParams::default(),
+            &Patch::Merge(&labelled),
+        )
+        .await
+        .expect("the label is added");
+    secrets
+        .replace(
+            "member-a",
+            &PostParams::default(),
+            &kubeconfig_secret("member-a", &rotated, true),
+        )
+        .await
+        .expect("the credentials are rotated");
+    match next(&mut events, "member-a's rotation").await {
+        ClusterEvent::Changed(cluster) => {
+            assert_eq!(cluster.name().as_str(), "member-a");
+            reaches_the_server(&cluster).await;
+        }
+        other => panic!("expected member-a changed, got {other:?}"),
+    }
+
+    // The broken one repaired: it appears, for the first time.
+    secrets
+        .replace(
+            "broken",
+            &PostParams::default(),
+            &kubeconfig_secret("broken", &kubeconfig, true),
+        )
+        .await
+        .expect("the broken Secret is repaired");
+    match next(&mut events, "the repaired Secret to appear").await {
+        ClusterEvent::Appeared(cluster) => assert_eq!(cluster.name().as_str(), "broken"),
+        other => panic!("expected the repaired Secret to appear, got {other:?}"),
+    }
+
+    secrets
+        .delete("member-a", &DeleteParams::default())
+        .await
+        .expect("member-a is deleted");
+    match next(&mut events, "member-a to go").await {
+        ClusterEvent::Gone(name) => assert_eq!(name.as_str(), "member-a"),
+        other => panic!("expected member-a to go, got {other:?}"),
+    }
+    cancel.cancel();
+    assert!(within("the stream to end", events.next()).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_kubeconfig_secrets_without_rbac_report_a_clear_error() {
+    let env = TestEnv::shared().await;
+    let (_, namespace) = test_namespace(env, "fleet-norbac").await;
+    let nobody: Client = env
+        .client_as(&format!("system:serviceaccount:{namespace}:nobody"))
+        .await
+        .expect("a client acting as a service account without roles");
+    let cancel = CancellationToken::new();
+    let mut events = KubeconfigSecrets::new(nobody, &namespace).events(cancel.clone());
+    match next(&mut events, "the refusal to list Secrets").await {
+        ClusterEvent::Refused {
+            cluster: None,
+            error: error @ FleetError::Source { .. },
+        } => {
+            let text = error.to_string();
+            assert!(text.contains(&format!("Secrets in {namespace}")), "{text}");
+            assert!(text.contains("forbidden"), "{text}");
+        }
+        other => panic!("expected the hub's refusal, got {other:?}"),
+    }
+    cancel.cancel();
+}
+
+fn write(dir: &Path, file: &str, text: &[u8]) {
+    // Written whole under another name, then renamed: a reader never sees half of it.
+    let partial = dir.join(format!(".{file}.partial"));
+    std::fs::write(&partial, text).expect("the file is written");
+    std::fs::rename(&partial, dir.join(file)).expect("the file is renamed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_kubeconfig_directory_follows_files() {
+    let env = TestEnv::shared().await;
+    let dir = tempfile::tempdir().expect("a directory");
+    let (kubeconfig, rotated) = kubeconfigs(env, "rotated");
+    write(dir.path(), "edge-1.yaml", &kubeconfig);
+    let cancel = CancellationToken::new();
+    let mut events = KubeconfigDirectory::new(dir.path())
+        .poll_every(Duration::from_millis(50))
+        .events(cancel.clone());
+    match next(&mut events, "edge-1 to appear").await {
+        ClusterEvent::Appeared(cluster) => {
+            assert_eq!(cluster.name().as_str(), "edge-1");
+            reaches_the_server(&cluster).await;
+        }
+        other => panic!("expected edge-1 to appear, got {other:?}"),
+    }
+
+    write(dir.path(), "huge.yaml", &vec![b'#'; 2 << 20]);
+    match next(&mut events, "the oversized file's refusal").await {
+        ClusterEvent::Refused {
+            cluster: Some(name),
+            error,
+        } => {
+            assert_eq!(name.as_str(), "huge");
+            assert!(error.to_string().contains("more than"), "{error}");
+        }
+        other => panic!("expected huge refused, got {other:?}"),
+    }
+
+    write(dir.path(), "edge-1.yaml", &rotated);
+    match next(&mut events, "edge-1's rotation").await {
+        ClusterEvent::Changed(cluster) => {
+            assert_eq!(cluster.name().as_str(), "edge-1");
+            reaches_the_server(&cluster).await;
+        }
+        other => panic!("expected edge-1 changed, got {other:?}"),
+    }
+
+    // A second file for the same name is refused; the first is kept.
+    write(dir.path(), "edge-1.kubeconfig", &kubeconfig);
+    match next(&mut events, "the duplicate's refusal").await {
+        ClusterEvent::Refused {
+            cluster: None,
+            error:
+                FleetError::DuplicateName {
+                    name,
+                    kept,
+                    refused,
+                },
+        } => {
+            assert_eq!(name, "edge-1");
+            assert!(kept.ends_with("edge-1.kubeconfig"), "{kept}");
+            assert!(refused.ends_with("edge-1.yaml"), "{refused}");
+        }
+        other => panic!("expected the duplicate refused, got {other:?}"),
+    }
+    // The kept file is now `edge-1.kubeconfig` (first in name order), with other bytes.
+    match next(&mut events, "edge-1 read from its kept file").await {
+        ClusterEvent::Changed(cluster) => assert_eq!(cluster.name().as_str(), "edge-1"),
+        other => panic!("expected edge-1 changed, got {other:?}"),
+    }
+    std::fs::remove_file(dir.path().join("edge-1.kubeconfig")).expect("removed");
+    std::fs::remove_file(dir.path().join("edge-1.yaml")).expect("removed");
+    std::fs::remove_file(dir.path().join("huge.yaml")).expect("removed");
+    loop {
+        match next(&mut events, "edge-1 to go").await {
+            ClusterEvent::Gone(name) => {
+                assert_eq!(name.as_str(), "edge-1");
+                break;
+            }
+            // Both files gone between two readings, or one at a time.
+            ClusterEvent::Changed(cluster) => assert_eq!(cluster.name().as_str(), "edge-1"),
+            ClusterEvent::Refused {
+                error: FleetError::DuplicateName { .. },
+                ..
+            } => {}
+            other => panic!("expected edge-1 to go, got {other:?}"),
+        }
+    }
+    cancel.cancel();
+    assert!(within("the stream to end", events.next()).await.is_none());
+}
