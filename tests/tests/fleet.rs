@@ -355,3 +355,303 @@ async fn fleet_kubeconfig_directory_follows_files() {
     cancel.cancel();
     assert!(within("the stream to end", events.next()).await.is_none());
 }
+
+/// A namespace named `name` carrying `label=member`.
+async fn member_namespace(namespaces: &Api<Namespace>, name: &str, label: &str) {
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(label.to_owned(), "member".to_owned())])),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("the namespace is created");
+}
+
+/// What the fleet's reconciles did, in the order they started.
+#[derive(Default)]
+struct Reconciles {
+    started: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl Reconciles {
+    fn started(&self) -> Vec<(String, String)> {
+        self.started.lock().expect("not poisoned").clone()
+    }
+
+    fn count(&self, cluster: &str) -> usize {
+        self.started().iter().filter(|(c, _)| c == cluster).count()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_shares_its_workers_fairly_and_stops_a_cluster_that_goes() {
+    use std::sync::Arc;
+
+    use kube_informer::{
+        Action, Controller, ReconcileRequest,
+        fleet::{ClusterPhase, Engaged, Fleet},
+        retry_with_backoff,
+    };
+    use tokio::sync::Semaphore;
+
+    const FLOODED: usize = 40;
+    let env = TestEnv::shared().await;
+    let client = env.client().await.expect("an admin client");
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let label = format!("fleet-share-{}", std::process::id());
+    let (flood, quiet) = (format!("{label}-flood"), format!("{label}-quiet"));
+
+    // Two turns; the flooded cluster's controller has four workers, so two of them wait
+    // in the fleet's line whenever it has a backlog.
+    let fleet = Fleet::new(
+        NamespaceClusters::new(client.clone()).label_selector(format!("{label}=member")),
+    )
+    .workers(2);
+    let view = fleet.view();
+    let reconciles = Arc::new(Reconciles::default());
+    // The flooded cluster's reconciles each wait for a permit the test hands out.
+    let gate = Arc::new(Semaphore::new(0));
+    let runs_ended = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let cancel = CancellationToken::new();
+    let fleet_task = tokio::spawn({
+        let (reconciles, gate, runs_ended, flood) = (
+            reconciles.clone(),
+            gate.clone(),
+            runs_ended.clone(),
+            flood.clone(),
+        );
+        fleet.run(
+            move |cluster: Engaged| {
+                let (reconciles, gate, runs_ended, flood) = (
+                    reconciles.clone(),
+                    gate.clone(),
+                    runs_ended.clone(),
+                    flood.clone(),
+                );
+                async move {
+                    let name = cluster.cluster().name().to_string();
+                    let workers = if name == flood { 4 } else { cluster.workers() };
+                    let reconcile = {
+                        let name = name.clone();
+                        move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
+                            let (reconciles, gate, name, flooded) = (
+                                reconciles.clone(),
+                                gate.clone(),
+                                name.clone(),
+                                name == flood,
+                            );
+                            async move {
+                                reconciles
+                                    .started
+                                    .lock()
+                                    .expect("not poisoned")
+                                    .push((name, request.key().to_string()));
+                                if flooded {
+                                    gate.acquire().await.expect("open").forget();
+                                }
+                                Ok::<_, std::convert::Infallible>(Action::done())
+                            }
+                        }
+                    };
+                    let result = Controller::new(
+                        "fleet-config-maps",
+                        cluster.factory().informer::<ConfigMap>(cluster.scope()),
+                    )
+                    .workers(workers)
+                    .share_workers(cluster.tenant())
+                    .run(
+                        (reconcile, retry_with_backoff(), Arc::new(())),
+                        cluster.cancel(),
+                    )
+                    .await;
+                    runs_ended.lock().expect("not poisoned").push(name);
+                    result
+                }
+            },
+            cancel.clone(),
+        )
+    });
+
+    // The flooded cluster: two reconciles hold both turns, two more workers wait for one.
+    member_namespace(&namespaces, &flood, &label).await;
+    let flood_api = Api::<ConfigMap>::namespaced(client.clone(), &flood);
+    for i in 0..FLOODED {
+        flood_api
+            .create(
+                &PostParams::default(),
+                &config_map(&format!("cm-{i:02}"), &[]),
+            )
+            .await
+            .expect("a ConfigMap is created");
+    }
+    tests::eventually(
+        "two flooded reconciles holding the turns, two waiting",
+        || {
+            let share = view.share().stats();
+            reconciles.count(&flood) == 2 && share.held == 2 && share.waiting == 2
+        },
+    )
+    .await;
+
+    // The quiet cluster's single change joins the line behind the flooded cluster's two.
+    member_namespace(&namespaces, &quiet, &label).await;
+    Api::<ConfigMap>::namespaced(client.clone(), &quiet)
+        .create(&PostParams::default(), &config_map("single", &[]))
+        .await
+        .expect("the quiet cluster's ConfigMap is created");
+    tests::eventually("the quiet cluster's change waiting for a turn", || {
+        view.share().stats().waiting_tenants == 2
+    })
+    .await;
+    assert_eq!(reconciles.count(&quiet), 0);
+
+    // One flooded reconcile ends: its turn goes to the quiet cluster, not to the flooded
+    // cluster's waiting workers.
+    gate.add_permits(1);
+    tests::eventually("the next reconcile to start", || {
+        reconciles.started().len() >= 3
+    })
+    .await;
+    let third = reconciles.started()[2].clone();
+    assert_eq!(third.0, quiet, "the turn went to {third:?}");
+
+    // The rest of the flood goes through.
+    gate.add_permits(FLOODED);
+    tests::eventually("every flooded ConfigMap reconciled", || {
+        reconciles.count(&flood) >= FLOODED
+    })
+    .await;
+    assert!(
+        view.clusters()
+            .iter()
+            .all(|c| c.phase == ClusterPhase::Running)
+    );
+
+    // The quiet cluster goes: its run ends, and the fleet forgets it.
+    namespaces
+        .delete(&quiet, &DeleteParams::default())
+        .await
+        .expect("the namespace is deleted");
+    tests::eventually("the quiet cluster's run to end and be forgotten", || {
+        runs_ended.lock().expect("not poisoned").contains(&quiet)
+            && view.clusters().iter().all(|c| c.name.as_str() != quiet)
+    })
+    .await;
+    let left: Vec<String> = view.clusters().iter().map(|c| c.name.to_string()).collect();
+    assert_eq!(left, vec![flood.clone()]);
+
+    cancel.cancel();
+    within("the fleet to stop", fleet_task)
+        .await
+        .expect("the fleet's task");
+    assert!(runs_ended.lock().expect("not poisoned").contains(&flood));
+    let _ = namespaces.delete(&flood, &DeleteParams::default()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_restarts_a_cluster_whose_credentials_change_or_whose_run_fails() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    use kube_informer::{
+        Error,
+        fleet::{ClusterPhase, Engaged, Fleet},
+    };
+
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "fleet-restart").await;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &namespace);
+    let (kubeconfig, rotated) = kubeconfigs(env, "rotated");
+    let fleet = Fleet::new(KubeconfigSecrets::new(client.clone(), &namespace));
+    let view = fleet.view();
+    // Each run's start and end, in order; the first run fails once its cache has synced.
+    let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let cancel = CancellationToken::new();
+    let fleet_task = tokio::spawn({
+        let (log, runs) = (log.clone(), runs.clone());
+        fleet.run(
+            move |cluster: Engaged| {
+                let (log, runs) = (log.clone(), runs.clone());
+                async move {
+                    let run = runs.fetch_add(1, Ordering::SeqCst);
+                    log.lock()
+                        .expect("not poisoned")
+                        .push(format!("start {run}"));
+                    let namespaces = cluster.factory().informer::<Namespace>(cluster.scope());
+                    let synced = namespaces.wait_synced_or_fatal().await;
+                    let result = match (run, synced) {
+                        (_, Err(error)) => Err(error),
+                        (0, Ok(())) => Err(Error::Config("the first run fails".into())),
+                        (_, Ok(())) => {
+                            cluster.cancel().cancelled().await;
+                            Ok(())
+                        }
+                    };
+                    log.lock().expect("not poisoned").push(format!("end {run}"));
+                    result
+                }
+            },
+            cancel.clone(),
+        )
+    });
+
+    secrets
+        .create(
+            &PostParams::default(),
+            &kubeconfig_secret("member", &kubeconfig, true),
+        )
+        .await
+        .expect("the Secret is created");
+    // The first run fails; the fleet reports it and starts it again after a backoff.
+    tests::eventually("the failed run started again, synced", || {
+        view.clusters()
+            .first()
+            .is_some_and(|c| c.starts == 2 && c.phase == ClusterPhase::Running && c.synced)
+    })
+    .await;
+    let status = view.clusters()[0].clone();
+    assert!(
+        status
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("the first run fails")),
+        "{status:?}"
+    );
+    assert!(view.behind().is_empty());
+
+    // New credentials: the running run ends before the next starts.
+    secrets
+        .replace(
+            "member",
+            &PostParams::default(),
+            &kubeconfig_secret("member", &rotated, true),
+        )
+        .await
+        .expect("the credentials are rotated");
+    tests::eventually("the run restarted with the new credentials", || {
+        view.clusters()
+            .first()
+            .is_some_and(|c| c.starts == 3 && c.synced)
+    })
+    .await;
+    assert_eq!(
+        *log.lock().expect("not poisoned"),
+        ["start 0", "end 0", "start 1", "end 1", "start 2"]
+    );
+    cancel.cancel();
+    within("the fleet to stop", fleet_task)
+        .await
+        .expect("the fleet's task");
+    assert_eq!(
+        log.lock().expect("not poisoned").last().map(String::as_str),
+        Some("end 2")
+    );
+}

@@ -54,7 +54,7 @@ use crate::{
     store::Store,
     task::join_within,
     workqueue::{
-        MetricsProvider, QueueConfig, RateLimiter, RateLimitingQueue,
+        MetricsProvider, QueueConfig, RateLimiter, RateLimitingQueue, Tenant,
         default_controller_rate_limiter,
     },
 };
@@ -131,6 +131,8 @@ pub struct Controller<K> {
     predicate: Predicate<K>,
     sources: Vec<Source>,
     workers: usize,
+    /// The fleet's turns the workers take before each reconcile, if they share any.
+    turns: Option<Tenant>,
     reconcile_timeout: Option<Duration>,
     shutdown_timeout: Duration,
     startup_grace: Duration,
@@ -178,6 +180,7 @@ where
             predicate: Predicate::any(),
             sources: Vec::new(),
             workers: 1,
+            turns: None,
             reconcile_timeout: None,
             shutdown_timeout: Duration::from_secs(30),
             startup_grace: Duration::from_secs(10),
@@ -541,6 +544,19 @@ where
         self
     }
 
+    /// Takes a turn of `tenant`'s [`FairShare`] before each reconcile, and gives it back
+    /// after: the controllers of a fleet's clusters share the fleet's workers fairly, so
+    /// a cluster with a backlog delays another cluster's single change by at most one
+    /// reconcile. Give this controller as many [`workers`](Self::workers) as the share
+    /// has turns, so that it can use them all while the other clusters are idle.
+    ///
+    /// [`FairShare`]: crate::workqueue::FairShare
+    #[must_use]
+    pub fn share_workers(mut self, tenant: Tenant) -> Self {
+        self.turns = Some(tenant);
+        self
+    }
+
     /// Cancels a reconcile that runs longer than `timeout` and hands the error policy a
     /// [`ReconcileError::TimedOut`] (default: no limit).
     #[must_use]
@@ -636,6 +652,7 @@ where
             predicate,
             mut sources,
             workers,
+            turns,
             reconcile_timeout,
             shutdown_timeout,
             startup_grace,
@@ -759,6 +776,7 @@ where
             deleted,
             reconciler,
             reconcile_timeout,
+            turns,
             stats,
             #[cfg(feature = "prometheus")]
             recorder: reconcile_metrics.map(|m| m.for_controller(&name, workers)),

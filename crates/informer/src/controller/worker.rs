@@ -29,7 +29,7 @@ use crate::{
     informer::InformerHandle,
     key::ObjectKey,
     sharding::{MAX_FORWARDED, NotForwarded, Refusal, ShardRing},
-    workqueue::RateLimitingQueue,
+    workqueue::{RateLimitingQueue, Tenant},
 };
 
 /// What a controller's workers have done, from [`Controller::stats`](crate::Controller::stats).
@@ -118,6 +118,8 @@ pub(super) struct Worker<K, Rec> {
     pub(super) deleted: LastStates<K>,
     pub(super) reconciler: Rec,
     pub(super) reconcile_timeout: Option<Duration>,
+    /// The fleet's turns, taken before each reconcile when the controller shares them.
+    pub(super) turns: Option<Tenant>,
     pub(super) stats: Arc<WorkerCounters>,
     #[cfg(feature = "prometheus")]
     pub(super) recorder: Option<Recorder>,
@@ -148,7 +150,20 @@ where
                 key = self.queue.get() => key,
             };
             let Some(key) = key else { break };
+            // Taken after the key, so a tenant waits in the fleet's line only with work.
+            let turn = match &self.turns {
+                None => None,
+                Some(tenant) => tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => {
+                        self.queue.done(&key);
+                        break;
+                    }
+                    turn = tenant.turn() => Some(turn),
+                },
+            };
             self.reconcile_one(&key).await;
+            drop(turn);
             self.queue.done(&key);
         }
         debug!(controller = %self.name, worker = id, "worker stopped");

@@ -11,6 +11,9 @@
 //!   [`ItemExponentialFailure`], [`Bucket`], [`MaxOf`], [`ItemFastSlow`], or usually
 //!   [`default_controller_rate_limiter`].
 //!
+//! [`FairShare`] is a budget of concurrent turns that several queues' workers (a fleet's
+//! clusters) take in fairness.
+//!
 //! Each queue can report client-go's `workqueue_*` metrics through a [`MetricsProvider`]
 //! given in its [`QueueConfig`]; with the `prometheus` feature (on by default),
 //! `PrometheusMetrics` registers them in a `prometheus-client` registry.
@@ -44,6 +47,7 @@
 
 mod config;
 mod delaying;
+mod fair;
 mod lanes;
 mod metrics;
 #[cfg(feature = "prometheus")]
@@ -56,6 +60,7 @@ mod state;
 
 pub use config::QueueConfig;
 pub use delaying::DelayingQueue;
+pub use fair::{FairShare, FairShareStats, Tenant, Turn};
 pub use lanes::{LOW_PRIORITY_MAX_WAIT, Priority};
 pub use metrics::{InFlightProbe, InFlightSnapshot, MetricsProvider, QueueMetrics};
 #[cfg(feature = "prometheus")]

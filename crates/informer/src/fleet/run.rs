@@ -1,0 +1,466 @@
+//! [`Fleet`]: what runs in each cluster, started as the cluster appears, started again as
+//! its credentials change, stopped as it goes, with the fleet's workers shared fairly.
+
+use std::{
+    collections::HashMap, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration,
+};
+
+use dashmap::DashMap;
+use futures::{FutureExt, StreamExt};
+use kube_client::Client;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::{Cluster, ClusterEvent, ClusterEvents, ClusterName, ClusterProvider};
+use crate::{
+    error::{Error, panic_message},
+    informer::{InformerFactory, Scope},
+    workqueue::{FairShare, Tenant},
+};
+
+/// One controller over a fleet of clusters: for each cluster a [`ClusterProvider`]
+/// announces, [`run`](Self::run) calls `engage` with an [`Engaged`] cluster (its client,
+/// an [`InformerFactory`] of its own, started, and a [`Tenant`] of the fleet's
+/// [`FairShare`] of workers) and runs what it returns until the cluster goes, or changes
+/// (then it runs again with the new client, once the old run has ended). A run that fails
+/// is started again after a backoff (1 s, doubling to 60 s) while the cluster is there;
+/// the other clusters never wait for it. When a cluster goes, its informers are stopped
+/// and dropped with everything the run held.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{
+///     Action, CancellationToken, Controller, ReconcileRequest, retry_with_backoff,
+///     fleet::{Engaged, Fleet, KubeconfigSecrets},
+/// };
+///
+/// # async fn doc(hub: kube_client::Client) {
+/// let fleet = Fleet::new(KubeconfigSecrets::new(hub, "fleet-system")).workers(4);
+/// fleet
+///     .run(
+///         |cluster: Engaged| async move {
+///             let name = cluster.cluster().name().clone();
+///             let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
+///                 let name = name.clone();
+///                 async move {
+///                     tracing::info!(cluster = %name, key = %request.key(), "reconciled");
+///                     Ok::<_, std::convert::Infallible>(Action::done())
+///                 }
+///             };
+///             Controller::new("config-maps", cluster.factory().informer::<ConfigMap>(cluster.scope()))
+///                 .workers(cluster.workers())
+///                 .share_workers(cluster.tenant())
+///                 .run((reconcile, retry_with_backoff(), Arc::new(())), cluster.cancel())
+///                 .await
+///         },
+///         CancellationToken::new(),
+///     )
+///     .await;
+/// # }
+/// ```
+pub struct Fleet {
+    events: Box<dyn FnOnce(CancellationToken) -> ClusterEvents + Send>,
+    share: FairShare,
+    workers: usize,
+    clusters: Arc<DashMap<ClusterName, Entry>>,
+    max_backoff: Duration,
+    engagements: u64,
+}
+
+/// What the fleet knows of one cluster, behind [`FleetView`].
+struct Entry {
+    /// Which engagement of the cluster this is: a run that ended after the cluster came
+    /// back changes nothing of the new one's.
+    engagement: u64,
+    cluster: Cluster,
+    factory: Option<InformerFactory>,
+    phase: ClusterPhase,
+    starts: u64,
+    last_error: Option<String>,
+}
+
+/// Where a cluster's run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClusterPhase {
+    /// Announced; its run waits for the previous one (before new credentials) to end.
+    Starting,
+    /// Its run is going.
+    Running,
+    /// Its run failed and starts again after a backoff.
+    BackingOff,
+    /// Its run ended by itself, without an error.
+    Finished,
+}
+
+/// One cluster of a running fleet, from [`FleetView::clusters`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClusterStatus {
+    /// Its name.
+    pub name: ClusterName,
+    /// The namespace it is, for a cluster that is one namespace of a larger one.
+    pub namespace: Option<String>,
+    /// Where its run stands.
+    pub phase: ClusterPhase,
+    /// Whether every informer its run asked for has synced.
+    pub synced: bool,
+    /// How often its run was started: once, plus once per failure or change.
+    pub starts: u64,
+    /// The last error of its run, or the provider's last refusal of its kubeconfig.
+    pub last_error: Option<String>,
+}
+
+/// A read-only view of a running [`Fleet`]'s clusters, for probes and metrics.
+#[derive(Clone)]
+pub struct FleetView {
+    clusters: Arc<DashMap<ClusterName, Entry>>,
+    share: FairShare,
+}
+
+impl FleetView {
+    /// Every cluster engaged now, by name.
+    pub fn clusters(&self) -> Vec<ClusterStatus> {
+        let mut clusters: Vec<ClusterStatus> = self
+            .clusters
+            .iter()
+            .map(|entry| ClusterStatus {
+                name: entry.key().clone(),
+                namespace: entry.cluster.namespace().map(str::to_owned),
+                phase: entry.phase,
+                synced: entry.factory.as_ref().is_some_and(|f| f.has_synced()),
+                starts: entry.starts,
+                last_error: entry.last_error.clone(),
+            })
+            .collect();
+        clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        clusters
+    }
+
+    /// The clusters whose run is not going with every informer synced: what a readiness
+    /// probe reports, without failing for them.
+    pub fn behind(&self) -> Vec<ClusterName> {
+        self.clusters()
+            .into_iter()
+            .filter(|c| !(c.phase == ClusterPhase::Running && c.synced))
+            .map(|c| c.name)
+            .collect()
+    }
+
+    /// The fleet's workers.
+    pub fn share(&self) -> &FairShare {
+        &self.share
+    }
+}
+
+impl std::fmt::Debug for FleetView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FleetView")
+            .field("clusters", &self.clusters.len())
+            .field("share", &self.share)
+            .finish()
+    }
+}
+
+/// One cluster, handed to the fleet's `engage` for one run.
+pub struct Engaged {
+    cluster: Cluster,
+    factory: InformerFactory,
+    tenant: Tenant,
+    workers: usize,
+    cancel: CancellationToken,
+}
+
+impl Engaged {
+    /// The cluster.
+    pub fn cluster(&self) -> &Cluster {
+        &self.cluster
+    }
+
+    /// A client for it.
+    pub fn client(&self) -> Client {
+        self.cluster.client().clone()
+    }
+
+    /// This run's informers of the cluster, started: one asked for now starts at once,
+    /// and all stop when the run ends.
+    pub fn factory(&self) -> &InformerFactory {
+        &self.factory
+    }
+
+    /// What an informer of this cluster covers: the cluster's namespace for a cluster
+    /// that is one, else every namespace.
+    pub fn scope(&self) -> Scope {
+        match self.cluster.namespace() {
+            Some(namespace) => Scope::namespace(namespace),
+            None => Scope::all(),
+        }
+    }
+
+    /// The cluster's place in the fleet's [`FairShare`] of workers, for
+    /// [`Controller::share_workers`](crate::Controller::share_workers).
+    pub fn tenant(&self) -> Tenant {
+        self.tenant.clone()
+    }
+
+    /// The fleet's workers: as many as a controller of this cluster may use while the
+    /// other clusters are idle.
+    pub fn workers(&self) -> usize {
+        self.workers
+    }
+
+    /// Cancelled when this run is to end: the cluster went or changed, or the fleet
+    /// stops.
+    pub fn cancel(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+}
+
+/// One cluster's run, as the fleet holds it.
+struct Engagement {
+    id: u64,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Fleet {
+    /// A fleet of the clusters `provider` announces, with 4 workers.
+    pub fn new(provider: impl ClusterProvider) -> Self {
+        Self {
+            events: Box::new(move |cancel| provider.events(cancel)),
+            share: FairShare::new(4),
+            workers: 4,
+            clusters: Arc::new(DashMap::new()),
+            max_backoff: Duration::from_secs(60),
+            engagements: 0,
+        }
+    }
+
+    /// The reconciles the fleet runs at once, over every cluster, shared fairly (4 by
+    /// default).
+    #[must_use]
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers.max(1);
+        self.share = FairShare::new(self.workers);
+        self
+    }
+
+    /// The longest wait before a failed run starts again (60 s by default).
+    #[must_use]
+    pub fn max_backoff(mut self, max: Duration) -> Self {
+        self.max_backoff = max;
+        self
+    }
+
+    /// A view of the clusters, which stays valid while the fleet runs.
+    pub fn view(&self) -> FleetView {
+        FleetView {
+            clusters: self.clusters.clone(),
+            share: self.share.clone(),
+        }
+    }
+
+    /// Follows the provider until `cancel` is cancelled (or its stream ends), running
+    /// `engage` in each cluster it announces; then stops every run and waits for each.
+    pub async fn run<F, Fut>(mut self, engage: F, cancel: CancellationToken)
+    where
+        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        let engage = Arc::new(engage);
+        let provider = std::mem::replace(
+            &mut self.events,
+            Box::new(|_| futures::stream::empty().boxed()),
+        );
+        let mut events = provider(cancel.child_token());
+        let mut running: HashMap<ClusterName, Engagement> = HashMap::new();
+        loop {
+            let event = tokio::select! {
+                () = cancel.cancelled() => break,
+                event = events.next() => event,
+            };
+            let Some(event) = event else {
+                warn!("the fleet's cluster provider stopped; stopping every cluster");
+                break;
+            };
+            match event {
+                ClusterEvent::Appeared(cluster) | ClusterEvent::Changed(cluster) => {
+                    let name = cluster.name().clone();
+                    // The new run starts once the old one has ended: two never reconcile
+                    // one cluster at once.
+                    let previous = running.remove(&name).map(|old| {
+                        old.cancel.cancel();
+                        old.task
+                    });
+                    info!(cluster = %name, restart = previous.is_some(), "engaging a cluster");
+                    let run_cancel = cancel.child_token();
+                    self.engagements += 1;
+                    let id = self.engagements;
+                    let task = tokio::spawn(self.run_cluster(
+                        id,
+                        cluster,
+                        previous,
+                        engage.clone(),
+                        run_cancel.clone(),
+                    ));
+                    running.insert(
+                        name,
+                        Engagement {
+                            id,
+                            cancel: run_cancel,
+                            task,
+                        },
+                    );
+                }
+                ClusterEvent::Gone(name) => {
+                    if let Some(old) = running.remove(&name) {
+                        info!(cluster = %name, "a cluster went; stopping its run");
+                        old.cancel.cancel();
+                        let clusters = self.clusters.clone();
+                        // Forgotten once its run has ended (and its memory is free), unless
+                        // it came back meanwhile.
+                        tokio::spawn(async move {
+                            let _ = old.task.await;
+                            clusters.remove_if(&name, |_, entry| entry.engagement == old.id);
+                        });
+                    }
+                }
+                ClusterEvent::Refused {
+                    cluster: Some(name),
+                    error,
+                } => {
+                    if let Some(mut entry) = self.clusters.get_mut(&name) {
+                        entry.last_error = Some(error.to_string());
+                    }
+                }
+                ClusterEvent::Refused {
+                    cluster: None,
+                    error,
+                } => warn!(%error, "the fleet's cluster provider failed"),
+            }
+        }
+        for run in running.values() {
+            run.cancel.cancel();
+        }
+        for (name, run) in running {
+            if let Err(error) = run.task.await {
+                warn!(cluster = %name, %error, "a cluster's run did not end cleanly");
+            }
+        }
+    }
+
+    /// One cluster's runs until `cancel`: after `previous` has ended, `engage` with a fresh
+    /// factory, again after a backoff while it fails.
+    fn run_cluster<F, Fut>(
+        &self,
+        id: u64,
+        cluster: Cluster,
+        previous: Option<JoinHandle<()>>,
+        engage: Arc<F>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static
+    where
+        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        let clusters = self.clusters.clone();
+        let tenant = self.share.tenant(cluster.name().as_str());
+        let workers = self.workers;
+        let max_backoff = self.max_backoff;
+        let name = cluster.name().clone();
+        clusters
+            .entry(name.clone())
+            .and_modify(|entry| {
+                entry.engagement = id;
+                entry.cluster = cluster.clone();
+                entry.phase = ClusterPhase::Starting;
+            })
+            .or_insert_with(|| Entry {
+                engagement: id,
+                cluster: cluster.clone(),
+                factory: None,
+                phase: ClusterPhase::Starting,
+                starts: 0,
+                last_error: None,
+            });
+
+        async move {
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
+            let mut backoff = Duration::from_secs(1);
+            while !cancel.is_cancelled() {
+                let factory = InformerFactory::new(cluster.client().clone());
+                let run_cancel = cancel.child_token();
+                factory.start(&run_cancel);
+                if let Some(mut entry) = entry_of(&clusters, &name, id) {
+                    entry.factory = Some(factory.clone());
+                    entry.phase = ClusterPhase::Running;
+                    entry.starts += 1;
+                }
+                let engaged = Engaged {
+                    cluster: cluster.clone(),
+                    factory: factory.clone(),
+                    tenant: tenant.clone(),
+                    workers,
+                    cancel: run_cancel.clone(),
+                };
+                let outcome = AssertUnwindSafe(engage(engaged)).catch_unwind().await;
+                run_cancel.cancel();
+                factory.shutdown().await;
+                let failure = match outcome {
+                    Ok(Ok(())) => None,
+                    Ok(Err(error)) => Some(crate::error::error_chain(&error)),
+                    Err(panic) => Some(format!("panicked: {}", panic_message(&*panic))),
+                };
+                let mut entry = entry_of(&clusters, &name, id);
+                if let Some(entry) = entry.as_deref_mut() {
+                    entry.factory = None;
+                }
+                if cancel.is_cancelled() {
+                    break;
+                }
+                let Some(failure) = failure else {
+                    debug!(cluster = %name, "the cluster's run ended");
+                    if let Some(entry) = entry.as_deref_mut() {
+                        entry.phase = ClusterPhase::Finished;
+                    }
+                    break;
+                };
+                warn!(cluster = %name, error = %failure, ?backoff, "the cluster's run failed; starting it again after a backoff");
+                if let Some(entry) = entry.as_deref_mut() {
+                    entry.phase = ClusterPhase::BackingOff;
+                    entry.last_error = Some(failure);
+                }
+                drop(entry);
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(max_backoff);
+            }
+        }
+    }
+}
+
+/// Engagement `id`'s entry for `name`, unless a later engagement replaced it.
+fn entry_of<'a>(
+    clusters: &'a DashMap<ClusterName, Entry>,
+    name: &ClusterName,
+    id: u64,
+) -> Option<dashmap::mapref::one::RefMut<'a, ClusterName, Entry>> {
+    clusters
+        .get_mut(name)
+        .filter(|entry| entry.engagement == id)
+}
+
+impl std::fmt::Debug for Fleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fleet")
+            .field("workers", &self.workers)
+            .field("clusters", &self.clusters.len())
+            .finish_non_exhaustive()
+    }
+}
