@@ -406,12 +406,13 @@ async fn fleet_shares_its_workers_fairly_and_stops_a_cluster_that_goes() {
     let label = format!("fleet-share-{}", std::process::id());
     let (flood, quiet) = (format!("{label}-flood"), format!("{label}-quiet"));
 
-    // Two turns; the flooded cluster's controller has four workers, so two of them wait
-    // in the fleet's line whenever it has a backlog.
+    // Two turns, either cluster may hold both; the flooded cluster's controller has four
+    // workers, so two of them wait in the fleet's line whenever it has a backlog.
     let fleet = Fleet::new(
         NamespaceClusters::new(client.clone()).label_selector(format!("{label}=member")),
     )
-    .workers(2);
+    .workers(2)
+    .max_workers_per_cluster(2);
     let view = fleet.view();
     let reconciles = Arc::new(Reconciles::default());
     // The flooded cluster's reconciles each wait for a permit the test hands out.
@@ -654,4 +655,171 @@ async fn fleet_restarts_a_cluster_whose_credentials_change_or_whose_run_fails() 
         log.lock().expect("not poisoned").last().map(String::as_str),
         Some("end 2")
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
+    use std::sync::Arc;
+
+    use kube_informer::{
+        Action, Controller, ReconcileRequest,
+        fleet::{Engaged, Fleet},
+        retry_with_backoff,
+    };
+    use kube_testenv::FaultProxy;
+    use tokio::sync::Semaphore;
+
+    const WORK: &str = "fleet-work";
+    // A hub (the shared control plane) and two members of their own; member b is reached
+    // through a fault proxy.
+    let hub = TestEnv::shared().await;
+    let (member_a, member_b) = tokio::join!(TestEnv::builder().start(), TestEnv::builder().start());
+    let (member_a, member_b) = (member_a.expect("member a"), member_b.expect("member b"));
+    let proxy_b = FaultProxy::for_apiserver(&member_b).await.expect("a proxy");
+    let dir = tempfile::tempdir().expect("a directory");
+    let via_proxy = dir.path().join("b.kubeconfig");
+    member_b
+        .kubeconfig_via(&proxy_b, &via_proxy)
+        .expect("b's kubeconfig through the proxy");
+    let kubeconfig_a = std::fs::read(member_a.kubeconfig_path()).expect("a's kubeconfig");
+    let kubeconfig_b = std::fs::read(&via_proxy).expect("b's kubeconfig");
+    let mut admins = Vec::new();
+    for member in [&member_a, &member_b] {
+        let admin = member.client().await.expect("a member's admin client");
+        let namespace: Namespace =
+            serde_json::from_value(serde_json::json!({ "metadata": { "name": WORK } }))
+                .expect("a namespace");
+        Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("the work namespace");
+        admins.push(Api::<ConfigMap>::namespaced(admin, WORK));
+    }
+    let (in_a, in_b) = (admins[0].clone(), admins[1].clone());
+    let (hub_client, hub_namespace) = test_namespace(hub, "fleet-faults").await;
+    let secrets = Api::<Secret>::namespaced(hub_client.clone(), &hub_namespace);
+    for (name, kubeconfig) in [("a", &kubeconfig_a), ("b", &kubeconfig_b)] {
+        secrets
+            .create(
+                &PostParams::default(),
+                &kubeconfig_secret(name, kubeconfig, true),
+            )
+            .await
+            .expect("the member's Secret");
+    }
+
+    // Two workers, the default: a cluster runs at most one reconcile at once.
+    let fleet = Fleet::new(KubeconfigSecrets::new(hub_client, &hub_namespace)).workers(2);
+    let view = fleet.view();
+    let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    // Member b's reconciles wait here before reading their ConfigMap from the server.
+    let gate = Arc::new(Semaphore::new(0));
+    let cancel = CancellationToken::new();
+    let fleet_task = tokio::spawn({
+        let (log, gate) = (log.clone(), gate.clone());
+        fleet.run(
+            move |cluster: Engaged| {
+                let (log, gate) = (log.clone(), gate.clone());
+                async move {
+                    let name = cluster.cluster().name().to_string();
+                    let live = Api::<ConfigMap>::namespaced(cluster.client(), WORK);
+                    let reconcile = move |request: ReconcileRequest<ConfigMap>, _: Arc<()>| {
+                        let (log, gate, name, live) =
+                            (log.clone(), gate.clone(), name.clone(), live.clone());
+                        async move {
+                            let key = request.key().to_string();
+                            log.lock()
+                                .expect("not poisoned")
+                                .push(format!("start {name} {key}"));
+                            if name == "b" && !key.ends_with("/first") {
+                                gate.acquire().await.expect("open").forget();
+                            }
+                            // A read from the server, as a reconcile makes: through a
+                            // stalled link, it hangs.
+                            live.get_opt(request.key().name()).await?;
+                            log.lock()
+                                .expect("not poisoned")
+                                .push(format!("done {name} {key}"));
+                            Ok::<_, kube_client::Error>(Action::done())
+                        }
+                    };
+                    Controller::new(
+                        "fleet-faults",
+                        cluster
+                            .factory()
+                            .informer::<ConfigMap>(kube_informer::Scope::namespace(WORK)),
+                    )
+                    .workers(cluster.workers())
+                    .share_workers(cluster.tenant())
+                    .run(
+                        (reconcile, retry_with_backoff(), Arc::new(())),
+                        cluster.cancel(),
+                    )
+                    .await
+                }
+            },
+            cancel.clone(),
+        )
+    });
+    let logged = |line: &str| log.lock().expect("not poisoned").iter().any(|l| l == line);
+    let count = |prefix: &str| {
+        log.lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .count()
+    };
+
+    for api in [&in_a, &in_b] {
+        api.create(&PostParams::default(), &config_map("first", &[]))
+            .await
+            .expect("a ConfigMap");
+    }
+    let first = |cluster: &str| format!("done {cluster} {WORK}/first");
+    tests::eventually("both members reconciled", || {
+        logged(&first("a")) && logged(&first("b"))
+    })
+    .await;
+
+    // Member b gets three changes; one reconcile takes b's one turn and waits at the gate.
+    for i in 0..3 {
+        in_b.create(&PostParams::default(), &config_map(&format!("b-{i}"), &[]))
+            .await
+            .expect("a ConfigMap in b");
+    }
+    tests::eventually(
+        "one of b's reconciles holding its turn, another in line",
+        || count("start b fleet-work/b-") == 1 && view.share().stats().waiting >= 1,
+    )
+    .await;
+    // Member b stalls, and its reconcile goes on to read through the stalled link.
+    proxy_b.stall().await.expect("b stalled");
+    // Enough for every attempt: a read cut off by the stall fails and is retried.
+    gate.add_permits(1_000);
+
+    // Member a's change goes through while b's read hangs.
+    in_a.create(&PostParams::default(), &config_map("during", &[]))
+        .await
+        .expect("a ConfigMap in a");
+    tests::eventually("a's change reconciled during b's stall", || {
+        logged(&format!("done a {WORK}/during"))
+    })
+    .await;
+    assert_eq!(
+        count("done b fleet-work/b-"),
+        0,
+        "b's reads hung through the stall"
+    );
+    assert_eq!(view.clusters().len(), 2);
+
+    // Lifted: b's reconciles finish.
+    proxy_b.clear().await.expect("b's link restored");
+    tests::eventually("b's changes reconciled after the stall", || {
+        (0..3).all(|i| logged(&format!("done b {WORK}/b-{i}")))
+    })
+    .await;
+    cancel.cancel();
+    within("the fleet to stop", fleet_task)
+        .await
+        .expect("the fleet's task");
 }

@@ -64,6 +64,7 @@ pub struct Fleet {
     events: Box<dyn FnOnce(CancellationToken) -> ClusterEvents + Send>,
     share: FairShare,
     workers: usize,
+    per_cluster: Option<usize>,
     clusters: Arc<DashMap<ClusterName, Entry>>,
     max_backoff: Duration,
     engagements: u64,
@@ -205,8 +206,8 @@ impl Engaged {
         self.tenant.clone()
     }
 
-    /// The fleet's workers: as many as a controller of this cluster may use while the
-    /// other clusters are idle.
+    /// The fleet's workers: give a controller of this cluster as many, so that it can use
+    /// every turn the fleet lets one cluster have.
     pub fn workers(&self) -> usize {
         self.workers
     }
@@ -226,12 +227,14 @@ struct Engagement {
 }
 
 impl Fleet {
-    /// A fleet of the clusters `provider` announces, with 4 workers.
+    /// A fleet of the clusters `provider` announces, with 4 workers, a cluster using at
+    /// most 3 at once.
     pub fn new(provider: impl ClusterProvider) -> Self {
         Self {
             events: Box::new(move |cancel| provider.events(cancel)),
-            share: FairShare::new(4),
+            share: share_of(4, None),
             workers: 4,
+            per_cluster: None,
             clusters: Arc::new(DashMap::new()),
             max_backoff: Duration::from_secs(60),
             engagements: 0,
@@ -243,7 +246,17 @@ impl Fleet {
     #[must_use]
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers.max(1);
-        self.share = FairShare::new(self.workers);
+        self.share = share_of(self.workers, self.per_cluster);
+        self
+    }
+
+    /// The most reconciles one cluster runs at once: by default every worker but one (of
+    /// one worker, that one), so that a cluster whose reconciles hang on a stalled API
+    /// server leaves a worker to the others.
+    #[must_use]
+    pub fn max_workers_per_cluster(mut self, max: usize) -> Self {
+        self.per_cluster = Some(max.max(1));
+        self.share = share_of(self.workers, self.per_cluster);
         self
     }
 
@@ -443,6 +456,12 @@ impl Fleet {
             }
         }
     }
+}
+
+/// `workers` turns, each cluster held to `per_cluster` (by default all but one).
+fn share_of(workers: usize, per_cluster: Option<usize>) -> FairShare {
+    let per_cluster = per_cluster.unwrap_or_else(|| workers.saturating_sub(1).max(1));
+    FairShare::new(workers).max_per_tenant(per_cluster)
 }
 
 /// Engagement `id`'s entry for `name`, unless a later engagement replaced it.

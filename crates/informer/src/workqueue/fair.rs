@@ -17,6 +17,9 @@ use tokio::sync::oneshot;
 /// every turn in hand delays another tenant's single item by at most one turn's length:
 /// the first turn given back is the newcomer's.
 ///
+/// A tenant may also be held to [`max_per_tenant`](Self::max_per_tenant) turns at once,
+/// so that one whose work hangs (a cluster stalled mid-reconcile) never holds every turn.
+///
 /// ```
 /// use kube_informer::workqueue::FairShare;
 ///
@@ -42,6 +45,7 @@ pub struct FairShare {
 struct State {
     turns: usize,
     free: usize,
+    max_per_tenant: usize,
     /// Counts turns given, so that "served least recently" is a comparison.
     given: u64,
     tenants: HashMap<Arc<str>, Waiting>,
@@ -51,6 +55,8 @@ struct State {
 struct Waiting {
     /// The count of turns given when this tenant was last served.
     last_served: u64,
+    /// Turns it holds now.
+    held: usize,
     queue: VecDeque<oneshot::Sender<Turn>>,
 }
 
@@ -66,6 +72,8 @@ pub struct FairShareStats {
     pub waiting: usize,
     /// Tenants with a request waiting.
     pub waiting_tenants: usize,
+    /// The most turns one tenant holds at once.
+    pub max_per_tenant: usize,
 }
 
 impl FairShare {
@@ -76,10 +84,18 @@ impl FairShare {
             state: Arc::new(Mutex::new(State {
                 turns,
                 free: turns,
+                max_per_tenant: turns,
                 given: 0,
                 tenants: HashMap::new(),
             })),
         }
+    }
+
+    /// Holds each tenant to `max` turns at once (at least one; by default, every turn).
+    #[must_use]
+    pub fn max_per_tenant(self, max: usize) -> Self {
+        self.state.lock().max_per_tenant = max.max(1);
+        self
     }
 
     /// A tenant of this share named `name`; handles with one name are one tenant.
@@ -99,17 +115,23 @@ impl FairShare {
             held: state.turns - state.free,
             waiting: state.tenants.values().map(waiting).sum(),
             waiting_tenants: state.tenants.values().filter(|w| waiting(w) > 0).count(),
+            max_per_tenant: state.max_per_tenant,
         }
     }
 
-    /// A turn given back: to the waiting tenant served least recently, or kept free.
-    fn give_back(&self) {
+    /// `tenant`'s turn given back: to the waiting tenant served least recently that may
+    /// take one more, or kept free.
+    fn give_back(&self, tenant: &Arc<str>) {
         let mut state = self.state.lock();
+        if let Some(waiting) = state.tenants.get_mut(tenant) {
+            waiting.held -= 1;
+        }
+        let max = state.max_per_tenant;
         loop {
             let next = state
                 .tenants
                 .iter()
-                .filter(|(_, w)| !w.queue.is_empty())
+                .filter(|(_, w)| !w.queue.is_empty() && w.held < max)
                 .min_by(|(a_name, a), (b_name, b)| {
                     (a.last_served, a_name).cmp(&(b.last_served, b_name))
                 })
@@ -127,11 +149,15 @@ impl FairShare {
                 continue;
             }
             waiting.last_served = given;
+            waiting.held += 1;
             if let Err(mut turn) = tx.send(Turn {
-                share: Some(self.clone()),
+                share: Some((self.clone(), name)),
             }) {
                 // The request was dropped meanwhile: this turn is not given; the next is.
-                turn.share = None;
+                let (_, name) = turn.share.take().expect("just made");
+                if let Some(waiting) = state.tenants.get_mut(&name) {
+                    waiting.held -= 1;
+                }
                 continue;
             }
             return;
@@ -151,7 +177,7 @@ fn prune(state: &mut State) {
         .unwrap_or(u64::MAX);
     state
         .tenants
-        .retain(|_, w| !w.queue.is_empty() || w.last_served >= oldest_waiting);
+        .retain(|_, w| !w.queue.is_empty() || w.held > 0 || w.last_served >= oldest_waiting);
 }
 
 impl std::fmt::Debug for FairShare {
@@ -180,18 +206,19 @@ impl Tenant {
     pub async fn turn(&self) -> Turn {
         let rx = {
             let mut state = self.share.state.lock();
-            let nobody_waits = state.tenants.values().all(|w| w.queue.is_empty());
-            if state.free > 0 && nobody_waits {
+            let max = state.max_per_tenant;
+            // A free turn means nobody who may take one waits: a turn given back goes to
+            // such a waiter first.
+            let held = state.tenants.get(&self.name).map_or(0, |w| w.held);
+            if state.free > 0 && held < max {
                 state.free -= 1;
                 state.given += 1;
                 let given = state.given;
-                state
-                    .tenants
-                    .entry(self.name.clone())
-                    .or_default()
-                    .last_served = given;
+                let waiting = state.tenants.entry(self.name.clone()).or_default();
+                waiting.last_served = given;
+                waiting.held += 1;
                 return Turn {
-                    share: Some(self.share.clone()),
+                    share: Some((self.share.clone(), self.name.clone())),
                 };
             }
             let (tx, rx) = oneshot::channel();
@@ -215,13 +242,14 @@ impl Tenant {
 /// A turn of a [`FairShare`], given back when dropped.
 #[must_use = "the turn is given back when dropped"]
 pub struct Turn {
-    share: Option<FairShare>,
+    /// The share and the tenant it is given back for; `None` once it was.
+    share: Option<(FairShare, Arc<str>)>,
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if let Some(share) = self.share.take() {
-            share.give_back();
+        if let Some((share, tenant)) = self.share.take() {
+            share.give_back(&tenant);
         }
     }
 }
@@ -306,6 +334,27 @@ mod tests {
         let order = order.lock().clone();
         let tenants: String = order.iter().map(|o| &o[..1]).collect();
         assert_eq!(tenants, "abcabcabc", "{order:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_tenant_at_its_limit_waits_while_another_takes_the_free_turn() {
+        let share = FairShare::new(3).max_per_tenant(2);
+        let (hung, other) = (share.tenant("hung"), share.tenant("other"));
+        let held = [hung.turn().await, hung.turn().await];
+        let third = tokio::spawn({
+            let hung = hung.clone();
+            async move { hung.turn().await }
+        });
+        until_waiting(&share, 1).await;
+        assert_eq!(share.stats().held, 2, "the hung tenant is held to two");
+        // The free turn is the other tenant's at once.
+        let turn = other.turn().await;
+        assert_eq!(share.stats().held, 3);
+        drop(turn);
+        assert_eq!(share.stats().held, 2, "the hung tenant still waits");
+        drop(held);
+        drop(third.await.unwrap());
+        assert_eq!(share.stats().held, 0);
     }
 
     #[tokio::test(flavor = "current_thread")]
