@@ -19,6 +19,9 @@ mod guides {
     #[doc = include_str!("../sharding.md")]
     struct Sharding;
 
+    #[doc = include_str!("../fleet.md")]
+    struct Fleet;
+
     #[doc = include_str!("../toolkit.md")]
     struct Toolkit;
 
