@@ -3,7 +3,11 @@
 //! RBAC to read them, and a directory of kubeconfig files. Every announced cluster's
 //! client is used against the server, so a client that only looks right fails.
 
-use std::{collections::BTreeMap, path::Path, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use futures::StreamExt;
 use k8s_openapi::{
@@ -822,4 +826,186 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
     within("the fleet to stop", fleet_task)
         .await
         .expect("the fleet's task");
+}
+
+/// One replica of a fleet spread over a shard ring, in this process.
+struct FleetReplica {
+    ring: std::sync::Arc<kube_informer::sharding::ShardRing>,
+    view: kube_informer::fleet::FleetView,
+    stop: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// A run of a cluster on a replica: `[start, end)`, the end `None` while it runs.
+type Runs = std::sync::Arc<std::sync::Mutex<Vec<(String, String, Instant, Option<Instant>)>>>;
+
+fn fleet_replica(
+    client: &Client,
+    ring_namespace: &str,
+    label: &str,
+    identity: &str,
+    runs: &Runs,
+) -> FleetReplica {
+    use std::sync::Arc;
+
+    use kube_informer::{
+        fleet::{Engaged, Fleet},
+        lease::LeaseConfig,
+        sharding::{RingConfig, ShardRing},
+    };
+
+    let config = RingConfig::new(
+        LeaseConfig::new("fleet-ring")
+            .in_namespace(ring_namespace)
+            .with_identity(identity)
+            .lease_duration(Duration::from_secs(3))
+            .renew_deadline(Duration::from_secs(2))
+            .retry_period(Duration::from_millis(300)),
+    )
+    .slots(16);
+    let ring = Arc::new(ShardRing::new(client.clone(), config).expect("a ring"));
+    let fleet = Fleet::new(
+        NamespaceClusters::new(client.clone()).label_selector(format!("{label}=member")),
+    )
+    .spread_over(ring.clone());
+    let view = fleet.view();
+    let stop = CancellationToken::new();
+    let ring_task = tokio::spawn({
+        let (stop, ring) = (stop.clone(), ring.clone());
+        async move { ring.run(stop).await.expect("the ring runs") }
+    });
+    let (runs, identity) = (runs.clone(), identity.to_owned());
+    let fleet_task = tokio::spawn(fleet.run(
+        move |cluster: Engaged| {
+            let (runs, identity) = (runs.clone(), identity.clone());
+            async move {
+                let name = cluster.cluster().name().to_string();
+                let index = {
+                    let mut runs = runs.lock().expect("not poisoned");
+                    runs.push((identity, name, Instant::now(), None));
+                    runs.len() - 1
+                };
+                cluster.cancel().cancelled().await;
+                runs.lock().expect("not poisoned")[index].3 = Some(Instant::now());
+                Ok(())
+            }
+        },
+        stop.clone(),
+    ));
+    FleetReplica {
+        ring,
+        view,
+        stop,
+        tasks: vec![fleet_task, ring_task],
+    }
+}
+
+/// Which replica runs each cluster now, from their views; a cluster on two is listed
+/// twice.
+fn placement(replicas: &[(&str, &FleetReplica)]) -> Vec<(String, String)> {
+    let mut placed: Vec<(String, String)> = replicas
+        .iter()
+        .flat_map(|(identity, replica)| {
+            replica
+                .view
+                .clusters()
+                .into_iter()
+                .map(|c| (c.name.to_string(), (*identity).to_owned()))
+        })
+        .collect();
+    placed.sort();
+    placed
+}
+
+/// Every run's interval: no cluster ran on two replicas at once.
+fn assert_never_on_two(runs: &Runs) {
+    let runs = runs.lock().expect("not poisoned").clone();
+    for (i, (a_replica, a_cluster, a_start, a_end)) in runs.iter().enumerate() {
+        for (b_replica, b_cluster, b_start, b_end) in &runs[i + 1..] {
+            if a_cluster != b_cluster || a_replica == b_replica {
+                continue;
+            }
+            let apart = a_end.is_some_and(|end| end <= *b_start)
+                || b_end.is_some_and(|end| end <= *a_start);
+            assert!(
+                apart,
+                "{a_cluster} ran on {a_replica} and {b_replica} at once: {a_start:?}..{a_end:?} and {b_start:?}..{b_end:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_spread_over_replicas_runs_each_cluster_on_exactly_one() {
+    const CLUSTERS: usize = 8;
+    let env = TestEnv::shared().await;
+    let (client, ring_namespace) = test_namespace(env, "fleet-ring").await;
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let label = format!("fleet-ring-{}", std::process::id());
+    let names: Vec<String> = (0..CLUSTERS).map(|i| format!("{label}-c{i}")).collect();
+    for name in &names {
+        member_namespace(&namespaces, name, &label).await;
+    }
+    let runs: Runs = Runs::default();
+    let one = fleet_replica(&client, &ring_namespace, &label, "one", &runs);
+    let two = fleet_replica(&client, &ring_namespace, &label, "two", &runs);
+
+    // Every cluster runs, each on one replica, and both replicas have some.
+    tests::eventually("the clusters dealt over two replicas", || {
+        let placed = placement(&[("one", &one), ("two", &two)]);
+        let clusters: std::collections::BTreeSet<_> = placed.iter().map(|(c, _)| c).collect();
+        placed.len() == CLUSTERS
+            && clusters.len() == CLUSTERS
+            && placed.iter().any(|(_, r)| r == "one")
+            && placed.iter().any(|(_, r)| r == "two")
+    })
+    .await;
+    assert_never_on_two(&runs);
+    assert!(!one.ring.view().borrow().held.is_empty());
+
+    // A third joins: some clusters move to it, none runs twice meanwhile.
+    let three = fleet_replica(&client, &ring_namespace, &label, "three", &runs);
+    tests::eventually("the clusters dealt over three replicas", || {
+        let placed = placement(&[("one", &one), ("two", &two), ("three", &three)]);
+        placed.len() == CLUSTERS && placed.iter().any(|(_, r)| r == "three")
+    })
+    .await;
+    assert_never_on_two(&runs);
+
+    // Two leaves: its clusters move to the others.
+    two.stop.cancel();
+    for task in two.tasks {
+        within("replica two to leave", task)
+            .await
+            .expect("it leaves cleanly");
+    }
+    tests::eventually("the clusters dealt over the two left", || {
+        let placed = placement(&[("one", &one), ("three", &three)]);
+        placed.len() == CLUSTERS
+    })
+    .await;
+    assert_never_on_two(&runs);
+    let moved = runs
+        .lock()
+        .expect("not poisoned")
+        .iter()
+        .filter(|(replica, ..)| replica != "two")
+        .count();
+    assert!(
+        moved > CLUSTERS,
+        "clusters moved when replicas came and went: {moved} runs"
+    );
+
+    for replica in [one, three] {
+        replica.stop.cancel();
+        for task in replica.tasks {
+            within("a replica to leave", task)
+                .await
+                .expect("it leaves cleanly");
+        }
+    }
+    assert_never_on_two(&runs);
+    for name in &names {
+        let _ = namespaces.delete(name, &DeleteParams::default()).await;
+    }
 }

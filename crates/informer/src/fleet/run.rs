@@ -16,6 +16,8 @@ use super::{Cluster, ClusterEvent, ClusterEvents, ClusterName, ClusterProvider};
 use crate::{
     error::{Error, panic_message},
     informer::{InformerFactory, Scope},
+    list_watch::{HashRange, fnv1a_64},
+    sharding::{ShardRing, SlotGuard},
     workqueue::{FairShare, Tenant},
 };
 
@@ -68,6 +70,7 @@ pub struct Fleet {
     clusters: Arc<DashMap<ClusterName, Entry>>,
     max_backoff: Duration,
     engagements: u64,
+    ring: Option<Arc<ShardRing>>,
 }
 
 /// What the fleet knows of one cluster, behind [`FleetView`].
@@ -219,6 +222,42 @@ impl Engaged {
     }
 }
 
+/// The clusters the provider announced, and those running here.
+struct Places {
+    known: HashMap<ClusterName, Cluster>,
+    running: HashMap<ClusterName, Engagement>,
+    /// Runs stopped and not yet ended: a run started again here waits for its own.
+    stopping: HashMap<ClusterName, JoinHandle<()>>,
+}
+
+/// A guard on `name`'s slot if `ring` deals it to this replica and admits reconciles on
+/// it now (held, renewed in time).
+fn admitted_here(ring: &ShardRing, name: &ClusterName) -> Option<SlotGuard> {
+    let slot = {
+        let view = ring.view();
+        let view = view.borrow();
+        let slot = cluster_slot(name, view.slots);
+        view.assigned.contains(&slot).then_some(slot)
+    };
+    slot.and_then(|slot| ring.admit_slot(slot).ok())
+}
+
+/// The slot of the cluster `name`, of `slots`. Objects fall in slots by the FNV-1a hash
+/// of their UID, as the API server shards them; names of clusters are seldom random
+/// (`edge-1`, `edge-2`, ...), and FNV-1a leaves a change in the last characters out of
+/// the hash's high bits, which choose the slot, so the hash is mixed first (MurmurHash3's
+/// finaliser): `edge-1` to `edge-8` then spread over the slots instead of sharing one.
+fn cluster_slot(name: &ClusterName, slots: u16) -> u16 {
+    let mut hash = fnv1a_64(name.as_str().as_bytes());
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^= hash >> 33;
+    let part = HashRange::part_of(hash, usize::from(slots.max(1)));
+    u16::try_from(part).unwrap_or(0)
+}
+
 /// One cluster's run, as the fleet holds it.
 struct Engagement {
     id: u64,
@@ -238,6 +277,7 @@ impl Fleet {
             clusters: Arc::new(DashMap::new()),
             max_backoff: Duration::from_secs(60),
             engagements: 0,
+            ring: None,
         }
     }
 
@@ -260,6 +300,18 @@ impl Fleet {
         self
     }
 
+    /// Spreads the clusters over the replicas of `ring`: each cluster falls in a slot by a
+    /// hash of its name, and runs on the replica that holds that slot, from when the ring admits
+    /// reconciles there until the slot is dealt elsewhere or its renewals lapse. The run
+    /// holds a [`SlotGuard`], so the ring lets the slot go only once the run has ended:
+    /// no cluster runs on two replicas at once. Run the ring beside the fleet
+    /// ([`ShardRing::run`]).
+    #[must_use]
+    pub fn spread_over(mut self, ring: Arc<ShardRing>) -> Self {
+        self.ring = Some(ring);
+        self
+    }
+
     /// The longest wait before a failed run starts again (60 s by default).
     #[must_use]
     pub fn max_backoff(mut self, max: Duration) -> Self {
@@ -276,7 +328,8 @@ impl Fleet {
     }
 
     /// Follows the provider until `cancel` is cancelled (or its stream ends), running
-    /// `engage` in each cluster it announces; then stops every run and waits for each.
+    /// `engage` in each cluster it announces (with a [ring](Self::spread_over), each
+    /// cluster whose slot this replica holds); then stops every run and waits for each.
     pub async fn run<F, Fut>(mut self, engage: F, cancel: CancellationToken)
     where
         F: Fn(Engaged) -> Fut + Send + Sync + 'static,
@@ -288,80 +341,199 @@ impl Fleet {
             Box::new(|_| futures::stream::empty().boxed()),
         );
         let mut events = provider(cancel.child_token());
-        let mut running: HashMap<ClusterName, Engagement> = HashMap::new();
+        let mut places = Places {
+            known: HashMap::new(),
+            running: HashMap::new(),
+            stopping: HashMap::new(),
+        };
+        let mut ring_view = self.ring.as_ref().map(|ring| ring.view());
+        // Admission also lapses with time (renewals late), which no view change says.
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
-            let event = tokio::select! {
+            tokio::select! {
                 () = cancel.cancelled() => break,
-                event = events.next() => event,
-            };
-            let Some(event) = event else {
-                warn!("the fleet's cluster provider stopped; stopping every cluster");
-                break;
-            };
-            match event {
-                ClusterEvent::Appeared(cluster) | ClusterEvent::Changed(cluster) => {
-                    let name = cluster.name().clone();
-                    // The new run starts once the old one has ended: two never reconcile
-                    // one cluster at once.
-                    let previous = running.remove(&name).map(|old| {
-                        old.cancel.cancel();
-                        old.task
-                    });
-                    info!(cluster = %name, restart = previous.is_some(), "engaging a cluster");
-                    let run_cancel = cancel.child_token();
-                    self.engagements += 1;
-                    let id = self.engagements;
-                    let task = tokio::spawn(self.run_cluster(
-                        id,
-                        cluster,
-                        previous,
-                        engage.clone(),
-                        run_cancel.clone(),
-                    ));
-                    running.insert(
-                        name,
-                        Engagement {
-                            id,
-                            cancel: run_cancel,
-                            task,
-                        },
-                    );
+                event = events.next() => {
+                    let Some(event) = event else {
+                        warn!("the fleet's cluster provider stopped; stopping every cluster");
+                        break;
+                    };
+                    self.take(event, &mut places, &engage, &cancel);
                 }
-                ClusterEvent::Gone(name) => {
-                    if let Some(old) = running.remove(&name) {
-                        info!(cluster = %name, "a cluster went; stopping its run");
-                        old.cancel.cancel();
-                        let clusters = self.clusters.clone();
-                        // Forgotten once its run has ended (and its memory is free), unless
-                        // it came back meanwhile.
-                        tokio::spawn(async move {
-                            let _ = old.task.await;
-                            clusters.remove_if(&name, |_, entry| entry.engagement == old.id);
-                        });
+                changed = async {
+                    match ring_view.as_mut() {
+                        Some(view) => view.changed().await,
+                        None => std::future::pending().await,
                     }
-                }
-                ClusterEvent::Refused {
-                    cluster: Some(name),
-                    error,
                 } => {
-                    if let Some(mut entry) = self.clusters.get_mut(&name) {
-                        entry.last_error = Some(error.to_string());
+                    if changed.is_err() {
+                        ring_view = None;
                     }
+                    self.place_all(&mut places, &engage, &cancel);
                 }
-                ClusterEvent::Refused {
-                    cluster: None,
-                    error,
-                } => warn!(%error, "the fleet's cluster provider failed"),
+                _ = tick.tick(), if self.ring.is_some() => {
+                    self.place_all(&mut places, &engage, &cancel);
+                }
             }
         }
-        for run in running.values() {
+        for run in places.running.values() {
             run.cancel.cancel();
         }
-        for (name, run) in running {
+        for (name, run) in places.running {
             if let Err(error) = run.task.await {
                 warn!(cluster = %name, %error, "a cluster's run did not end cleanly");
             }
         }
+        for (_, stopping) in places.stopping {
+            let _ = stopping.await;
+        }
+    }
+
+    /// What the provider saw.
+    fn take<F, Fut>(
+        &mut self,
+        event: ClusterEvent,
+        places: &mut Places,
+        engage: &Arc<F>,
+        cancel: &CancellationToken,
+    ) where
+        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        match event {
+            ClusterEvent::Appeared(cluster) => {
+                let name = cluster.name().clone();
+                places.known.insert(name.clone(), cluster);
+                self.place(&name, places, engage, cancel, false);
+            }
+            ClusterEvent::Changed(cluster) => {
+                let name = cluster.name().clone();
+                places.known.insert(name.clone(), cluster);
+                self.place(&name, places, engage, cancel, true);
+            }
+            ClusterEvent::Gone(name) => {
+                places.known.remove(&name);
+                self.stop(places, &name, "the cluster went");
+            }
+            ClusterEvent::Refused {
+                cluster: Some(name),
+                error,
+            } => {
+                if let Some(mut entry) = self.clusters.get_mut(&name) {
+                    entry.last_error = Some(error.to_string());
+                }
+            }
+            ClusterEvent::Refused {
+                cluster: None,
+                error,
+            } => warn!(%error, "the fleet's cluster provider failed"),
+        }
+    }
+
+    /// Starts or stops each known cluster's run as the ring now deals it.
+    fn place_all<F, Fut>(
+        &mut self,
+        places: &mut Places,
+        engage: &Arc<F>,
+        cancel: &CancellationToken,
+    ) where
+        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        let names: Vec<ClusterName> = places
+            .known
+            .keys()
+            .chain(places.running.keys())
+            .cloned()
+            .collect();
+        for name in names {
+            self.place(&name, places, engage, cancel, false);
+        }
+    }
+
+    /// Runs `name` here if it is known and (with a ring) its slot is this replica's and
+    /// admitted now, starting it again if `restart`; stops its run otherwise.
+    fn place<F, Fut>(
+        &mut self,
+        name: &ClusterName,
+        places: &mut Places,
+        engage: &Arc<F>,
+        cancel: &CancellationToken,
+        restart: bool,
+    ) where
+        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), Error>> + Send + 'static,
+    {
+        let Some(cluster) = places.known.get(name).cloned() else {
+            self.stop(places, name, "the cluster went");
+            return;
+        };
+        let admitted = match &self.ring {
+            None => Some(None),
+            Some(ring) => admitted_here(ring, name).map(Some),
+        };
+        let running = places.running.contains_key(name);
+        let Some(slot) = admitted else {
+            if running {
+                self.stop(
+                    places,
+                    name,
+                    "its slot is no longer this replica's to reconcile",
+                );
+            }
+            return;
+        };
+        if running && !restart {
+            return;
+        }
+        // The new run starts once the old one has ended: two never reconcile one cluster
+        // at once.
+        let previous = places
+            .running
+            .remove(name)
+            .map(|old| {
+                old.cancel.cancel();
+                old.task
+            })
+            .or_else(|| places.stopping.remove(name));
+        info!(cluster = %name, restart = previous.is_some(), "engaging a cluster");
+        let run_cancel = cancel.child_token();
+        self.engagements += 1;
+        let id = self.engagements;
+        let task = tokio::spawn(self.run_cluster(
+            id,
+            cluster,
+            previous,
+            slot,
+            engage.clone(),
+            run_cancel.clone(),
+        ));
+        places.running.insert(
+            name.clone(),
+            Engagement {
+                id,
+                cancel: run_cancel,
+                task,
+            },
+        );
+    }
+
+    /// Stops `name`'s run, and forgets the cluster once the run has ended (and its memory
+    /// is free), unless it was engaged again meanwhile.
+    fn stop(&self, places: &mut Places, name: &ClusterName, why: &str) {
+        let Some(old) = places.running.remove(name) else {
+            return;
+        };
+        info!(cluster = %name, why, "stopping a cluster's run");
+        old.cancel.cancel();
+        let clusters = self.clusters.clone();
+        let forget = name.clone();
+        let ended = tokio::spawn(async move {
+            let _ = old.task.await;
+            clusters.remove_if(&forget, |_, entry| entry.engagement == old.id);
+        });
+        places.stopping.retain(|_, task| !task.is_finished());
+        places.stopping.insert(name.clone(), ended);
     }
 
     /// One cluster's runs until `cancel`: after `previous` has ended, `engage` with a fresh
@@ -371,6 +543,7 @@ impl Fleet {
         id: u64,
         cluster: Cluster,
         previous: Option<JoinHandle<()>>,
+        slot: Option<SlotGuard>,
         engage: Arc<F>,
         cancel: CancellationToken,
     ) -> impl Future<Output = ()> + Send + 'static
@@ -400,6 +573,8 @@ impl Fleet {
             });
 
         async move {
+            // Held until every run here has ended: the ring lets the slot go only then.
+            let _slot = slot;
             if let Some(previous) = previous {
                 let _ = previous.await;
             }
@@ -481,5 +656,23 @@ impl std::fmt::Debug for Fleet {
             .field("workers", &self.workers)
             .field("clusters", &self.clusters.len())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn names_that_differ_at_the_end_spread_over_the_slots() {
+        let slots: BTreeSet<u16> = (1..=16)
+            .map(|i| cluster_slot(&ClusterName::from(format!("edge-{i}")), 16))
+            .collect();
+        // FNV-1a alone puts the sixteen in two slots.
+        assert!(slots.len() >= 8, "{slots:?}");
+        assert!(slots.iter().all(|&slot| slot < 16));
+        assert_eq!(cluster_slot(&ClusterName::from("a"), 1), 0);
     }
 }
