@@ -35,10 +35,12 @@ pub enum ProtobufError {
     #[error("no Kubernetes protobuf envelope")]
     Envelope,
     /// The envelope holds another kind than the one requested.
-    #[error("expected {expected}, the server sent {api_version} {kind}")]
+    #[error("expected {expected_version} {expected}, the server sent {api_version} {kind}")]
     UnexpectedKind {
         /// The kind asked for.
         expected: &'static str,
+        /// Its `apiVersion`.
+        expected_version: std::borrow::Cow<'static, str>,
         /// The envelope's `apiVersion`.
         api_version: String,
         /// The envelope's `kind`.

@@ -102,9 +102,12 @@ impl ProtobufListDecoder {
                     }
                     if number == envelope::unknown::TYPE_META {
                         let meta = envelope::parse_type_meta(&rest[header..header + len])?;
-                        if meta.kind != self.resource.list_kind {
+                        if meta.kind != self.resource.list_kind
+                            || meta.api_version != self.resource.api_version()
+                        {
                             return Err(ProtobufError::UnexpectedKind {
                                 expected: self.resource.list_kind,
+                                expected_version: self.resource.api_version(),
                                 api_version: meta.api_version.to_owned(),
                                 kind: meta.kind.to_owned(),
                             }

@@ -106,9 +106,15 @@ pub(crate) fn decode_event<K: DeserializeOwned>(
         let status: Status = from_message(envelope.raw, STATUS, meta)?;
         return Ok(WatchEvent::Error(Box::new(status)));
     }
-    if envelope.type_meta.kind != resource.kind {
+    // The object is what the watch asked for, version and all: its bytes are kept and
+    // read again later as the resource's, so an object of another version (which the
+    // server converts away) would read one way now and another then.
+    if envelope.type_meta.kind != resource.kind
+        || envelope.type_meta.api_version != resource.api_version()
+    {
         return Err(ProtobufError::UnexpectedKind {
             expected: resource.kind,
+            expected_version: resource.api_version(),
             api_version: envelope.type_meta.api_version.to_owned(),
             kind: envelope.type_meta.kind.to_owned(),
         });
@@ -273,6 +279,15 @@ mod tests {
                 ..
             })
         ));
+        // Found by the `watch_protobuf_frames` fuzz target: a Pod of another version read
+        // as that version, while its bytes, kept, read back as a v1 Pod.
+        let other_version = frame("ADDED", "v2", "Pod", &Msg::new());
+        let refused = events(&other_version, 64)[0]
+            .as_ref()
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(refused, "expected v1 Pod, the server sent v2 Pod");
         let odd = frame("SURPRISE", "v1", "Pod", &Msg::new());
         assert!(matches!(events(&odd, 64)[0], Err(ProtobufError::Custom(_))));
         let mut decoder = WatchFrameDecoder::default();
