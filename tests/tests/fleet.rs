@@ -80,18 +80,7 @@ async fn fleet_namespaces_appear_and_go_as_clusters() {
     let mut created = Vec::new();
     for i in 0..3 {
         let name = format!("{label}-m{i}");
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(label.clone(), "member".to_owned())])),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        namespaces
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("the namespace is created");
+        member_namespace(&namespaces, &name, &label).await;
         created.push(name);
     }
     let mut appeared = Vec::new();
