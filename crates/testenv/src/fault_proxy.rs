@@ -27,6 +27,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// once the stall is lifted: seconds, with stalls and latency held at once.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often a request Toxiproxy's API gave up on is sent in all.
+const API_ATTEMPTS: u64 = 4;
+
 /// A TCP proxy in front of a server (usually the API server of a
 /// [`TestEnv`]) that injects network faults on command: connections reset,
 /// stalled or refused, latency, limited bandwidth.
@@ -403,20 +406,21 @@ impl FaultProxy {
         Ok(())
     }
 
-    /// Removes the toxic named `name`, as [`toxics`](Self::toxics) lists it.
-    /// Connections it held (a `timeout` toxic's) are closed, as Toxiproxy
-    /// does.
+    /// Removes the toxic named `name`, as [`toxics`](Self::toxics) lists it;
+    /// one that is not there is removed already. Connections it held (a
+    /// `timeout` toxic's) are closed, as Toxiproxy does.
     ///
     /// # Errors
     ///
-    /// [`Error::Toxiproxy`] if no toxic has that name or Toxiproxy refuses.
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn remove_toxic(&self, name: &str) -> Result<()> {
         let path = format!("/proxies/{PROXY}/toxics/{name}");
-        self.api
-            .call(Method::DELETE, &path, None, || {
-                format!("removing toxic {name}")
-            })
-            .await?;
+        let removing = || format!("removing toxic {name}");
+        let (status, text) = self.api.send(Method::DELETE, &path, None, removing).await?;
+        // Not there is removed: a removal sent again after a timeout finds it gone.
+        if !status.is_success() && status != StatusCode::NOT_FOUND {
+            return Err(self.api.error(removing(), format!("{status}: {text}")));
+        }
         tracing::info!(proxy = %self.listen, toxic = %name, "toxic removed");
         Ok(())
     }
@@ -569,7 +573,11 @@ impl Api {
         Ok(text)
     }
 
-    /// Sends a request and returns whatever status it answers.
+    /// Sends a request and returns whatever status it answers. A request Toxiproxy's
+    /// API gives up on (`503` with its handler's "Timeout" page: a toxic's change waits
+    /// while the link it acts on is busy handing on held bytes) is sent again, up to
+    /// [`API_ATTEMPTS`] times, a second apart and more: Toxiproxy finishes the change in
+    /// the meantime, and a second add finds it (`409`), a second removal finds it gone.
     async fn send(
         &self,
         method: Method,
@@ -578,9 +586,24 @@ impl Api {
         action: impl Fn() -> String,
     ) -> Result<(StatusCode, String)> {
         let uri = format!("{}{path}", self.base);
-        crate::http::request(method, &uri, body.map(Value::to_string), API_TIMEOUT)
+        let mut attempt = 1;
+        loop {
+            let (status, text) = crate::http::request(
+                method.clone(),
+                &uri,
+                body.map(Value::to_string),
+                API_TIMEOUT,
+            )
             .await
-            .map_err(|reason| self.error(action(), reason))
+            .map_err(|reason| self.error(action(), reason))?;
+            let gave_up = status == StatusCode::SERVICE_UNAVAILABLE && text.contains("Timeout");
+            if !gave_up || attempt == API_ATTEMPTS {
+                return Ok((status, text));
+            }
+            tracing::warn!(action = %action(), attempt, "Toxiproxy's API timed out; sending again");
+            tokio::time::sleep(Duration::from_secs(attempt)).await;
+            attempt += 1;
+        }
     }
 
     fn error(&self, action: String, reason: String) -> Error {

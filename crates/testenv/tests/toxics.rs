@@ -131,11 +131,13 @@ async fn a_generic_toxic_is_listed_acts_and_is_removed_by_name() {
         "the echo is still slow after the latency was removed"
     );
 
-    let missing = proxy.remove_toxic("slow").await;
-    assert!(
-        matches!(&missing, Err(Error::Toxiproxy { reason, .. }) if reason.contains("404")),
-        "removing a toxic that is not there: {missing:?}"
-    );
+    // Removed already is removed: a removal sent again after Toxiproxy's API timed out
+    // finds the toxic gone.
+    proxy
+        .remove_toxic("slow")
+        .await
+        .expect("removing a toxic that is not there");
+    assert!(proxy.toxics().await.unwrap().is_empty());
     let unknown = proxy
         .add_toxic(
             "odd",
