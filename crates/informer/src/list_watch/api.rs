@@ -256,28 +256,14 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let resource = describe_url(api.resource_url());
-    let mut lp = ListParams {
-        label_selector: labels.map(str::to_owned),
-        field_selector: fields.map(str::to_owned),
-        limit: options.limit,
-        continue_token: options.continue_token.clone(),
-        ..ListParams::default()
-    };
-    if let Some(rv) = options
-        .resource_version
-        .as_deref()
-        .filter(|rv| !rv.is_empty())
-    {
-        lp.resource_version = Some(rv.to_owned());
-        lp.version_match = options.version_match.clone();
-    }
-    let fail = |e| Error::from_kube(e, Verb::List, &resource, api.namespace());
-    // kube-client's `list_metadata`, with the shard selector added.
-    let mut req = kube_core::Request::new(api.resource_url())
-        .list_metadata(&lp)
-        .map_err(|e| fail(kube_client::Error::BuildRequest(e)))?;
-    with_shard(&mut req, options.shard.as_ref(), &resource, Verb::List)?;
-    req.extensions_mut().insert("list_metadata");
+    let req = list_request_at(
+        api.resource_url(),
+        api.namespace(),
+        true,
+        labels,
+        fields,
+        options,
+    )?;
     // Streamed, as a list of objects is: a body that never ends its metadata is refused
     // at the stream's bound instead of held whole.
     let (body, encoding) = send(api, req, Encoding::Json, Verb::List).await?;
@@ -557,7 +543,8 @@ pub(crate) fn list_request_at(
         })?;
     }
     with_shard(&mut req, options.shard.as_ref(), &resource, Verb::List)?;
-    req.extensions_mut().insert("list");
+    req.extensions_mut()
+        .insert(if metadata { "list_metadata" } else { "list" });
     Ok(req)
 }
 
