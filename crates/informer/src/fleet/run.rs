@@ -6,7 +6,7 @@ use std::{
 };
 
 use dashmap::DashMap;
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, future::BoxFuture};
 use kube_client::Client;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -222,6 +222,10 @@ impl Engaged {
     }
 }
 
+/// What the fleet runs in each cluster, boxed once so that its helpers take no type
+/// parameters.
+type EngageFn = Arc<dyn Fn(Engaged) -> BoxFuture<'static, Result<(), Error>> + Send + Sync>;
+
 /// The clusters the provider announced, and those running here.
 struct Places {
     known: HashMap<ClusterName, Cluster>,
@@ -335,7 +339,7 @@ impl Fleet {
         F: Fn(Engaged) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), Error>> + Send + 'static,
     {
-        let engage = Arc::new(engage);
+        let engage: EngageFn = Arc::new(move |cluster| engage(cluster).boxed());
         let provider = std::mem::replace(
             &mut self.events,
             Box::new(|_| futures::stream::empty().boxed()),
@@ -390,16 +394,13 @@ impl Fleet {
     }
 
     /// What the provider saw.
-    fn take<F, Fut>(
+    fn take(
         &mut self,
         event: ClusterEvent,
         places: &mut Places,
-        engage: &Arc<F>,
+        engage: &EngageFn,
         cancel: &CancellationToken,
-    ) where
-        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), Error>> + Send + 'static,
-    {
+    ) {
         match event {
             ClusterEvent::Appeared(cluster) => {
                 let name = cluster.name().clone();
@@ -431,15 +432,7 @@ impl Fleet {
     }
 
     /// Starts or stops each known cluster's run as the ring now deals it.
-    fn place_all<F, Fut>(
-        &mut self,
-        places: &mut Places,
-        engage: &Arc<F>,
-        cancel: &CancellationToken,
-    ) where
-        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), Error>> + Send + 'static,
-    {
+    fn place_all(&mut self, places: &mut Places, engage: &EngageFn, cancel: &CancellationToken) {
         let names: Vec<ClusterName> = places
             .known
             .keys()
@@ -453,17 +446,14 @@ impl Fleet {
 
     /// Runs `name` here if it is known and (with a ring) its slot is this replica's and
     /// admitted now, starting it again if `restart`; stops its run otherwise.
-    fn place<F, Fut>(
+    fn place(
         &mut self,
         name: &ClusterName,
         places: &mut Places,
-        engage: &Arc<F>,
+        engage: &EngageFn,
         cancel: &CancellationToken,
         restart: bool,
-    ) where
-        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), Error>> + Send + 'static,
-    {
+    ) {
         let Some(cluster) = places.known.get(name).cloned() else {
             self.stop(places, name, "the cluster went");
             return;
@@ -538,19 +528,15 @@ impl Fleet {
 
     /// One cluster's runs until `cancel`: after `previous` has ended, `engage` with a fresh
     /// factory, again after a backoff while it fails.
-    fn run_cluster<F, Fut>(
+    fn run_cluster(
         &self,
         id: u64,
         cluster: Cluster,
         previous: Option<JoinHandle<()>>,
         slot: Option<SlotGuard>,
-        engage: Arc<F>,
+        engage: EngageFn,
         cancel: CancellationToken,
-    ) -> impl Future<Output = ()> + Send + 'static
-    where
-        F: Fn(Engaged) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), Error>> + Send + 'static,
-    {
+    ) -> impl Future<Output = ()> + Send + 'static {
         let clusters = self.clusters.clone();
         let tenant = self.share.tenant(cluster.name().as_str());
         let workers = self.workers;
