@@ -433,12 +433,8 @@ impl Fleet {
 
     /// Starts or stops each known cluster's run as the ring now deals it.
     fn place_all(&mut self, places: &mut Places, engage: &EngageFn, cancel: &CancellationToken) {
-        let names: Vec<ClusterName> = places
-            .known
-            .keys()
-            .chain(places.running.keys())
-            .cloned()
-            .collect();
+        // A running cluster is a known one: a cluster that goes is stopped at once.
+        let names: Vec<ClusterName> = places.known.keys().cloned().collect();
         for name in names {
             self.place(&name, places, engage, cancel, false);
         }
