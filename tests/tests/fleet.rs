@@ -22,8 +22,9 @@ use kube_client::{
 use kube_informer::{
     CancellationToken,
     fleet::{
-        Cluster, ClusterEvent, ClusterEvents, ClusterProvider, FleetError, KUBECONFIG_SECRET_KEY,
-        KUBECONFIG_SECRET_LABEL, KubeconfigDirectory, KubeconfigSecrets, NamespaceClusters,
+        Cluster, ClusterEvent, ClusterEvents, ClusterName, ClusterProvider, FleetError,
+        KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_LABEL, KubeconfigDirectory, KubeconfigSecrets,
+        NamespaceClusters,
     },
 };
 use kube_testenv::TestEnv;
@@ -702,7 +703,9 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
     }
 
     // Two workers, the default: a cluster runs at most one reconcile at once.
-    let fleet = Fleet::new(KubeconfigSecrets::new(hub_client, &hub_namespace)).workers(2);
+    let fleet = Fleet::new(KubeconfigSecrets::new(hub_client, &hub_namespace))
+        .workers(2)
+        .probe_every(Duration::from_millis(500));
     let view = fleet.view();
     let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     // Member b's reconciles wait here before reading their ConfigMap from the server.
@@ -804,13 +807,28 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
         "b's reads hung through the stall"
     );
     assert_eq!(view.clusters().len(), 2);
+    // b's cache still says it has synced; the fleet's probe reports b behind, a not.
+    tests::eventually("b reported behind during its stall", || {
+        view.behind() == [ClusterName::from("b")]
+    })
+    .await;
+    let b = view.clusters().into_iter().find(|c| c.name.as_str() == "b");
+    assert!(
+        b.as_ref().is_some_and(|b| b.synced
+            && matches!(
+                b.reach,
+                kube_informer::fleet::Reachability::Unreachable { .. }
+            )),
+        "{b:?}"
+    );
 
-    // Lifted: b's reconciles finish.
+    // Lifted: b's reconciles finish, and b is no longer behind.
     proxy_b.clear().await.expect("b's link restored");
     tests::eventually("b's changes reconciled after the stall", || {
         (0..3).all(|i| logged(&format!("done b {WORK}/b-{i}")))
     })
     .await;
+    tests::eventually("b caught up after the stall", || view.behind().is_empty()).await;
     cancel.cancel();
     within("the fleet to stop", fleet_task)
         .await

@@ -2,7 +2,11 @@
 //! its credentials change, stopped as it goes, with the fleet's workers shared fairly.
 
 use std::{
-    collections::HashMap, future::Future, panic::AssertUnwindSafe, sync::Arc, time::Duration,
+    collections::HashMap,
+    future::Future,
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
 };
 
 use dashmap::DashMap;
@@ -69,6 +73,7 @@ pub struct Fleet {
     per_cluster: Option<usize>,
     clusters: Arc<DashMap<ClusterName, Entry>>,
     max_backoff: Duration,
+    probe_every: Duration,
     engagements: u64,
     ring: Option<Arc<ShardRing>>,
 }
@@ -83,6 +88,29 @@ struct Entry {
     phase: ClusterPhase,
     starts: u64,
     last_error: Option<String>,
+    reach: Reachability,
+}
+
+/// Whether the fleet reaches a cluster's API server, as its last probe (`GET /readyz`,
+/// every [`Fleet::probe_every`]) found. An informer's cache keeps saying it has synced
+/// while the link under its watch is stalled; the probe is what tells.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reachability {
+    /// Not probed yet in this run.
+    Unknown,
+    /// The last probe was answered: the server is ready.
+    Reachable {
+        /// How long the answer took.
+        round_trip: Duration,
+    },
+    /// Every probe since `since` failed: no answer in time, or not ready.
+    Unreachable {
+        /// When the first of them was sent.
+        since: SystemTime,
+        /// Why the last one failed.
+        error: String,
+    },
 }
 
 /// Where a cluster's run stands.
@@ -115,6 +143,8 @@ pub struct ClusterStatus {
     pub starts: u64,
     /// The last error of its run, or the provider's last refusal of its kubeconfig.
     pub last_error: Option<String>,
+    /// Whether its API server answers the fleet's probe.
+    pub reach: Reachability,
 }
 
 /// A read-only view of a running [`Fleet`]'s clusters, for probes and metrics.
@@ -137,18 +167,23 @@ impl FleetView {
                 synced: entry.factory.as_ref().is_some_and(|f| f.has_synced()),
                 starts: entry.starts,
                 last_error: entry.last_error.clone(),
+                reach: entry.reach.clone(),
             })
             .collect();
         clusters.sort_by(|a, b| a.name.cmp(&b.name));
         clusters
     }
 
-    /// The clusters whose run is not going with every informer synced: what a readiness
-    /// probe reports, without failing for them.
+    /// The clusters whose run is not going with every informer synced, or whose API server
+    /// the fleet's probe does not reach (a cache over a stalled link still says it has
+    /// synced): what a readiness probe reports, without failing for them.
     pub fn behind(&self) -> Vec<ClusterName> {
         self.clusters()
             .into_iter()
-            .filter(|c| !(c.phase == ClusterPhase::Running && c.synced))
+            .filter(|c| {
+                let following = !matches!(c.reach, Reachability::Unreachable { .. });
+                !(c.phase == ClusterPhase::Running && c.synced && following)
+            })
             .map(|c| c.name)
             .collect()
     }
@@ -280,6 +315,7 @@ impl Fleet {
             per_cluster: None,
             clusters: Arc::new(DashMap::new()),
             max_backoff: Duration::from_secs(60),
+            probe_every: Duration::from_secs(10),
             engagements: 0,
             ring: None,
         }
@@ -320,6 +356,15 @@ impl Fleet {
     #[must_use]
     pub fn max_backoff(mut self, max: Duration) -> Self {
         self.max_backoff = max;
+        self
+    }
+
+    /// How often the fleet probes each running cluster's API server (`GET /readyz`, which
+    /// every authenticated user may read), and how long a probe may take before the
+    /// cluster reads as [unreachable](Reachability::Unreachable) (10 s by default).
+    #[must_use]
+    pub fn probe_every(mut self, interval: Duration) -> Self {
+        self.probe_every = interval.max(Duration::from_millis(100));
         self
     }
 
@@ -552,7 +597,15 @@ impl Fleet {
                 phase: ClusterPhase::Starting,
                 starts: 0,
                 last_error: None,
+                reach: Reachability::Unknown,
             });
+        let probe = probe(
+            clusters.clone(),
+            cluster.clone(),
+            id,
+            self.probe_every,
+            cancel.clone(),
+        );
 
         async move {
             // Held until every run here has ended: the ring lets the slot go only then.
@@ -560,6 +613,7 @@ impl Fleet {
             if let Some(previous) = previous {
                 let _ = previous.await;
             }
+            let probe = tokio::spawn(probe);
             let mut backoff = Duration::from_secs(1);
             while !cancel.is_cancelled() {
                 let factory = InformerFactory::new(cluster.client().clone());
@@ -611,7 +665,66 @@ impl Fleet {
                 }
                 backoff = (backoff * 2).min(max_backoff);
             }
+            probe.abort();
         }
+    }
+}
+
+/// Probes `cluster`'s API server every `interval` until `cancel`, writing what it finds in
+/// engagement `id`'s entry.
+async fn probe(
+    clusters: Arc<DashMap<ClusterName, Entry>>,
+    cluster: Cluster,
+    id: u64,
+    interval: Duration,
+    cancel: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let sent = SystemTime::now();
+        let started = Instant::now();
+        let request = http::Request::get("/readyz").body(Vec::new());
+        let answer = match request {
+            Ok(request) => {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    answer = tokio::time::timeout(interval, cluster.client().request_text(request)) => answer,
+                }
+            }
+            Err(error) => Ok(Err(kube_client::Error::HttpError(error))),
+        };
+        let failure = match answer {
+            Ok(Ok(_)) => None,
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no answer to GET /readyz within {interval:?}")),
+        };
+        let Some(mut entry) = entry_of(&clusters, cluster.name(), id) else {
+            return;
+        };
+        entry.reach = match (failure, &entry.reach) {
+            (None, was) => {
+                if let Reachability::Unreachable { since, .. } = was {
+                    let unreachable_for = since.elapsed().unwrap_or_default();
+                    info!(cluster = %cluster.name(), ?unreachable_for, "the cluster's API server answers the fleet's probe again");
+                }
+                Reachability::Reachable {
+                    round_trip: started.elapsed(),
+                }
+            }
+            (Some(error), Reachability::Unreachable { since, .. }) => Reachability::Unreachable {
+                since: *since,
+                error,
+            },
+            (Some(error), _) => {
+                warn!(cluster = %cluster.name(), %error, "the cluster's API server does not answer the fleet's probe");
+                Reachability::Unreachable { since: sent, error }
+            }
+        };
     }
 }
 
