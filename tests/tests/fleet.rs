@@ -703,14 +703,26 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
     }
 
     // Two workers, the default: a cluster runs at most one reconcile at once.
-    let fleet = Fleet::new(KubeconfigSecrets::new(hub_client, &hub_namespace))
+    let fleet = Fleet::new(KubeconfigSecrets::new(hub_client.clone(), &hub_namespace))
         .workers(2)
         .probe_every(Duration::from_millis(500));
     let view = fleet.view();
+    // A manager reports the fleet: per-cluster metrics, and the clusters behind on /readyz.
+    let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut manager = kube_informer::Manager::new(hub_client)
+        .probe_address(loopback)
+        .metrics_address(loopback);
+    manager.report_fleet(view.clone());
+    let manager = manager.bind().await.expect("the manager binds");
+    let (probes, metrics) = (
+        manager.probe_address().expect("probes"),
+        manager.metrics_address().expect("metrics"),
+    );
     let log = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     // Member b's reconciles wait here before reading their ConfigMap from the server.
     let gate = Arc::new(Semaphore::new(0));
     let cancel = CancellationToken::new();
+    let manager_task = tokio::spawn(manager.run(cancel.clone()));
     let fleet_task = tokio::spawn({
         let (log, gate) = (log.clone(), gate.clone());
         fleet.run(
@@ -821,6 +833,25 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
             )),
         "{b:?}"
     );
+    let (status, ready) = tests::http_get(probes, "/readyz").await;
+    assert_eq!(
+        status, 200,
+        "one member behind does not fail readiness: {ready}"
+    );
+    assert!(
+        ready.contains("cluster b is behind: unreachable") && !ready.contains("cluster a"),
+        "{ready}"
+    );
+    let (_, scraped) = tests::http_get(metrics, "/metrics").await;
+    for series in [
+        "fleet_cluster_reachable{cluster=\"b\"} 0",
+        "fleet_cluster_reachable{cluster=\"a\"} 1",
+        "fleet_cluster_behind{cluster=\"b\"} 1",
+        "fleet_cluster_synced{cluster=\"b\"} 1",
+        "fleet_workers 2",
+    ] {
+        assert!(scraped.contains(series), "{series} in {scraped}");
+    }
 
     // Lifted: b's reconciles finish, and b is no longer behind.
     proxy_b.clear().await.expect("b's link restored");
@@ -829,10 +860,16 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
     })
     .await;
     tests::eventually("b caught up after the stall", || view.behind().is_empty()).await;
+    let (_, ready) = tests::http_get(probes, "/readyz").await;
+    assert_eq!(ready, "ok");
     cancel.cancel();
     within("the fleet to stop", fleet_task)
         .await
         .expect("the fleet's task");
+    within("the manager to stop", manager_task)
+        .await
+        .expect("the manager's task")
+        .expect("the manager stops cleanly");
 }
 
 /// One replica of a fleet spread over a shard ring, in this process.

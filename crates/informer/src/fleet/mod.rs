@@ -41,6 +41,8 @@
 
 mod directory;
 mod kubeconfig;
+#[cfg(feature = "prometheus")]
+mod metrics;
 mod namespaces;
 mod run;
 mod secrets;

@@ -14,7 +14,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::informer::{InformerFactory, InformerHealth};
+use crate::{
+    fleet::{ClusterPhase, ClusterStatus, FleetView, Reachability},
+    informer::{InformerFactory, InformerHealth},
+};
 
 pub(super) const PROBE_PATHS: &[&str] = &["/healthz", "/readyz"];
 pub(super) const METRICS_PATHS: &[&str] = &["/metrics"];
@@ -32,6 +35,7 @@ pub(super) struct State {
     factory: InformerFactory,
     registry: Registry,
     elector: Option<Arc<super::LeaderElector>>,
+    fleets: Vec<FleetView>,
 }
 
 impl State {
@@ -39,11 +43,13 @@ impl State {
         factory: InformerFactory,
         registry: Registry,
         elector: Option<Arc<super::LeaderElector>>,
+        fleets: Vec<FleetView>,
     ) -> Self {
         Self {
             factory,
             registry,
             elector,
+            fleets,
         }
     }
 
@@ -57,8 +63,9 @@ impl State {
     }
 
     /// `/readyz`: failing until every informer has synced, and while the server does not
-    /// serve an informer's resource.
-    fn readiness(&self) -> Result<(), String> {
+    /// serve an informer's resource; once ready, naming the fleets' clusters that are
+    /// behind without failing for them.
+    fn readiness(&self) -> Result<String, String> {
         let missing: Vec<String> = self
             .factory
             .informers()
@@ -75,11 +82,18 @@ impl State {
         if !missing.is_empty() {
             return Err(missing.join("\n"));
         }
-        if self.factory.has_synced() {
-            Ok(())
-        } else {
-            Err("caches not synced yet".into())
+        if !self.factory.has_synced() {
+            return Err("caches not synced yet".into());
         }
+        let mut answer = String::from("ok");
+        for view in &self.fleets {
+            for cluster in view.clusters() {
+                if let Some(why) = behind_because(&cluster) {
+                    answer.push_str(&format!("\ncluster {} is behind: {why}", cluster.name));
+                }
+            }
+        }
+        Ok(answer)
     }
 
     fn answer(&self, path: &str) -> (StatusCode, &'static str, String) {
@@ -90,7 +104,7 @@ impl State {
                 Err(why) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT, why),
             },
             "/readyz" => match self.readiness() {
-                Ok(()) => (StatusCode::OK, TEXT, "ok".into()),
+                Ok(answer) => (StatusCode::OK, TEXT, answer),
                 Err(why) => (StatusCode::SERVICE_UNAVAILABLE, TEXT, why),
             },
             "/metrics" => {
@@ -106,6 +120,24 @@ impl State {
             }
             _ => (StatusCode::NOT_FOUND, TEXT, "not found".into()),
         }
+    }
+}
+
+/// Why `cluster` is behind, or `None` when it runs synced and reachable (as
+/// [`FleetView::behind`] decides).
+fn behind_because(cluster: &ClusterStatus) -> Option<String> {
+    if let Reachability::Unreachable { since, error } = &cluster.reach {
+        let for_ = since.elapsed().unwrap_or_default().as_secs();
+        return Some(format!("unreachable for {for_} s ({error})"));
+    }
+    match (cluster.phase, cluster.synced) {
+        (ClusterPhase::Running, true) => None,
+        (ClusterPhase::Running, false) => Some("its informers have not synced".into()),
+        (ClusterPhase::BackingOff, _) => Some(format!(
+            "its run failed and starts again after a backoff ({})",
+            cluster.last_error.as_deref().unwrap_or("no error recorded")
+        )),
+        (phase, _) => Some(format!("its run is {phase:?}")),
     }
 }
 
@@ -179,6 +211,7 @@ mod tests {
             InformerFactory::new(client),
             Registry::default(),
             None,
+            Vec::new(),
         ));
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

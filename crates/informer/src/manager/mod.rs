@@ -25,6 +25,7 @@ use crate::{
         Recorder, Reporter,
         metrics::{Recorders, register_event_metrics},
     },
+    fleet::FleetView,
     informer::{
         FactoryScope, InformerFactory, Scope, TypedResource, metrics::register_informer_metrics,
     },
@@ -171,6 +172,8 @@ pub struct Manager {
     scope: Scope,
     /// The ring the flags made this replica take part in.
     ring: Option<Arc<ShardRing>>,
+    /// Fleets whose clusters `/readyz` names when they are behind.
+    fleets: Vec<FleetView>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -221,6 +224,7 @@ impl Manager {
             initial_shards: Vec::new(),
             scope: Scope::all(),
             ring: None,
+            fleets: Vec::new(),
         }
     }
 
@@ -406,6 +410,16 @@ impl Manager {
     /// The informer factory whose informers the manager starts and stops.
     pub fn factory(&self) -> &InformerFactory {
         &self.factory
+    }
+
+    /// Reports a [`Fleet`](crate::fleet::Fleet) (its [`view`](crate::fleet::Fleet::view)):
+    /// its per-cluster metrics on `/metrics` ([`FleetView::register_metrics`]), and on
+    /// `/readyz` the clusters that are behind, named with why (unreachable since when,
+    /// not synced, backing off). A cluster behind does not fail the probe: one member
+    /// down must not take the replica out of service for every other.
+    pub fn report_fleet(&mut self, view: FleetView) {
+        view.register_metrics(&mut self.registry);
+        self.fleets.push(view);
     }
 
     /// The registry served on `/metrics`, to add metrics of your own.
@@ -600,10 +614,16 @@ impl BoundManager {
             recorders,
             replica_tasks,
             initial_shards,
+            fleets,
             ..
         } = manager;
         let elector: Option<Arc<LeaderElector>> = elector;
-        let state = Arc::new(http::State::new(factory.clone(), registry, elector.clone()));
+        let state = Arc::new(http::State::new(
+            factory.clone(),
+            registry,
+            elector.clone(),
+            fleets,
+        ));
         let servers = CancellationToken::new();
         let mut server_tasks = JoinSet::new();
         for (listener, paths) in [(probes, http::PROBE_PATHS), (metrics, http::METRICS_PATHS)] {
