@@ -2,7 +2,7 @@
 //! clusters named by kubeconfig Secrets on the hub. See `examples/fleet-propagator/README.md`
 //! and `fleet-propagator --help`.
 
-use std::{path::PathBuf, process::ExitCode, time::Duration};
+use std::{process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -16,9 +16,10 @@ use kube_client::{
     api::{DeleteParams, PostParams},
 };
 use kube_informer::{
-    CancellationToken, ClusterSource,
+    CancellationToken,
     fleet::{KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_LABEL},
 };
+use kube_informer::{Manager, cli::OperatorArgs};
 use kube_testenv::TestEnv;
 
 /// Propagates `PropagatedConfig`s (group fleet.kube-informer.dev) from a hub cluster to
@@ -31,9 +32,10 @@ use kube_testenv::TestEnv;
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
-    /// The hub's kubeconfig (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
+    /// The hub (--kubeconfig, --context), probes, metrics, leader election, and the shard
+    /// ring the members are dealt over (--shard-ring).
+    #[command(flatten)]
+    operator: OperatorArgs,
     /// The hub namespace holding the members' kubeconfig Secrets.
     #[arg(long, default_value = "fleet-system")]
     secrets_namespace: String,
@@ -91,16 +93,11 @@ fn options(cli: &Cli) -> Options {
 
 /// Runs against the configured hub until Ctrl-C or SIGTERM.
 async fn serve(cli: &Cli) -> anyhow::Result<()> {
-    let mut source = ClusterSource::default();
-    if let Some(path) = &cli.kubeconfig {
-        source = source.kubeconfig(path);
-    }
-    let hub = source
-        .client()
+    let manager = Manager::from_args(&cli.operator)
         .await
         .context("no hub cluster to talk to (--demo starts local ones)")?;
     run(
-        hub,
+        manager,
         options(cli),
         kube_informer::cancel_on_signals(),
         |_| {},
@@ -132,7 +129,11 @@ async fn demo(cli: &Cli) -> anyhow::Result<()> {
     }
 
     let cancel = CancellationToken::new();
-    let propagator = tokio::spawn(run(hub.clone(), options(cli), cancel.clone(), |_| {}));
+    // The demo serves no probes or metrics: nothing scrapes it, and their ports stay free.
+    let manager = Manager::new(hub.clone())
+        .probe_address(None)
+        .metrics_address(None);
+    let propagator = tokio::spawn(run(manager, options(cli), cancel.clone(), |_| {}));
     let secrets = Api::<Secret>::namespaced(hub.clone(), &cli.secrets_namespace);
     for (name, env) in [("a", &a_env), ("b", &b_env)] {
         let kubeconfig = std::fs::read_to_string(env.kubeconfig_path())?;

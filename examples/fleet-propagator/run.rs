@@ -1,16 +1,16 @@
-//! The propagator's wiring: the CRD installed on the hub, one informer of
-//! `PropagatedConfig`s shared by every member's controller, and the fleet of members
-//! announced by kubeconfig Secrets.
+//! The propagator's wiring on kube-informer's [`Manager`]: the CRD installed on the hub,
+//! one informer of `PropagatedConfig`s shared by every member's controller, the release
+//! controller, and the fleet of members announced by kubeconfig Secrets, with the fleet's
+//! metrics and the members behind on the manager's endpoints. With a shard ring
+//! (`--shard-ring`), the members are dealt over the replicas.
 
-use std::{sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Secret;
-use kube_client::Client;
 use kube_informer::{
-    CancellationToken, InformerFactory, Scope,
+    CancellationToken, Manager, Scope,
     apply::install_crd,
-    events::{Recorder, Reporter},
     fleet::{Engaged, Fleet, FleetView, KUBECONFIG_SECRET_LABEL, KubeconfigSecrets},
 };
 
@@ -32,19 +32,21 @@ pub struct Options {
     pub workers: usize,
 }
 
-/// Installs the CRD on the hub and propagates until `cancel`; `on_start` gets the fleet's
-/// view (for a readiness probe, or a test).
+/// Installs the CRD on the hub (`manager`'s cluster) and propagates until `cancel`;
+/// `on_start` gets the fleet's view (for a test).
 ///
 /// # Errors
 ///
-/// When the CRD cannot be installed on the hub.
+/// When the CRD cannot be installed on the hub, the manager's addresses cannot be bound,
+/// or one of its tasks fails.
 pub async fn run(
-    hub: Client,
+    mut manager: Manager,
     options: Options,
     cancel: CancellationToken,
     on_start: impl FnOnce(FleetView),
 ) -> anyhow::Result<()> {
     use kube_core::CustomResourceExt;
+    let hub = manager.factory().client();
     install_crd(
         &hub,
         MANAGER,
@@ -53,34 +55,40 @@ pub async fn run(
     )
     .await
     .context("installing the PropagatedConfig CRD on the hub")?;
-    let factory = InformerFactory::new(hub.clone());
     let hub_state = Arc::new(Hub {
         client: hub.clone(),
-        configs: factory.informer::<PropagatedConfig>(Scope::all()),
-        recorder: Recorder::new(hub.clone(), Reporter::new(MANAGER)),
+        configs: manager.factory().informer::<PropagatedConfig>(Scope::all()),
+        recorder: manager.recorder(MANAGER),
     });
-    let members = factory.informer::<Secret>(
+    let members = manager.factory().informer::<Secret>(
         Scope::namespace(&options.secrets_namespace)
             .labels(format!("{KUBECONFIG_SECRET_LABEL}=true")),
     );
     let (release, releaser) = release::controller(&hub_state, members, &options.secrets_namespace);
-    factory.start(&cancel);
-    let release = tokio::spawn(release.run(releaser, cancel.clone()));
-    let fleet = Fleet::new(KubeconfigSecrets::new(hub, &options.secrets_namespace))
+    manager.add_controller(release, releaser);
+
+    let mut fleet = Fleet::new(KubeconfigSecrets::new(hub, &options.secrets_namespace))
         .workers(options.workers);
+    if let Some(ring) = manager.ring() {
+        fleet = fleet.spread_over(ring.clone());
+    }
+    manager.report_fleet(fleet.view());
     on_start(fleet.view());
     tracing::info!(namespace = %options.secrets_namespace, workers = options.workers, "propagating to the members the hub's kubeconfig Secrets name");
-    let recorder = hub_state.recorder.clone();
-    fleet
-        .run(
-            move |cluster: Engaged| engage(hub_state.clone(), cluster),
-            cancel,
-        )
-        .await;
-    let released = release.await;
-    factory.shutdown().await;
-    recorder.shutdown().await;
-    released
-        .context("the release controller panicked")?
-        .context("the release controller failed")
+    manager.add("fleet", move |cancel| async move {
+        fleet
+            .run(
+                move |cluster: Engaged| engage(hub_state.clone(), cluster),
+                cancel,
+            )
+            .await;
+        Ok::<_, Infallible>(())
+    });
+    manager
+        .bind()
+        .await
+        .context("binding the manager's endpoints")?
+        .run(cancel)
+        .await
+        .context("the propagator's manager")
 }

@@ -97,7 +97,10 @@ async fn fleet_propagator_copies_reports_repairs_and_removes() {
         workers: 4,
     };
     let (view_tx, view_rx) = tokio::sync::oneshot::channel();
-    let propagator = tokio::spawn(run(hub.clone(), options, cancel.clone(), move |view| {
+    let manager = kube_informer::Manager::new(hub.clone())
+        .probe_address(None)
+        .metrics_address(None);
+    let propagator = tokio::spawn(run(manager, options, cancel.clone(), move |view| {
         let _ = view_tx.send(view);
     }));
     let view = within("the propagator to start", view_rx)
