@@ -444,6 +444,31 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     );
     assert_eq!(http_get(probes, "/nothing").await.0, 404);
 
+    // client-go's informer metrics, under its names and labels: a watch event processed.
+    let created = api
+        .create(&PostParams::default(), &labelled("watched", &[]))
+        .await
+        .unwrap();
+    let created_version: i64 = created.metadata.resource_version.unwrap().parse().unwrap();
+    eventually("the watched object reconciled", || {
+        *reconciled.lock().unwrap() == 4
+    })
+    .await;
+    let (_, body) = http_get(metrics, "/metrics").await;
+    let upstream = |name: &str| -> f64 {
+        let labels = r#",group="",version="v1",resource="configmaps"} "#;
+        let line = body
+            .lines()
+            .find(|l| l.starts_with(&format!("{name}{{name=\"")) && l.contains(labels))
+            .unwrap_or_else(|| panic!("{name} in:\n{body}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(upstream("informer_queued_items"), 0.0);
+    #[allow(clippy::cast_precision_loss)]
+    let created_version = created_version as f64;
+    assert!(upstream("informer_store_resource_version") >= created_version);
+    assert!(upstream("informer_processing_latency_seconds_count") >= 1.0);
+
     cancel.cancel();
     within("the manager to stop", run).await.unwrap().unwrap();
     assert!(

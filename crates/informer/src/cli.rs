@@ -27,7 +27,7 @@
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-use crate::{client::ClusterSource, informer::Scope, lease::LeaseConfig};
+use crate::{client::ClusterSource, informer::Scope, lease::LeaseConfig, replica::program_name};
 
 /// Where `/metrics` is served unless told otherwise: loopback, on a port that the usual
 /// local services (8080, 8081) leave free.
@@ -197,27 +197,6 @@ fn bind_address(text: &str) -> Result<Option<SocketAddr>, String> {
 /// Checks a bind address when the flags are parsed, so a bad one fails there.
 fn checked_bind_address(text: &str) -> Result<String, String> {
     bind_address(text).map(|_| text.to_owned())
-}
-
-/// The running program's file name, the default name of its leader election Lease,
-/// made a valid one (lowercase letters, digits, `-` and `.`).
-fn program_name() -> String {
-    let name = std::env::args_os()
-        .next()
-        .map(PathBuf::from)
-        .and_then(|path| Some(path.file_stem()?.to_string_lossy().to_lowercase()))
-        .unwrap_or_default();
-    let name: String = name
-        .chars()
-        .map(|c| match c {
-            'a'..='z' | '0'..='9' | '-' | '.' => c,
-            _ => '-',
-        })
-        .collect();
-    match name.trim_matches(['-', '.']) {
-        "" => "operator".to_owned(),
-        name => name.to_owned(),
-    }
 }
 
 #[cfg(test)]

@@ -14,3 +14,24 @@ pub(crate) fn pod_name() -> String {
 pub(crate) fn non_empty(text: Option<String>) -> Option<String> {
     text.map(|t| t.trim().to_owned()).filter(|t| !t.is_empty())
 }
+
+/// The running program's file name, the default name of its leader election Lease and
+/// the `name` of its informers' metrics, made a valid one (lowercase letters, digits, `-` and `.`).
+pub(crate) fn program_name() -> String {
+    let name = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|path| Some(path.file_stem()?.to_string_lossy().to_lowercase()))
+        .unwrap_or_default();
+    let name: String = name
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '.' => c,
+            _ => '-',
+        })
+        .collect();
+    match name.trim_matches(['-', '.']) {
+        "" => "operator".to_owned(),
+        name => name.to_owned(),
+    }
+}

@@ -20,7 +20,7 @@ use tracing::{debug, info};
 
 use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder,
-    health::InformerHealth, listener::HandlerStats, sync::HasSynced,
+    health::InformerHealth, latency::ProcessingStats, listener::HandlerStats, sync::HasSynced,
 };
 use crate::{
     error::Error,
@@ -279,6 +279,8 @@ type Starter = Box<dyn FnOnce(CancellationToken) -> Box<dyn Started> + Send>;
 struct Registered {
     synced: Arc<dyn Syncing>,
     resource: String,
+    group: String,
+    version: String,
     /// Tells this informer from a later one of the same type and scope.
     serial: u64,
     /// The shares handed out; dead once every one is dropped.
@@ -333,6 +335,7 @@ trait Syncing: HasSynced {
     fn objects(&self) -> usize;
     fn working_set(&self) -> WorkingSetStats;
     fn handler_stats(&self) -> Vec<HandlerStats>;
+    fn processing_stats(&self) -> ProcessingStats;
     fn last_sync_resource_version(&self) -> Option<String>;
     fn stats(&self) -> ReflectorStats;
     fn as_any(&self) -> &dyn Any;
@@ -359,6 +362,10 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
         InformerHandle::handler_stats(self)
     }
 
+    fn processing_stats(&self) -> ProcessingStats {
+        InformerHandle::processing_stats(self)
+    }
+
     fn last_sync_resource_version(&self) -> Option<String> {
         InformerHandle::last_sync_resource_version(self)
     }
@@ -378,6 +385,10 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
 pub struct InformerStatus {
     /// The resource's plural name.
     pub resource: String,
+    /// Its API group (empty for the core group).
+    pub group: String,
+    /// Its API version.
+    pub version: String,
     /// Its scope.
     pub scope: Scope,
     /// Objects cached.
@@ -395,6 +406,8 @@ pub struct InformerStatus {
     pub working_set: WorkingSetStats,
     /// How far behind each of its event handlers is.
     pub handlers: Vec<HandlerStats>,
+    /// How long it took over each watch event before its handlers saw it.
+    pub processing: ProcessingStats,
     /// The uses held of it: handles the factory returned, stores and listers taken from
     /// them, handlers registered through them. At zero, it is stopped after the grace
     /// period (see [`InformerFactory`]).
@@ -574,6 +587,8 @@ impl InformerFactory {
         entry.insert(Registered {
             synced: Arc::new(handle.clone()),
             resource,
+            group: K::group(&()).into_owned(),
+            version: K::version(&()).into_owned(),
             serial,
             users: usage.downgrade(),
             generation: 0,
@@ -740,6 +755,8 @@ impl InformerFactory {
             .iter()
             .map(|e| InformerStatus {
                 resource: e.resource.clone(),
+                group: e.group.clone(),
+                version: e.version.clone(),
                 scope: e.key().1.clone(),
                 objects: e.synced.objects(),
                 synced: e.synced.has_synced(),
@@ -748,6 +765,7 @@ impl InformerFactory {
                 reflector: e.synced.stats(),
                 working_set: e.synced.working_set(),
                 handlers: e.synced.handler_stats(),
+                processing: e.synced.processing_stats(),
                 users: e.users.count(),
             })
             .collect()

@@ -23,6 +23,7 @@ use tracing::{error, info, warn};
 
 use super::{
     handler::{Delivery, Notification, Registered},
+    latency::Latency,
     sync::HasSynced,
 };
 use crate::key::ObjectKey;
@@ -43,11 +44,6 @@ pub const HANDLER_BACKLOG_WARNING: u64 = 1_000;
 /// the number of objects, whose states it shares with the cache, not by time.
 /// [`HandlerStats::coalesced`] counts the merged events.
 pub const HANDLER_COALESCE_AFTER: u64 = 1_000;
-
-/// Upper bounds (seconds) of the processing-time buckets: 10 µs to about 10 s.
-const BUCKETS: [f64; 11] = [
-    1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 1e-1, 1.0, 10.0,
-];
 
 /// One handler's lag, as [`InformerHandle::handler_stats`] and
 /// [`HandlerRegistration::stats`] report it.
@@ -86,8 +82,7 @@ pub(super) struct Lag {
     coalesced: AtomicU64,
     /// When the oldest undelivered event was queued, in nanoseconds since [`epoch`].
     head: AtomicU64,
-    processing_nanos: AtomicU64,
-    buckets: [AtomicU64; BUCKETS.len()],
+    processing: Latency,
     /// The backlog last warned about (0: none since it drained).
     warned: AtomicU64,
 }
@@ -110,8 +105,7 @@ impl Lag {
             delivered: AtomicU64::new(0),
             coalesced: AtomicU64::new(0),
             head: AtomicU64::new(0),
-            processing_nanos: AtomicU64::new(0),
-            buckets: Default::default(),
+            processing: Latency::default(),
             warned: AtomicU64::new(0),
         })
     }
@@ -128,23 +122,14 @@ impl Lag {
             let head = epoch() + Duration::from_nanos(self.head.load(Ordering::Acquire));
             head.elapsed()
         };
-        let mut cumulative = 0;
-        let processing_buckets = BUCKETS
-            .iter()
-            .zip(&self.buckets)
-            .map(|(bound, count)| {
-                cumulative += count.load(Ordering::Relaxed);
-                (*bound, cumulative)
-            })
-            .collect();
         HandlerStats {
             name: self.name.clone(),
             waiting,
             oldest_waiting,
             delivered: self.delivered.load(Ordering::Acquire),
             coalesced: self.coalesced.load(Ordering::Relaxed),
-            processing_total: Duration::from_nanos(self.processing_nanos.load(Ordering::Relaxed)),
-            processing_buckets,
+            processing_total: self.processing.total(),
+            processing_buckets: self.processing.cumulative_buckets(),
         }
     }
 
@@ -189,14 +174,7 @@ impl Lag {
     fn delivered(&self, took: Duration) {
         self.delivered.fetch_add(1, Ordering::AcqRel);
         let waiting = self.waiting.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.processing_nanos.fetch_add(
-            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        let seconds = took.as_secs_f64();
-        if let Some(bucket) = BUCKETS.iter().position(|bound| seconds <= *bound) {
-            self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        }
+        self.processing.record(took);
         if waiting < HANDLER_BACKLOG_WARNING / 2 && self.warned.swap(0, Ordering::Relaxed) > 0 {
             info!(handler = %self.name, waiting, "an event handler has caught up");
         }

@@ -170,8 +170,106 @@ impl Collector for InformerCollector {
         for (name, help, family) in counters {
             encode_family(&mut encoder, name, help, &family)?;
         }
-        encode_handlers(&mut encoder, &handlers)
+        encode_handlers(&mut encoder, &handlers)?;
+        encode_upstream(&mut encoder, &self.factory)
     }
+}
+
+/// client-go's labels for its informer metrics (KEP-4346): the program, and the
+/// resource's group, version and plural name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    name: String,
+    group: String,
+    version: String,
+    resource: String,
+}
+
+/// The informer metrics client-go serves, under its names and labels, so dashboards and
+/// alerts written for Go controllers read these: `informer_queued_items` (here the largest
+/// backlog among an informer's handlers, since the store takes each event as it arrives
+/// and what waits is the handlers' buffers), `informer_store_resource_version` (its 15
+/// lowest digits, as client-go keeps it in a float) and
+/// `informer_processing_latency_seconds`. Two informers of one resource in different
+/// scopes share a series, as two of client-go's would; their values add up, or the
+/// largest is kept for the version.
+fn encode_upstream(
+    encoder: &mut DescriptorEncoder<'_>,
+    factory: &InformerFactory,
+) -> Result<(), std::fmt::Error> {
+    use std::collections::HashMap;
+
+    let name = crate::replica::program_name();
+    let mut informers: HashMap<UpstreamLabels, (u64, Option<i64>, super::ProcessingStats)> =
+        HashMap::new();
+    for state in factory.informers() {
+        let labels = UpstreamLabels {
+            name: name.clone(),
+            group: state.group.clone(),
+            version: state.version.clone(),
+            resource: state.resource.clone(),
+        };
+        let queued = state.handlers.iter().map(|h| h.waiting).max().unwrap_or(0);
+        let version = state
+            .last_sync_resource_version
+            .as_deref()
+            .and_then(|rv| rv.parse::<u64>().ok())
+            .map(|rv| i64::try_from(rv % 1_000_000_000_000_000).unwrap_or(0));
+        let entry = informers.entry(labels).or_default();
+        entry.0 += queued;
+        entry.1 = entry.1.max(version);
+        let processing = &mut entry.2;
+        processing.events += state.processing.events;
+        processing.total += state.processing.total;
+        if processing.buckets.is_empty() {
+            processing.buckets = state.processing.buckets;
+        } else {
+            for (sum, (_, count)) in processing.buckets.iter_mut().zip(state.processing.buckets) {
+                sum.1 += count;
+            }
+        }
+    }
+    let queued: Family<UpstreamLabels, Gauge> = Family::default();
+    let version: Family<UpstreamLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
+        Family::default();
+    for (labels, (waiting, rv, _)) in &informers {
+        queued
+            .get_or_create(labels)
+            .set(i64::try_from(*waiting).unwrap_or(i64::MAX));
+        if let Some(rv) = rv {
+            #[allow(clippy::cast_precision_loss)]
+            version.get_or_create(labels).set(*rv as f64);
+        }
+    }
+    encode_family(
+        encoder,
+        "informer_queued_items",
+        "Events an informer has taken in and not yet handed out: the largest backlog among its event handlers",
+        &queued,
+    )?;
+    encode_family(
+        encoder,
+        "informer_store_resource_version",
+        "The resourceVersion an informer's store has reached (its 15 lowest digits)",
+        &version,
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "informer_processing_latency_seconds",
+        "Time an informer took over each watch event before its handlers saw it: the store updated and the event put in each handler's buffer",
+        None,
+        prometheus_client::metrics::MetricType::Histogram,
+    )?;
+    for (labels, (_, _, processing)) in &informers {
+        metric
+            .encode_family(labels)?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                processing.total.as_secs_f64(),
+                processing.events,
+                &processing.buckets,
+                None,
+            )?;
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -7,6 +7,7 @@ mod divergence;
 mod factory;
 mod handler;
 mod health;
+mod latency;
 mod listener;
 #[cfg(feature = "manager")]
 pub(crate) mod metrics;
@@ -54,6 +55,7 @@ pub use handler::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, EventHandler, HandlerFn, handler_fn,
 };
 pub use health::InformerHealth;
+pub use latency::ProcessingStats;
 pub use listener::{
     HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER, HandlerRegistration, HandlerStats,
 };

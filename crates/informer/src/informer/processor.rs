@@ -20,6 +20,7 @@ use tracing::debug;
 use super::handler::{
     DeletedFinalStateUnknown, DeletedObject, Delivery, InitialAdds, Notification,
 };
+use super::latency::Latency;
 use super::listener::{HandlerStats, Inbox, Lag, Outbox, buffer};
 use crate::{
     error::Error,
@@ -39,6 +40,8 @@ pub(super) struct Processor<K> {
     next_id: AtomicU64,
     /// Wakes the resync timer: a listener with a resync period was added.
     pub(super) resync_changed: Notify,
+    /// How long each watch event took to apply and hand out.
+    pub(super) processing: Latency,
 }
 
 /// Where the latest permanent list/watch error is published (see [`Error::permanent_copy`]).
@@ -200,8 +203,16 @@ impl<K: Resource + Send + Sync + 'static> ReflectorStore<K> for Sink<K> {
             ReflectorEvent::ListEnd(version) => self.finish_list(version),
             ReflectorEvent::RestoreEnd(version) => self.finish_restore(version),
             ReflectorEvent::CaughtUp(version) => self.caught_up(version),
-            ReflectorEvent::Upsert { key, object, raw } => self.upsert(key, object, raw),
-            ReflectorEvent::Delete { key, object } => self.delete(key, object),
+            ReflectorEvent::Upsert { key, object, raw } => {
+                let started = Instant::now();
+                self.upsert(key, object, raw);
+                self.0.processing.record(started.elapsed());
+            }
+            ReflectorEvent::Delete { key, object } => {
+                let started = Instant::now();
+                self.delete(key, object);
+                self.0.processing.record(started.elapsed());
+            }
             ReflectorEvent::Bookmark(version) => self.bookmark(version),
         }
     }
@@ -344,6 +355,7 @@ impl<K: Resource + Send + Sync + 'static> Processor<K> {
             permanent_error,
             next_id: AtomicU64::new(0),
             resync_changed: Notify::new(),
+            processing: Latency::default(),
         }
     }
 

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     EventHandler, HandlerRegistration, HandlerStats, InformerHandle, Lifecycle, MIN_RESYNC_PERIOD,
+    ProcessingStats,
     handler::{Keys, Registered},
     listener::run_listener,
     processor::{Processor, lock},
@@ -111,6 +112,14 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
     /// [`HANDLER_COALESCE_AFTER`]: crate::informer::HANDLER_COALESCE_AFTER
     pub fn handler_stats(&self) -> Vec<HandlerStats> {
         self.inner.processor.handler_stats()
+    }
+
+    /// How long the informer took over each watch event before any handler saw it:
+    /// applying it to the store and putting it in each handler's buffer (client-go's
+    /// `informer_processing_latency_seconds`). A handler's own time is in
+    /// [`handler_stats`](Self::handler_stats).
+    pub fn processing_stats(&self) -> ProcessingStats {
+        self.inner.processor.processing.processing_stats()
     }
 
     /// Registers a handler with a resync period of its own (client-go's

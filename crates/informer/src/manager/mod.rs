@@ -115,7 +115,11 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 ///   `_evictions_total`), each event handler's lag (`informer_handler_waiting`,
 ///   `informer_handler_oldest_waiting_seconds`, `informer_handler_delivered_total`,
 ///   `informer_handler_coalesced_total`, the histogram `informer_handler_processing_seconds`; a controller's handlers are named
-///   after it), and whatever is added to the [`registry`](Self::registry). Both
+///   after it), client-go's informer metrics under their own names and labels (`name`,
+///   `group`, `version`, `resource`: `informer_queued_items`,
+///   `informer_store_resource_version`, the histogram
+///   `informer_processing_latency_seconds`), and whatever is added to the
+///   [`registry`](Self::registry). Both
 ///   bind to loopback unless told otherwise, and read request headers within 10 s.
 /// - **Controllers** ([`controller`](Self::controller), [`add_controller`](Self::add_controller))
 ///   report to the registry's metrics and run as tasks.
