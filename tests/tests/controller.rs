@@ -345,6 +345,12 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
         .max()
         .unwrap();
     let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    // A client of the library's own, whose requests the REST client metrics count.
+    let client = kube_informer::ClusterSource::default()
+        .kubeconfig(env.kubeconfig_path())
+        .client()
+        .await
+        .unwrap();
     let mut manager = kube_informer::Manager::new(client)
         .probe_address(loopback)
         .metrics_address(loopback)
@@ -468,6 +474,25 @@ async fn a_manager_serves_probes_and_metrics_and_stops_its_tasks() {
     let created_version = created_version as f64;
     assert!(upstream("informer_store_resource_version") >= created_version);
     assert!(upstream("informer_processing_latency_seconds_count") >= 1.0);
+    // client-go's REST client metrics: the informer's list, under its names and labels.
+    let host = env.apiserver_addr().to_string();
+    let rest = |series: String| -> f64 {
+        let line = body
+            .lines()
+            .find(|l| l.starts_with(&series))
+            .unwrap_or_else(|| panic!("{series} in:\n{body}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        rest(format!(
+            r#"rest_client_requests_total{{code="200",host="{host}",method="GET"}}"#
+        )) >= 1.0
+    );
+    assert!(
+        rest(format!(
+            r#"rest_client_request_duration_seconds_count{{host="{host}",verb="GET"}}"#
+        )) >= 1.0
+    );
 
     cancel.cancel();
     within("the manager to stop", run).await.unwrap().unwrap();

@@ -17,6 +17,7 @@ pub(crate) fn non_empty(text: Option<String>) -> Option<String> {
 
 /// The running program's file name, the default name of its leader election Lease and
 /// the `name` of its informers' metrics, made a valid one (lowercase letters, digits, `-` and `.`).
+#[cfg(any(feature = "prometheus", feature = "cli"))]
 pub(crate) fn program_name() -> String {
     let name = std::env::args_os()
         .next()

@@ -6,9 +6,12 @@
 //! [`client`] builds the same stack (kube-client's TLS configuration, authentication,
 //! base URI and headers) on HTTP/2 with keep-alive pings, as client-go does: every request
 //! and watch shares one connection per API server, and a ping that goes unanswered closes
-//! it, so each watch on it ends with an error and reconnects at once.
+//! it, so each watch on it ends with an error and reconnects at once. Its requests are
+//! counted and timed under client-go's REST client metric names, which a
+//! [`Manager`](crate::Manager) serves.
 
 mod cluster;
+pub(crate) mod metrics;
 
 use std::time::Duration;
 
@@ -138,6 +141,7 @@ pub fn client_with(config: Config, keep_alive: KeepAlive) -> Result<Client, Erro
         .layer(config.base_uri_layer())
         .option_layer(auth)
         .layer(headers)
+        .layer(metrics::RecordRequests)
         .map_err(BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))

@@ -118,7 +118,11 @@ const FIRST_RING_VIEW_WAIT: Duration = Duration::from_secs(10);
 ///   after it), client-go's informer metrics under their own names and labels (`name`,
 ///   `group`, `version`, `resource`: `informer_queued_items`,
 ///   `informer_store_resource_version`, the histogram
-///   `informer_processing_latency_seconds`), and whatever is added to the
+///   `informer_processing_latency_seconds`), client-go's REST client metrics for the
+///   clients built by [`client`](crate::client::client) or
+///   [`ClusterSource`](crate::ClusterSource) (`rest_client_requests_total{code, host,
+///   method}`, the histogram `rest_client_request_duration_seconds{host, verb}`), and
+///   whatever is added to the
 ///   [`registry`](Self::registry). Both
 ///   bind to loopback unless told otherwise, and read request headers within 10 s.
 /// - **Controllers** ([`controller`](Self::controller), [`add_controller`](Self::add_controller))
@@ -208,6 +212,7 @@ impl Manager {
         let workqueue_metrics = PrometheusMetrics::new(&mut registry);
         let controller_metrics = ControllerMetrics::new(&mut registry);
         register_informer_metrics(&mut registry, factory.clone());
+        crate::client::metrics::register_rest_client_metrics(&mut registry);
         let recorders = Recorders::default();
         register_event_metrics(&mut registry, recorders.clone());
         let rings = Rings::default();
