@@ -13,6 +13,7 @@ use super::{
     HandleParts, InformerHandle, Reshard, SharedInformer, SnapshotWriter,
     divergence::{Divergence, DivergenceCheck},
     processor::{Processor, Sink},
+    staleness::Staleness,
 };
 
 /// The shortest resync period an informer accepts (client-go's `minimumResyncPeriod`).
@@ -40,6 +41,7 @@ pub struct InformerBuilder<K, L> {
     storage: Storage<K>,
     working_set: WorkingSet,
     divergence: Option<Divergence>,
+    staleness: Option<Staleness>,
     warm_restart: Option<WarmRestartParts<K>>,
 }
 
@@ -124,6 +126,7 @@ where
             storage: Storage::compact(),
             working_set: WorkingSet::default(),
             divergence: None,
+            staleness: None,
             warm_restart: None,
         }
     }
@@ -331,6 +334,39 @@ where
         self
     }
 
+    /// Measures how far the cache is behind the server, every `period`: a consistent read of
+    /// the server's current resourceVersion (a metadata list of at most one object), then
+    /// the time until the cache has passed it.
+    /// [`InformerHandle::staleness`](crate::InformerHandle::staleness) reads it, and a
+    /// [`Manager`](crate::Manager) serves it (`informer_staleness_seconds`, the histogram
+    /// `informer_staleness_measured_seconds`). While the watch is stalled or the server
+    /// cannot be read, the oldest unpassed probe's age grows; once the cache catches up it
+    /// drops to zero.
+    ///
+    /// The cache's version moves with the resource's changes and with bookmarks, which
+    /// servers send about once a minute: a resource that rarely changes reads as behind for
+    /// up to that long after each probe, though nothing was missed. Off by default: each
+    /// informer's probe is one request per period.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_informer::{SharedInformer, testing::FakeListWatch};
+    ///
+    /// let informer = SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+    ///     .staleness_probe(Duration::from_secs(10))
+    ///     .build();
+    /// assert!(informer.handle().staleness().is_some());
+    /// ```
+    #[must_use]
+    pub fn staleness_probe(mut self, period: Duration) -> Self
+    where
+        L: Clone,
+    {
+        self.staleness = Some(Staleness::new(period, self.list_watch.clone()));
+        self
+    }
+
     /// Calls `hook` with every list/watch error (client-go's `SetWatchErrorHandler`).
     #[must_use]
     pub fn on_watch_error(mut self, hook: impl Fn(&Error) + Send + Sync + 'static) -> Self {
@@ -413,6 +449,7 @@ where
             stats,
             resync: self.resync,
             divergence: self.divergence.map(Arc::new),
+            staleness: self.staleness.map(Arc::new),
             reshard,
             snapshot,
         });

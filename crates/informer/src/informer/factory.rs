@@ -20,7 +20,8 @@ use tracing::{debug, info};
 
 use super::{
     InformerHandle, RunningInformer, SharedInformer, builder::InformerBuilder,
-    health::InformerHealth, latency::ProcessingStats, listener::HandlerStats, sync::HasSynced,
+    health::InformerHealth, latency::ProcessingStats, listener::HandlerStats,
+    staleness::StalenessStats, sync::HasSynced,
 };
 use crate::{
     error::Error,
@@ -39,6 +40,7 @@ type MetadataTransform = Arc<dyn Fn(&mut ObjectMeta) + Send + Sync>;
 #[derive(Clone, Default)]
 pub struct FactoryDefaults {
     resync_period: Option<Duration>,
+    staleness_probe: Option<Duration>,
     metadata_transform: Option<MetadataTransform>,
     working_set: Option<WorkingSet>,
     unused: UnusedInformers,
@@ -68,6 +70,14 @@ impl FactoryDefaults {
     #[must_use]
     pub fn resync_period(mut self, period: Duration) -> Self {
         self.resync_period = Some(period);
+        self
+    }
+
+    /// Gives each informer a [staleness probe](crate::informer::InformerBuilder::staleness_probe)
+    /// every `period`: how far its cache is behind the server, measured and served.
+    #[must_use]
+    pub fn staleness_probe(mut self, period: Duration) -> Self {
+        self.staleness_probe = Some(period);
         self
     }
 
@@ -336,6 +346,7 @@ trait Syncing: HasSynced {
     fn working_set(&self) -> WorkingSetStats;
     fn handler_stats(&self) -> Vec<HandlerStats>;
     fn processing_stats(&self) -> ProcessingStats;
+    fn staleness(&self) -> Option<StalenessStats>;
     fn last_sync_resource_version(&self) -> Option<String>;
     fn stats(&self) -> ReflectorStats;
     fn as_any(&self) -> &dyn Any;
@@ -364,6 +375,10 @@ impl<K: Resource + Send + Sync + 'static> Syncing for InformerHandle<K> {
 
     fn processing_stats(&self) -> ProcessingStats {
         InformerHandle::processing_stats(self)
+    }
+
+    fn staleness(&self) -> Option<StalenessStats> {
+        InformerHandle::staleness(self)
     }
 
     fn last_sync_resource_version(&self) -> Option<String> {
@@ -408,6 +423,8 @@ pub struct InformerStatus {
     pub handlers: Vec<HandlerStats>,
     /// How long it took over each watch event before its handlers saw it.
     pub processing: ProcessingStats,
+    /// How far its cache is behind the server, with a staleness probe.
+    pub staleness: Option<StalenessStats>,
     /// The uses held of it: handles the factory returned, stores and listers taken from
     /// them, handlers registered through them. At zero, it is stopped after the grace
     /// period (see [`InformerFactory`]).
@@ -661,6 +678,9 @@ impl InformerFactory {
         if let Some(period) = defaults.resync_period {
             builder = builder.resync_period(period);
         }
+        if let Some(period) = defaults.staleness_probe {
+            builder = builder.staleness_probe(period);
+        }
         if let Some(working_set) = defaults.working_set {
             builder = builder.working_set(working_set);
         }
@@ -766,6 +786,7 @@ impl InformerFactory {
                 working_set: e.synced.working_set(),
                 handlers: e.synced.handler_stats(),
                 processing: e.synced.processing_stats(),
+                staleness: e.synced.staleness(),
                 users: e.users.count(),
             })
             .collect()

@@ -41,6 +41,7 @@ impl Collector for InformerCollector {
         let users: Family<InformerLabels, Gauge> = Family::default();
         let missing: Family<InformerLabels, Gauge> = Family::default();
         let mut handlers: Vec<(HandlerLabels, HandlerStats)> = Vec::new();
+        let mut staleness: Vec<(InformerLabels, super::StalenessStats)> = Vec::new();
         for state in self.factory.informers() {
             let labels = InformerLabels {
                 resource: state.resource,
@@ -84,6 +85,9 @@ impl Collector for InformerCollector {
             hot_hits.get_or_create(&labels).inc_by(hot.hits);
             hot_misses.get_or_create(&labels).inc_by(hot.misses);
             hot_evictions.get_or_create(&labels).inc_by(hot.evictions);
+            if let Some(stats) = state.staleness.clone() {
+                staleness.push((labels.clone(), stats));
+            }
             for handler in &state.handlers {
                 let labels = HandlerLabels {
                     resource: labels.resource.clone(),
@@ -171,8 +175,46 @@ impl Collector for InformerCollector {
             encode_family(&mut encoder, name, help, &family)?;
         }
         encode_handlers(&mut encoder, &handlers)?;
+        encode_staleness(&mut encoder, &staleness)?;
         encode_upstream(&mut encoder, &self.factory)
     }
+}
+
+/// Each probed informer's staleness: `informer_staleness_seconds` (the age of the oldest
+/// probe its cache has not passed) and the histogram `informer_staleness_measured_seconds`
+/// (how long the cache took to pass each probe).
+fn encode_staleness(
+    encoder: &mut DescriptorEncoder<'_>,
+    informers: &[(InformerLabels, super::StalenessStats)],
+) -> Result<(), std::fmt::Error> {
+    let behind: Family<InformerLabels, Gauge<f64, std::sync::atomic::AtomicU64>> =
+        Family::default();
+    for (labels, stats) in informers {
+        behind.get_or_create(labels).set(stats.behind.as_secs_f64());
+    }
+    encode_family(
+        encoder,
+        "informer_staleness_seconds",
+        "How far the cache is behind the server: the age of the oldest probe of the server's current resourceVersion that the cache has not passed yet",
+        &behind,
+    )?;
+    let mut metric = encoder.encode_descriptor(
+        "informer_staleness_measured_seconds",
+        "How long the cache took to pass each probe of the server's current resourceVersion",
+        None,
+        prometheus_client::metrics::MetricType::Histogram,
+    )?;
+    for (labels, stats) in informers {
+        metric
+            .encode_family(labels)?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                stats.total.as_secs_f64(),
+                stats.passed,
+                &stats.buckets,
+                None,
+            )?;
+    }
+    Ok(())
 }
 
 /// client-go's labels for its informer metrics (KEP-4346): the program, and the

@@ -13,6 +13,7 @@ mod listener;
 pub(crate) mod metrics;
 mod processor;
 mod registration;
+mod staleness;
 mod sync;
 
 use std::{
@@ -59,6 +60,8 @@ pub use latency::ProcessingStats;
 pub use listener::{
     HANDLER_BACKLOG_WARNING, HANDLER_COALESCE_AFTER, HandlerRegistration, HandlerStats,
 };
+use staleness::Staleness;
+pub use staleness::StalenessStats;
 pub use sync::{HasSynced, wait_for_cache_sync};
 
 /// An informer that has not run yet: a reflector, an indexed store and any number of event
@@ -184,6 +187,7 @@ struct Inner<K> {
     lifecycle: Mutex<Lifecycle>,
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
+    staleness: Option<Arc<Staleness>>,
     reshard: Option<Reshard>,
     snapshot: Option<SnapshotWriter<K>>,
 }
@@ -197,6 +201,7 @@ struct HandleParts<K> {
     stats: ReflectorCounters,
     resync: Option<Duration>,
     divergence: Option<Arc<Divergence>>,
+    staleness: Option<Arc<Staleness>>,
     reshard: Option<Reshard>,
     snapshot: Option<SnapshotWriter<K>>,
 }
@@ -403,6 +408,10 @@ impl<K: Resource + Send + Sync + 'static> SharedInformer<K> {
                     }
                 }));
             }
+            if let Some(staleness) = inner.staleness.clone() {
+                let (version, token) = (inner.version.clone(), token.clone());
+                tracker.spawn(async move { staleness.run(version, token).await });
+            }
             if let Some(snapshot) = inner.snapshot.clone()
                 && let Some(interval) = snapshot.warm.interval()
             {
@@ -493,6 +502,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
             stats,
             resync,
             divergence,
+            staleness,
             reshard,
             snapshot,
         } = parts;
@@ -508,6 +518,7 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
                 }),
                 resync,
                 divergence,
+                staleness,
                 reshard,
                 snapshot,
             }),
@@ -616,6 +627,13 @@ impl<K: Resource + Send + Sync + 'static> InformerHandle<K> {
             .as_ref()
             .ok_or(Error::NoDivergenceCheck)?;
         divergence.run_once(&self.inner.processor).await
+    }
+
+    /// How far the cache is behind the server, as its
+    /// [staleness probe](crate::informer::InformerBuilder::staleness_probe) measures it;
+    /// `None` for an informer built without one.
+    pub fn staleness(&self) -> Option<StalenessStats> {
+        Some(self.inner.staleness.as_ref()?.stats())
     }
 
     /// The counters of the divergence checks, if the informer has one.
