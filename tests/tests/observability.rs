@@ -84,3 +84,193 @@ async fn observability_staleness_rises_through_a_stall_and_falls_after() {
     cancel.cancel();
     factory.shutdown().await;
 }
+
+/// What an orphan-deleting controller did with a child: `deleted`, `kept` or `refused`.
+type Decisions = std::sync::Arc<std::sync::Mutex<Vec<(String, &'static str)>>>;
+
+/// A controller that deletes ConfigMaps whose owner (the Secret their `owner` label names)
+/// its cache does not hold; `guarded`, it confirms the owner's absence first.
+fn orphan_deleter(
+    name: &'static str,
+    children: kube_informer::InformerHandle<ConfigMap>,
+    owners: kube_informer::InformerHandle<k8s_openapi::api::core::v1::Secret>,
+    client: kube_client::Client,
+    guarded: bool,
+    decisions: &Decisions,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = Result<(), kube_informer::Error>> + Send + 'static {
+    use std::sync::Arc;
+
+    use k8s_openapi::api::core::v1::Secret;
+    use kube_informer::{
+        Action, ClientError, Controller, ControllerClient, ObjectKey, ReconcileRequest,
+        retry_with_backoff,
+    };
+
+    let store = children.store();
+    let controller = Controller::new(name, children).watches(owners, move |owner: &Secret| {
+        let owner = owner.metadata.name.clone().unwrap_or_default();
+        store
+            .list()
+            .into_iter()
+            .filter(|c| c.metadata.labels.as_ref().and_then(|l| l.get("owner")) == Some(&owner))
+            .filter_map(|c| ObjectKey::from_object(&*c).ok())
+            .collect()
+    });
+    let writes = Arc::new(controller.client(client));
+    let decisions = decisions.clone();
+    let reconcile = move |request: ReconcileRequest<ConfigMap>, client: Arc<ControllerClient>| {
+        let decisions = decisions.clone();
+        async move {
+            let ReconcileRequest::Present(child) = request else {
+                return Ok(Action::done());
+            };
+            let key = ObjectKey::from_object(&*child).expect("a cached child has a name");
+            let owner = child
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("owner"))
+                .cloned()
+                .unwrap_or_default();
+            let owner = ObjectKey::new(child.metadata.namespace.as_deref(), &owner);
+            let record = |what| {
+                decisions
+                    .lock()
+                    .expect("not poisoned")
+                    .push((key.name().to_owned(), what));
+            };
+            let owners = client.store::<Secret>().expect("the owners' cache");
+            if owners.get_by_key(&owner).is_some() {
+                record("kept");
+                return Ok(Action::done());
+            }
+            if guarded
+                && let Err(error) = client
+                    .confirm_cached::<Secret>(&owner, Duration::from_secs(1))
+                    .await
+            {
+                record("refused");
+                return Err(error);
+            }
+            client.delete::<ConfigMap>(&key).await?;
+            record("deleted");
+            Ok::<_, ClientError>(Action::done())
+        }
+    };
+    controller.run((reconcile, retry_with_backoff(), writes), cancel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observability_the_guard_refuses_a_delete_that_a_stale_cache_would_make() {
+    use k8s_openapi::api::core::v1::Secret;
+
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "guard").await;
+    let proxy = within("the fault proxy to start", FaultProxy::for_apiserver(env))
+        .await
+        .expect("the fault proxy starts");
+    // The owners' informer goes through the proxy, with a staleness probe; the children's
+    // does not.
+    let stalled = InformerFactory::with_defaults(
+        env.client_via(&proxy)
+            .await
+            .expect("a client via the proxy"),
+        FactoryDefaults::default().staleness_probe(Duration::from_millis(300)),
+    );
+    let direct = InformerFactory::new(client.clone());
+    let owners = stalled.informer::<Secret>(Scope::namespace(&namespace));
+    let decisions = Decisions::default();
+    let scope = |guard: &str| Scope::namespace(&namespace).labels(format!("guard={guard}"));
+    let cancel = CancellationToken::new();
+    stalled.start(&cancel);
+    direct.start(&cancel);
+    let guarded = tokio::spawn(orphan_deleter(
+        "guarded",
+        direct.informer::<ConfigMap>(scope("yes")),
+        owners.clone(),
+        client.clone(),
+        true,
+        &decisions,
+        cancel.clone(),
+    ));
+    let unguarded = tokio::spawn(orphan_deleter(
+        "unguarded",
+        direct.informer::<ConfigMap>(scope("no")),
+        owners.clone(),
+        client.clone(),
+        false,
+        &decisions,
+        cancel.clone(),
+    ));
+    within("the owners' informer to sync", owners.wait_synced()).await;
+
+    // The owners' link stalls, and the probe says so before anything else happens.
+    proxy.stall().await.expect("the link stalls");
+    eventually("the owners' cache known to be behind", || {
+        owners
+            .staleness()
+            .is_some_and(|s| s.behind > Duration::from_secs(2))
+    })
+    .await;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let owner: Secret =
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": "owner" } }))
+            .expect("a Secret");
+    secrets
+        .create(&PostParams::default(), &owner)
+        .await
+        .expect("the owner");
+    let configs: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
+    for guard in ["yes", "no"] {
+        let child = tests::labelled(
+            &format!("child-{guard}"),
+            &[("owner", "owner"), ("guard", guard)],
+        );
+        configs
+            .create(&PostParams::default(), &child)
+            .await
+            .expect("a child");
+    }
+    let decided = |child: &str, what: &str| {
+        decisions
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .any(|(c, w)| c == child && *w == what)
+    };
+    // Without the guard, the stale cache's word deletes a child whose owner exists.
+    eventually("the unguarded controller deleted its child", || {
+        decided("child-no", "deleted")
+    })
+    .await;
+    // With it, the same decision is refused.
+    eventually("the guarded controller refused", || {
+        decided("child-yes", "refused")
+    })
+    .await;
+    assert!(!decided("child-yes", "deleted"));
+    assert!(
+        configs
+            .get_opt("child-yes")
+            .await
+            .expect("a read")
+            .is_some()
+    );
+    assert!(configs.get_opt("child-no").await.expect("a read").is_none());
+
+    // Lifted: the owners' cache catches up, and the guarded child is kept.
+    proxy.clear().await.expect("the link flows again");
+    eventually("the guarded child kept once the cache caught up", || {
+        decided("child-yes", "kept")
+    })
+    .await;
+    assert!(!decided("child-yes", "deleted"));
+    cancel.cancel();
+    for controller in [guarded, unguarded] {
+        within("a controller to stop", controller)
+            .await
+            .expect("its task")
+            .expect("it stops cleanly");
+    }
+}

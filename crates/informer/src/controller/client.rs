@@ -89,6 +89,22 @@ pub enum ClientError {
     /// A read by an index the informer does not have.
     #[error(transparent)]
     Index(Error),
+    /// [`confirm_cached`](ControllerClient::confirm_cached): the cache's view of the object
+    /// is not the server's. A disruptive action taken on it would act on a world that is
+    /// gone; the next event brings the cache's new view.
+    #[error(
+        "the cache's view of {kind} {key} is stale: cached {cached}, live {live}; not acting on it"
+    )]
+    StaleCache {
+        /// The object's kind.
+        kind: String,
+        /// The object's key.
+        key: ObjectKey,
+        /// What the cache holds (`absent`, or the uid and resourceVersion).
+        cached: String,
+        /// What the server holds.
+        live: String,
+    },
 }
 
 impl ClientError {
@@ -250,6 +266,79 @@ impl ControllerClient {
     /// The controller's cache of `C`, read as it is: reads of the store never wait.
     pub fn store<C: Resource + Send + Sync + 'static>(&self) -> Option<Store<C>> {
         Some(self.caches.cache::<C>()?.handle().store())
+    }
+
+    /// A guard before a disruptive action (a delete, a scale-down) decided on the cache's
+    /// word about `key`: that it holds this object, or that there is none. When the cache
+    /// of `C` is known to be at most `bound` behind the server (its informer's
+    /// [staleness probe](crate::informer::InformerBuilder::staleness_probe) says so), it
+    /// returns at once and costs nothing. Otherwise (further behind, or no probe to say)
+    /// it reads the object live and compares: the same object (uid and resourceVersion),
+    /// or absent on both sides, passes; anything else is refused with
+    /// [`ClientError::StaleCache`] and logged, and the reconcile, failing, is retried once
+    /// the cache has caught up.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    /// # use kube_informer::{ClientError, ControllerClient, ObjectKey};
+    /// # async fn doc(client: ControllerClient, child: ObjectKey, owner: ObjectKey) -> Result<(), ClientError> {
+    /// // The cache says the owner is gone: make sure before deleting the orphan.
+    /// client.confirm_cached::<Secret>(&owner, Duration::from_secs(5)).await?;
+    /// client.delete::<ConfigMap>(&child).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ClientError::StaleCache`]; [`ClientError::NoCache`] without an informer of `C`;
+    /// [`ClientError::Api`] when the live read fails.
+    pub async fn confirm_cached<C: Writable>(
+        &self,
+        key: &ObjectKey,
+        bound: Duration,
+    ) -> Result<(), ClientError> {
+        let kind = || C::kind(&()).into_owned();
+        let cache = self
+            .caches
+            .cache::<C>()
+            .ok_or_else(|| ClientError::NoCache { kind: kind() })?;
+        let handle = cache.handle();
+        if handle.staleness().is_some_and(|s| s.behind <= bound) {
+            return Ok(());
+        }
+        let cached = handle.store().get_by_key(key);
+        let api = self.api_at::<C>(key, "get")?;
+        let live = api
+            .get_opt(key.name())
+            .await
+            .map_err(|source| api_error::<C>("get", key, source))?;
+        let version =
+            |meta: &kube_core::ObjectMeta| (meta.uid.clone(), meta.resource_version.clone());
+        let same = match (&cached, &live) {
+            (None, None) => true,
+            (Some(cached), Some(live)) => version(cached.meta()) == version(live.meta()),
+            _ => false,
+        };
+        if same {
+            return Ok(());
+        }
+        let describe = |meta: Option<&kube_core::ObjectMeta>| match meta {
+            None => "absent".to_owned(),
+            Some(meta) => format!(
+                "uid {} at resourceVersion {}",
+                meta.uid.as_deref().unwrap_or("?"),
+                meta.resource_version.as_deref().unwrap_or("?")
+            ),
+        };
+        let error = ClientError::StaleCache {
+            kind: kind(),
+            key: key.clone(),
+            cached: describe(cached.as_deref().map(Resource::meta)),
+            live: describe(live.as_ref().map(Resource::meta)),
+        };
+        tracing::warn!(behind = ?handle.staleness().map(|s| s.behind), %error, "refused an action on a stale cache");
+        Err(error)
     }
 
     /// The cached object at `key`, once the cache has observed this client's writes to it.
