@@ -16,10 +16,12 @@ command -v setpriv >/dev/null || need_apt+=(util-linux)
 # etcd-client (traefik-operator) compiles etcd's protobufs at build time.
 command -v protoc >/dev/null || need_apt+=(protobuf-compiler)
 [ -d /usr/include/google/protobuf ] || need_apt+=(libprotobuf-dev)
+# The observability tests check the shipped dashboard's queries against a real Prometheus.
+command -v prometheus >/dev/null || [ -n "${PROMETHEUS_BIN:-}" ] || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "==> apt-get install ${need_apt[*]}"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
 fi
 # The traefik-operator's end-to-end tests route through a real Traefik.
 if ! command -v traefik >/dev/null && [ -z "${TRAEFIK_BIN:-}" ]; then

@@ -274,3 +274,158 @@ async fn observability_the_guard_refuses_a_delete_that_a_stale_cache_would_make(
             .expect("it stops cleanly");
     }
 }
+
+/// Percent-encodes `text` for a URL's query.
+fn query_escape(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A free port on loopback.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observability_every_dashboard_query_returns_data_from_a_real_prometheus() {
+    use std::{
+        collections::HashSet,
+        sync::{Arc, Mutex},
+    };
+
+    use kube_informer::{Action, ClusterSource, Manager, ReconcileRequest, retry_with_backoff};
+
+    // A manager running a controller, with a staleness probe, on the library's client.
+    let env = TestEnv::shared().await;
+    let (client, namespace) = test_namespace(env, "dashboard").await;
+    let own_client = ClusterSource::default()
+        .kubeconfig(env.kubeconfig_path())
+        .client()
+        .await
+        .expect("a client");
+    let factory = InformerFactory::with_defaults(
+        own_client,
+        FactoryDefaults::default().staleness_probe(Duration::from_secs(1)),
+    );
+    let loopback = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    let mut manager = Manager::with_factory(factory)
+        .probe_address(None)
+        .metrics_address(loopback);
+    let controller = manager.controller::<ConfigMap>("dashboard", Scope::namespace(&namespace));
+    // Each object's first reconcile fails, so the error series has data too.
+    let failed_once = Arc::new(Mutex::new(HashSet::<String>::new()));
+    let reconcile = move |request: ReconcileRequest<ConfigMap>,
+                          failed: Arc<Mutex<HashSet<String>>>| async move {
+        if failed
+            .lock()
+            .expect("not poisoned")
+            .insert(request.key().to_string())
+        {
+            return Err(std::io::Error::other("a first attempt fails"));
+        }
+        Ok(Action::done())
+    };
+    manager.add_controller(controller, (reconcile, retry_with_backoff(), failed_once));
+    let manager = manager.bind().await.expect("the manager binds");
+    let metrics = manager.metrics_address().expect("metrics");
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(manager.run(cancel.clone()));
+
+    // Changes keep coming while Prometheus scrapes, so rates have data.
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let writer = tokio::spawn({
+        let (api, cancel) = (api.clone(), cancel.clone());
+        async move {
+            let mut i = 0;
+            while !cancel.is_cancelled() {
+                let _ = api
+                    .create(&PostParams::default(), &config_map(&format!("cm-{i}"), &[]))
+                    .await;
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    });
+
+    // A real Prometheus scraping it every second.
+    let prometheus_bin = std::env::var("PROMETHEUS_BIN").unwrap_or_else(|_| "prometheus".into());
+    let dir = tempfile::tempdir().expect("a directory");
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: controller\n    static_configs:\n      - targets: ['{metrics}']\n"
+        ),
+    )
+    .expect("the configuration");
+    let port = free_port();
+    let mut prometheus = tokio::process::Command::new(&prometheus_bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("starting {prometheus_bin} (scripts/test.sh installs Debian's prometheus): {e}")
+        });
+    let prometheus_addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    tests::eventually_some("Prometheus to be ready", || async {
+        tokio::net::TcpStream::connect(prometheus_addr).await.ok()?;
+        (tests::http_get(prometheus_addr, "/-/ready").await.0 == 200).then_some(())
+    })
+    .await;
+
+    // Every query of the dashboard, with Grafana's variables filled in, returns series.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../dashboards/kube-informer.json"
+        ))
+        .expect("the dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|panel| panel["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|target| target["expr"].as_str().map(str::to_owned))
+        .collect();
+    assert!(queries.len() >= 10, "{queries:?}");
+    for query in &queries {
+        let filled = query
+            .replace("$__rate_interval", "30s")
+            .replace("$controller", ".*");
+        let path = format!("/api/v1/query?query={}", query_escape(&filled));
+        let series = tests::eventually_some(&format!("series for {query}"), || async {
+            let (status, body) = tests::http_get(prometheus_addr, &path).await;
+            let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let result = answer["data"]["result"].as_array()?;
+            (status == 200 && !result.is_empty()).then_some(result.len())
+        })
+        .await;
+        assert!(series >= 1);
+    }
+
+    cancel.cancel();
+    let _ = writer.await;
+    within("the manager to stop", running)
+        .await
+        .expect("its task")
+        .expect("it stops cleanly");
+    let _ = prometheus.kill().await;
+}
