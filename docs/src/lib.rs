@@ -25,6 +25,9 @@ mod guides {
     #[doc = include_str!("../toolkit.md")]
     struct Toolkit;
 
+    #[doc = include_str!("../observability.md")]
+    struct Observability;
+
     #[doc = include_str!("../warm-restarts.md")]
     struct WarmRestarts;
 
