@@ -862,6 +862,32 @@ async fn fleet_a_stalled_member_keeps_its_fault_to_itself() {
     tests::eventually("b caught up after the stall", || view.behind().is_empty()).await;
     let (_, ready) = tests::http_get(probes, "/readyz").await;
     assert_eq!(ready, "ok");
+
+    // b's API server is killed: b is behind, a's changes still go through; b comes back.
+    member_b.kill_apiserver().await;
+    tests::eventually("b reported behind once its API server is dead", || {
+        view.behind() == [ClusterName::from("b")]
+    })
+    .await;
+    in_a.create(&PostParams::default(), &config_map("while-b-dead", &[]))
+        .await
+        .expect("a ConfigMap in a");
+    tests::eventually("a's change reconciled while b is dead", || {
+        logged(&format!("done a {WORK}/while-b-dead"))
+    })
+    .await;
+    member_b
+        .start_apiserver()
+        .await
+        .expect("b's API server starts again");
+    in_b.create(&PostParams::default(), &config_map("b-back", &[]))
+        .await
+        .expect("a ConfigMap in b");
+    tests::eventually("b's change reconciled once it is back", || {
+        logged(&format!("done b {WORK}/b-back"))
+    })
+    .await;
+    tests::eventually("b no longer behind", || view.behind().is_empty()).await;
     cancel.cancel();
     within("the fleet to stop", fleet_task)
         .await
