@@ -19,6 +19,12 @@ const TOXIPROXY_MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/toxiproxy")
 /// The Kubernetes release the Go module builds, as in `go/KUBERNETES_VERSION`.
 pub const KUBERNETES_VERSION: &str = include_str!("../go/KUBERNETES_VERSION").trim_ascii();
 
+/// The Go module that builds Jaeger (`jaeger/go.mod` names its binary as a tool).
+const JAEGER_MODULE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/jaeger");
+
+/// The Jaeger release `jaeger/go.mod` requires.
+pub const JAEGER_VERSION: &str = "v1.75.0";
+
 /// The Toxiproxy release `toxiproxy/go.mod` requires.
 pub const TOXIPROXY_VERSION: &str = "v2.5.0";
 
@@ -183,9 +189,66 @@ impl ToxiproxyBinary {
     }
 }
 
+/// Where the Jaeger binary is: the all-in-one trace collector and query service that
+/// [`Jaeger`](crate::Jaeger) runs, built from its Go module as the control plane is.
+#[derive(Debug, Clone)]
+pub struct JaegerBinary {
+    path: PathBuf,
+}
+
+impl JaegerBinary {
+    /// Finds `jaeger`, building it first (several minutes) if the cache has none for the
+    /// current sources of `jaeger/`. A `jaeger` in `KUBE_TESTENV_BIN_DIR` is used instead.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::GoMissing`] without a Go toolchain, [`Error::BuildFailed`] naming the build
+    /// log when `go build` fails.
+    pub fn ensure() -> Result<Self> {
+        const BINARY: &str = "jaeger";
+        if let Some(dir) = std::env::var_os("KUBE_TESTENV_BIN_DIR") {
+            let path = PathBuf::from(dir).join(BINARY);
+            if path.is_file() {
+                return Ok(Self { path });
+            }
+        }
+        let build = GoBuild {
+            what: "Jaeger",
+            takes: "several minutes",
+            module: JAEGER_MODULE,
+            sources: &["."],
+            packages: &["github.com/jaegertracing/jaeger/cmd/jaeger"],
+            binary: Some(BINARY),
+            name: format!("jaeger-{JAEGER_VERSION}"),
+            file_prefix: "jaeger-",
+            ldflags: "-s -w".to_owned(),
+        };
+        Ok(Self {
+            path: build.ensure()?.join(BINARY),
+        })
+    }
+
+    /// The path of `jaeger`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_jaeger_version_is_the_one_go_mod_requires() {
+        let go_mod = include_str!("../jaeger/go.mod");
+        let required = format!("github.com/jaegertracing/jaeger {JAEGER_VERSION}");
+        assert!(
+            go_mod
+                .lines()
+                .any(|line| line.trim().starts_with(&required)),
+            "jaeger/go.mod does not require {required}"
+        );
+    }
 
     #[test]
     fn the_toxiproxy_version_is_the_one_go_mod_requires() {

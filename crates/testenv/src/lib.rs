@@ -32,13 +32,17 @@ mod etcd_server;
 mod fault_proxy;
 mod go_build;
 mod http;
+mod jaeger;
 mod kubeconfig;
 mod ports;
 mod process;
 
-pub use binaries::{Binaries, KUBERNETES_VERSION, TOXIPROXY_VERSION, ToxiproxyBinary};
+pub use binaries::{
+    Binaries, JAEGER_VERSION, JaegerBinary, KUBERNETES_VERSION, TOXIPROXY_VERSION, ToxiproxyBinary,
+};
 pub use env::{Builder, TestEnv};
 pub use error::{Error, Result};
 pub use etcd_server::{EtcdServer, EtcdTls};
 pub use fault_proxy::{FaultProxy, ToxicStream};
+pub use jaeger::Jaeger;
 pub use kubeconfig::CONTEXT;

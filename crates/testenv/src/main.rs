@@ -9,7 +9,7 @@
 use std::{path::PathBuf, process::ExitCode};
 
 use clap::{Parser, Subcommand};
-use kube_testenv::{Binaries, TestEnv, ToxiproxyBinary};
+use kube_testenv::{Binaries, JaegerBinary, TestEnv, ToxiproxyBinary};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -34,7 +34,7 @@ enum Command {
         kubeconfig: Option<PathBuf>,
     },
     /// Build the binaries (if the cache lacks them) and print the control
-    /// plane's directory, then the path of toxiproxy-server.
+    /// plane's directory, then the paths of toxiproxy-server and jaeger.
     Build,
 }
 
@@ -70,6 +70,10 @@ async fn run(cli: Cli) -> Result<(), kube_testenv::Error> {
                 .await
                 .expect("the build does not panic")?;
             println!("{}", toxiproxy.path().display());
+            let jaeger = tokio::task::spawn_blocking(JaegerBinary::ensure)
+                .await
+                .expect("the build does not panic")?;
+            println!("{}", jaeger.path().display());
             Ok(())
         }
         Command::Up {
