@@ -104,17 +104,28 @@ where
             .map(|a| a.as_str().to_owned())
             .unwrap_or_default();
         let method = request.method().as_str().to_owned();
+        #[cfg(feature = "opentelemetry")]
+        let span = crate::telemetry::spans::request(&method, request.uri().path());
         let started = Instant::now();
-        let response = self.inner.call(request);
-        Box::pin(async move {
+        let response = {
+            #[cfg(feature = "opentelemetry")]
+            let _entered = span.enter();
+            self.inner.call(request)
+        };
+        let recorded = async move {
             let response = response.await;
             let code = match &response {
                 Ok(response) => response.status().as_u16().to_string(),
                 Err(_) => "<error>".to_owned(),
             };
+            #[cfg(feature = "opentelemetry")]
+            tracing::Span::current().record("http.response.status_code", code.as_str());
             record(host, method, code, started.elapsed());
             response
-        })
+        };
+        #[cfg(feature = "opentelemetry")]
+        let recorded = tracing::Instrument::instrument(recorded, span);
+        Box::pin(recorded)
     }
 }
 

@@ -682,9 +682,13 @@ where
             0,
             source::primary(primary.clone(), predicate, deleted.clone()),
         );
+        #[cfg(feature = "opentelemetry")]
+        let spans = Arc::new(crate::telemetry::spans::QueuedSpans::default());
         let enqueue = Enqueue {
             queue: queue.clone(),
             controller: Arc::from(name.as_str()),
+            #[cfg(feature = "opentelemetry")]
+            spans: spans.clone(),
         };
         // Reported from before the first list (as following nothing), so no slot is
         // handed to this replica before its cache can take the slot's changes.
@@ -781,6 +785,8 @@ where
             #[cfg(feature = "prometheus")]
             recorder: reconcile_metrics.map(|m| m.for_controller(&name, workers)),
             cancel: cancel.clone(),
+            #[cfg(feature = "opentelemetry")]
+            spans,
         });
         let mut tasks = tokio::task::JoinSet::new();
         for id in 0..workers {

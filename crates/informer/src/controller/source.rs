@@ -68,11 +68,17 @@ pub(super) struct Enqueue {
     pub(super) queue: RateLimitingQueue<ObjectKey>,
     /// The controller's name, which its handlers are named after.
     pub(super) controller: Arc<str>,
+    /// Each queued key's trace: its watch event and its wait.
+    #[cfg(feature = "opentelemetry")]
+    pub(super) spans: Arc<crate::telemetry::spans::QueuedSpans>,
 }
 
 impl Enqueue {
     fn keys(&self, keys: impl IntoIterator<Item = ObjectKey>, priority: Priority) {
         for key in keys {
+            #[cfg(feature = "opentelemetry")]
+            self.spans
+                .enqueued(&self.controller, &key, priority == Priority::Low);
             self.queue.add_with_priority(key, priority);
         }
     }

@@ -133,6 +133,9 @@ pub(super) struct Worker<K, Rec> {
     pub(super) caches: Arc<Caches>,
     /// The primary's writes, looked up once rather than on every reconcile.
     pub(super) primary_writes: Option<Arc<Cache<K>>>,
+    /// The queued keys' traces, which each reconcile continues.
+    #[cfg(feature = "opentelemetry")]
+    pub(super) spans: Arc<crate::telemetry::spans::QueuedSpans>,
 }
 
 impl<K, Rec> Worker<K, Rec>
@@ -170,6 +173,8 @@ where
     }
 
     async fn reconcile_one(&self, key: &ObjectKey) {
+        #[cfg(feature = "opentelemetry")]
+        let wait = self.spans.taken(key);
         let observed = match &self.primary_writes {
             Some(cache) => self.caches.observe(cache, Some(key)).await,
             None => Ok(()),
@@ -243,10 +248,17 @@ where
             recorder.started();
         }
         let started = tokio::time::Instant::now();
+        #[cfg(feature = "opentelemetry")]
+        let call = tracing::Instrument::instrument(
+            self.call(request),
+            crate::telemetry::spans::reconcile(&self.name, key, wait),
+        );
+        #[cfg(not(feature = "opentelemetry"))]
+        let call = self.call(request);
         // A reconcile is cancelled by dropping it, as a future is: the controller stops.
         let outcome = tokio::select! {
             biased;
-            outcome = self.call(request) => outcome,
+            outcome = call => outcome,
             () = self.cancel.cancelled() => {
                 debug!(controller = %self.name, %key, "reconcile cancelled: the controller is stopping");
                 #[cfg(feature = "prometheus")]
