@@ -33,6 +33,22 @@ pub(crate) struct Durations {
     pub(crate) buckets: [u64; DURATION_BUCKETS.len()],
 }
 
+impl Durations {
+    /// Each bucket's bound and the requests within it, cumulative.
+    #[cfg(feature = "prometheus")]
+    fn cumulative_buckets(&self) -> Vec<(f64, u64)> {
+        let mut cumulative = 0;
+        DURATION_BUCKETS
+            .iter()
+            .zip(self.buckets)
+            .map(|(bound, n)| {
+                cumulative += n;
+                (*bound, cumulative)
+            })
+            .collect()
+    }
+}
+
 #[derive(Default)]
 struct Recorded {
     requests: RequestCounts,
@@ -155,7 +171,7 @@ impl prometheus_client::collector::Collector for RestClientCollector {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
     ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::metrics::{MetricType, counter::Counter, family::Family};
+        use prometheus_client::metrics::{counter::Counter, family::Family};
 
         let (requests, durations) = snapshot();
         let counts: Family<RequestLabels, Counter> = Family::default();
@@ -170,32 +186,30 @@ impl prometheus_client::collector::Collector for RestClientCollector {
             "Number of HTTP requests, partitioned by status code, method, and host",
             &counts,
         )?;
-        let mut metric = encoder.encode_descriptor(
+        let series: Vec<(DurationLabels, Durations)> = durations
+            .into_iter()
+            .map(|((host, verb), timed)| (DurationLabels { host, verb }, timed))
+            .collect();
+        let buckets: Vec<Vec<(f64, u64)>> = series
+            .iter()
+            .map(|(_, timed)| timed.cumulative_buckets())
+            .collect();
+        crate::metrics::encode_histograms(
+            &mut encoder,
             "rest_client_request_duration_seconds",
             "Request latency in seconds, up to the response's headers. Broken down by verb and host",
-            None,
-            MetricType::Histogram,
-        )?;
-        for ((host, verb), timed) in durations {
-            let mut cumulative = 0;
-            let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
+            series
                 .iter()
-                .zip(timed.buckets)
-                .map(|(bound, n)| {
-                    cumulative += n;
-                    (*bound, cumulative)
-                })
-                .collect();
-            metric
-                .encode_family(&DurationLabels { host, verb })?
-                .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                timed.sum.as_secs_f64(),
-                timed.count,
-                &buckets,
-                None,
-            )?;
-        }
-        Ok(())
+                .zip(&buckets)
+                .map(
+                    |((labels, timed), buckets)| crate::metrics::HistogramSeries {
+                        labels,
+                        sum: timed.sum.as_secs_f64(),
+                        count: timed.count,
+                        buckets,
+                    },
+                ),
+        )
     }
 }
 

@@ -9,7 +9,10 @@ use prometheus_client::{
 };
 
 use super::{HandlerStats, InformerFactory, InformerHealth};
-use crate::{list_watch::ShardMode, metrics::encode_family};
+use crate::{
+    list_watch::ShardMode,
+    metrics::{HistogramSeries, encode_family, encode_histograms},
+};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InformerLabels {
@@ -198,23 +201,17 @@ fn encode_staleness(
         "How far the cache is behind the server: the age of the oldest probe of the server's current resourceVersion that the cache has not passed yet",
         &behind,
     )?;
-    let mut metric = encoder.encode_descriptor(
+    encode_histograms(
+        encoder,
         "informer_staleness_measured_seconds",
         "How long the cache took to pass each probe of the server's current resourceVersion",
-        None,
-        prometheus_client::metrics::MetricType::Histogram,
-    )?;
-    for (labels, stats) in informers {
-        metric
-            .encode_family(labels)?
-            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                stats.total.as_secs_f64(),
-                stats.passed,
-                &stats.buckets,
-                None,
-            )?;
-    }
-    Ok(())
+        informers.iter().map(|(labels, stats)| HistogramSeries {
+            labels,
+            sum: stats.total.as_secs_f64(),
+            count: stats.passed,
+            buckets: &stats.buckets,
+        }),
+    )
 }
 
 /// client-go's labels for its informer metrics (KEP-4346): the program, and the
@@ -295,23 +292,19 @@ fn encode_upstream(
         "The resourceVersion an informer's store has reached (its 15 lowest digits)",
         &version,
     )?;
-    let mut metric = encoder.encode_descriptor(
+    encode_histograms(
+        encoder,
         "informer_processing_latency_seconds",
         "Time an informer took over each watch event before its handlers saw it: the store updated and the event put in each handler's buffer",
-        None,
-        prometheus_client::metrics::MetricType::Histogram,
-    )?;
-    for (labels, (_, _, processing)) in &informers {
-        metric
-            .encode_family(labels)?
-            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                processing.total.as_secs_f64(),
-                processing.events,
-                &processing.buckets,
-                None,
-            )?;
-    }
-    Ok(())
+        informers
+            .iter()
+            .map(|(labels, (_, _, processing))| HistogramSeries {
+                labels,
+                sum: processing.total.as_secs_f64(),
+                count: processing.events,
+                buckets: &processing.buckets,
+            }),
+    )
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -367,23 +360,17 @@ fn encode_handlers(
         "Events merged into an event of the same object already waiting, because the event handler was behind",
         &coalesced,
     )?;
-    let mut metric = encoder.encode_descriptor(
+    encode_histograms(
+        encoder,
         "informer_handler_processing_seconds",
         "Time an event handler took over each event",
-        None,
-        prometheus_client::metrics::MetricType::Histogram,
-    )?;
-    for (labels, stats) in handlers {
-        metric
-            .encode_family(labels)?
-            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-                stats.processing_total.as_secs_f64(),
-                stats.delivered,
-                &stats.processing_buckets,
-                None,
-            )?;
-    }
-    Ok(())
+        handlers.iter().map(|(labels, stats)| HistogramSeries {
+            labels,
+            sum: stats.processing_total.as_secs_f64(),
+            count: stats.delivered,
+            buckets: &stats.processing_buckets,
+        }),
+    )
 }
 
 /// Serves the factory's informers' gauges from `registry`.
