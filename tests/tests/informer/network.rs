@@ -271,3 +271,62 @@ async fn ten_thousand_objects_through_a_slow_link() {
     );
     informer.stop().await;
 }
+
+/// The library's client shares one HTTP/2 connection per API server; far more watches than
+/// a process usually holds (260, past the 100 and 250 stream limits servers commonly set)
+/// all start and follow the server on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_watches_than_one_connection_carries_all_follow_the_server() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube_client::api::{ListParams, WatchEvent, WatchParams};
+
+    const WATCHES: usize = 260;
+    let env = TestEnv::shared().await;
+    let (admin, namespace) = test_namespace(env, "many-watches").await;
+    let client = kube_informer::ClusterSource::default()
+        .kubeconfig(env.kubeconfig_path())
+        .client()
+        .await
+        .expect("the library's client");
+    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
+    let version = api
+        .list(&ListParams::default().limit(1))
+        .await
+        .expect("a list")
+        .metadata
+        .resource_version
+        .expect("a version");
+    // Each watch holds its stream open for the test's length.
+    let mut watches = Vec::new();
+    for _ in 0..WATCHES {
+        let (api, version) = (api.clone(), version.clone());
+        watches.push(tokio::spawn(async move {
+            let stream = api
+                .watch(&WatchParams::default().timeout(290), &version)
+                .await
+                .expect("a watch starts");
+            let mut stream = std::pin::pin!(stream);
+            while let Some(event) = stream.try_next().await.expect("a watch event") {
+                if let WatchEvent::Added(cm) = event
+                    && name(&cm) == "seen-by-all"
+                {
+                    return;
+                }
+            }
+            panic!("the watch ended before the object arrived");
+        }));
+    }
+    Api::<ConfigMap>::namespaced(admin, &namespace)
+        .create(&PostParams::default(), &config_map("seen-by-all", &[]))
+        .await
+        .expect("the ConfigMap");
+    let seen = within(
+        "every watch to see the object",
+        futures::stream::iter(watches)
+            .then(|watch| async move { watch.await.is_ok() })
+            .filter(|ok| std::future::ready(*ok))
+            .count(),
+    )
+    .await;
+    assert_eq!(seen, WATCHES);
+}
