@@ -4,7 +4,7 @@
 
 use std::{
     sync::{
-        Arc, Mutex, PoisonError,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::latency::Latency;
+use super::{latency::Latency, lock};
 use crate::{
     error::Error,
     list_watch::{ListOptions, ListWatch},
@@ -57,12 +57,20 @@ struct Pending {
     target: Option<u64>,
 }
 
+/// The probe's current state.
+#[derive(Default)]
+struct Probes {
+    /// The oldest probe the cache has not passed.
+    pending: Option<Pending>,
+    /// How long the cache took to pass the last probe it passed.
+    last: Option<Duration>,
+}
+
 /// An informer's staleness probe: its period, its source, and what it measured.
 pub(super) struct Staleness {
-    pub(super) period: Duration,
+    period: Duration,
     read: VersionReader,
-    pending: Mutex<Option<Pending>>,
-    last: Mutex<Option<Duration>>,
+    probes: Mutex<Probes>,
     measured: Latency,
     failed_reads: AtomicU64,
 }
@@ -87,18 +95,17 @@ impl Staleness {
         Self {
             period: period.max(Duration::from_millis(100)),
             read,
-            pending: Mutex::new(None),
-            last: Mutex::new(None),
+            probes: Mutex::default(),
             measured: Latency::default(),
             failed_reads: AtomicU64::new(0),
         }
     }
 
     pub(super) fn stats(&self) -> StalenessStats {
-        let behind = lock(&self.pending).map_or(Duration::ZERO, |p| p.sent.elapsed());
+        let probes = lock(&self.probes);
         StalenessStats {
-            behind,
-            last: *lock(&self.last),
+            behind: probes.pending.map_or(Duration::ZERO, |p| p.sent.elapsed()),
+            last: probes.last,
             passed: self.measured.count(),
             failed_reads: self.failed_reads.load(Ordering::Relaxed),
             buckets: self.measured.cumulative_buckets(),
@@ -111,47 +118,18 @@ impl Staleness {
     pub(super) async fn run(&self, version: SyncedVersion, token: CancellationToken) {
         let mut versions = version.subscribe();
         loop {
-            let probe = *lock(&self.pending).get_or_insert(Pending {
+            let probe = *lock(&self.probes).pending.get_or_insert(Pending {
                 sent: Instant::now(),
                 target: None,
             });
             let next = Instant::now() + self.period;
             let target = match probe.target {
                 Some(target) => Some(target),
-                None => {
-                    let read = tokio::select! {
-                        biased;
-                        () = token.cancelled() => return,
-                        read = tokio::time::timeout(self.period, (self.read)()) => read,
-                    };
-                    match read {
-                        Ok(Ok(text)) => match text.parse::<u64>() {
-                            Ok(target) => {
-                                if let Some(pending) = lock(&self.pending).as_mut() {
-                                    pending.target = Some(target);
-                                }
-                                Some(target)
-                            }
-                            Err(_) => {
-                                // A server whose versions are not etcd's revisions cannot be
-                                // compared; nothing to measure.
-                                debug!(version = %text, "staleness probe: the server's version is not a number");
-                                *lock(&self.pending) = None;
-                                None
-                            }
-                        },
-                        Ok(Err(error)) => {
-                            self.failed_reads.fetch_add(1, Ordering::Relaxed);
-                            debug!(%error, "staleness probe: the server's version could not be read");
-                            None
-                        }
-                        Err(_) => {
-                            self.failed_reads.fetch_add(1, Ordering::Relaxed);
-                            debug!(period = ?self.period, "staleness probe: no answer within the period");
-                            None
-                        }
-                    }
-                }
+                None => tokio::select! {
+                    biased;
+                    () = token.cancelled() => return,
+                    target = self.read_target() => target,
+                },
             };
             if let Some(target) = target {
                 let passed = |synced: &crate::reflector::Synced| {
@@ -172,8 +150,10 @@ impl Staleness {
                 {
                     let took = probe.sent.elapsed();
                     self.measured.record(took);
-                    *lock(&self.last) = Some(took);
-                    *lock(&self.pending) = None;
+                    *lock(&self.probes) = Probes {
+                        pending: None,
+                        last: Some(took),
+                    };
                     debug!(took = ?took, "staleness probe passed");
                 }
             }
@@ -184,8 +164,38 @@ impl Staleness {
             }
         }
     }
-}
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Reads the server's current version for the pending probe, within the period;
+    /// `None` when it could not be read (counted, and read again next period) or is not a
+    /// number (a server whose versions are not etcd's revisions: nothing to measure, the
+    /// probe is dropped).
+    async fn read_target(&self) -> Option<u64> {
+        let text = match tokio::time::timeout(self.period, (self.read)()).await {
+            Ok(Ok(text)) => text,
+            Ok(Err(error)) => {
+                self.failed_reads.fetch_add(1, Ordering::Relaxed);
+                debug!(%error, "staleness probe: the server's version could not be read");
+                return None;
+            }
+            Err(_) => {
+                self.failed_reads.fetch_add(1, Ordering::Relaxed);
+                debug!(period = ?self.period, "staleness probe: no answer within the period");
+                return None;
+            }
+        };
+        let mut probes = lock(&self.probes);
+        match text.parse::<u64>() {
+            Ok(target) => {
+                if let Some(pending) = probes.pending.as_mut() {
+                    pending.target = Some(target);
+                }
+                Some(target)
+            }
+            Err(_) => {
+                debug!(version = %text, "staleness probe: the server's version is not a number");
+                probes.pending = None;
+                None
+            }
+        }
+    }
 }
