@@ -58,16 +58,7 @@ enum Command {
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Crd) = cli.command {
-        return match crd::crd_yaml() {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
-            }
-        };
+        return examples::print_manifest(crd::crd_yaml());
     }
     examples::init_tracing();
     let outcome = if cli.demo {

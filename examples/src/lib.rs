@@ -11,6 +11,20 @@ use kube_client::{
 };
 use tracing_subscriber::EnvFilter;
 
+/// What a `crd` subcommand does with its generated manifest: prints it, or the error.
+pub fn print_manifest(manifest: Result<String, impl std::fmt::Display>) -> std::process::ExitCode {
+    match manifest {
+        Ok(yaml) => {
+            print!("{yaml}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Logs to stdout at `info` (override with `RUST_LOG`), with colours only on
 /// a terminal.
 ///

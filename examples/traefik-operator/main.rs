@@ -13,16 +13,7 @@ use traefik_operator::{
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(Command::Crd) = cli.command {
-        return match crd::crd_yaml() {
-            Ok(yaml) => {
-                print!("{yaml}");
-                ExitCode::SUCCESS
-            }
-            Err(err) => {
-                eprintln!("error: {err}");
-                ExitCode::FAILURE
-            }
-        };
+        return examples::print_manifest(crd::crd_yaml());
     }
     examples::init_tracing();
     // `--kubeconfig`, in-cluster or $KUBECONFIG; HTTP/2 with pings, so a stalled
