@@ -3,7 +3,7 @@
 //! check confirms; every change made during the fault reaches the handlers (a deletion as
 //! a final state or a tombstone); objects that did not change get no event.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube_client::{
@@ -272,11 +272,13 @@ async fn ten_thousand_objects_through_a_slow_link() {
     informer.stop().await;
 }
 
-/// The library's client shares one HTTP/2 connection per API server; far more watches than
-/// a process usually holds (260, past the 100 and 250 stream limits servers commonly set)
-/// all start and follow the server on it.
+/// kube-apiserver caps the streams one HTTP/2 connection carries at 100; the library's
+/// client opens another connection past that. 260 watches are all open at once (each has
+/// its response before the object is created, so none can be a late watch replaying
+/// history), each sees the object, and a request sent while all are open still answers.
+/// On one connection the 101st watch would wait for a watch's timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn more_watches_than_one_connection_carries_all_follow_the_server() {
+async fn more_watches_than_one_connection_carries_are_open_at_once_and_follow_the_server() {
     use futures::{StreamExt, TryStreamExt};
     use kube_client::api::{ListParams, WatchEvent, WatchParams};
 
@@ -296,15 +298,16 @@ async fn more_watches_than_one_connection_carries_all_follow_the_server() {
         .metadata
         .resource_version
         .expect("a version");
-    // Each watch holds its stream open for the test's length.
+    let all_open = Arc::new(tokio::sync::Barrier::new(WATCHES + 1));
     let mut watches = Vec::new();
     for _ in 0..WATCHES {
-        let (api, version) = (api.clone(), version.clone());
+        let (api, version, all_open) = (api.clone(), version.clone(), all_open.clone());
         watches.push(tokio::spawn(async move {
             let stream = api
                 .watch(&WatchParams::default().timeout(290), &version)
                 .await
                 .expect("a watch starts");
+            all_open.wait().await;
             let mut stream = std::pin::pin!(stream);
             while let Some(event) = stream.try_next().await.expect("a watch event") {
                 if let WatchEvent::Added(cm) = event
@@ -316,6 +319,13 @@ async fn more_watches_than_one_connection_carries_all_follow_the_server() {
             panic!("the watch ended before the object arrived");
         }));
     }
+    within("every watch to be open at once", all_open.wait()).await;
+    within(
+        "a request while every watch is open",
+        api.list(&ListParams::default().limit(1)),
+    )
+    .await
+    .expect("a list while every watch is open");
     Api::<ConfigMap>::namespaced(admin, &namespace)
         .create(&PostParams::default(), &config_map("seen-by-all", &[]))
         .await

@@ -4,14 +4,16 @@
 //! connection that silently stopped carrying bytes (a load balancer that forgot the flow,
 //! a peer gone behind a silent network) only when the watch's own idle timeout runs out.
 //! [`client`] builds the same stack (kube-client's TLS configuration, authentication,
-//! base URI and headers) on HTTP/2 with keep-alive pings, as client-go does: every request
-//! and watch shares one connection per API server, and a ping that goes unanswered closes
-//! it, so each watch on it ends with an error and reconnects at once. Its requests are
+//! base URI and headers) on HTTP/2 with keep-alive pings, as client-go does: requests and
+//! watches share a connection per API server, another opened only when one carries all
+//! the streams a server allows, and a ping that goes unanswered closes a connection, so
+//! each watch on it ends with an error and reconnects at once. Its requests are
 //! counted and timed under client-go's REST client metric names, which a
 //! [`Manager`](crate::Manager) serves.
 
 mod cluster;
 pub(crate) mod metrics;
+mod pool;
 
 use std::time::Duration;
 
@@ -24,6 +26,7 @@ use tower::ServiceBuilder;
 use tracing::warn;
 
 use crate::error::{BoxError, Error};
+use pool::{DEFAULT_STREAMS_PER_CONNECTION, StreamPool};
 
 pub use cluster::ClusterSource;
 
@@ -72,7 +75,60 @@ impl Default for KeepAlive {
     }
 }
 
-/// A client for `config` on HTTP/2 with the default [`KeepAlive`] pings.
+/// How a client built by [`client_with`] uses its connections: the pings that find a dead
+/// one, and how many open streams one carries before the next request opens another.
+///
+/// An HTTP/2 server caps the streams a connection may hold open (kube-apiserver
+/// advertises 100 unless `--http2-max-streams-per-connection` says otherwise), and every
+/// watch holds one for minutes. A request past the cap would wait on its connection until
+/// a watch ends; the client sends it on another connection instead, as Go's transport does.
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_informer::client::{Connections, KeepAlive};
+///
+/// // A server started with `--http2-max-streams-per-connection=1000`.
+/// let connections = Connections::default()
+///     .keep_alive(KeepAlive::default().idle(Duration::from_secs(5)))
+///     .streams_per_connection(1000);
+/// # let _ = connections;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connections {
+    keep_alive: KeepAlive,
+    streams_per_connection: usize,
+}
+
+impl Connections {
+    /// When a connection is pinged, and how long an answer may take ([`KeepAlive::default`]).
+    #[must_use]
+    pub fn keep_alive(mut self, keep_alive: KeepAlive) -> Self {
+        self.keep_alive = keep_alive;
+        self
+    }
+
+    /// The most streams (requests and watches in progress) one connection carries (100,
+    /// kube-apiserver's default cap; at least 1). Set it to the server's own cap when that
+    /// is known to be higher, or lower for a proxy that allows fewer: a request past the
+    /// server's cap waits on its connection until a stream ends.
+    #[must_use]
+    pub fn streams_per_connection(mut self, streams: usize) -> Self {
+        self.streams_per_connection = streams.max(1);
+        self
+    }
+}
+
+impl Default for Connections {
+    fn default() -> Self {
+        Self {
+            keep_alive: KeepAlive::default(),
+            streams_per_connection: DEFAULT_STREAMS_PER_CONNECTION,
+        }
+    }
+}
+
+/// A client for `config` on HTTP/2 with the default [`Connections`]: pings that find a dead
+/// connection in 25 s, and at most 100 streams on a connection.
 ///
 /// Use it for the `Api`s informers watch through: a stalled connection is then found by
 /// its pings, in seconds, instead of by the reflector's idle timeout
@@ -96,15 +152,16 @@ impl Default for KeepAlive {
 /// [`Error::Client`] when the configuration's TLS or authentication settings are unusable
 /// (unreadable certificates, an invalid `tls-server-name`, ...).
 pub fn client(config: Config) -> Result<Client, Error> {
-    client_with(config, KeepAlive::default())
+    client_with(config, Connections::default())
 }
 
-/// A client for `config` on HTTP/2, pinged as `keep_alive` says (see [`client`]).
+/// A client for `config` on HTTP/2, its connections used as `connections` says (see
+/// [`client`]).
 ///
 /// # Errors
 ///
 /// [`Error::Client`], as for [`client`].
-pub fn client_with(config: Config, keep_alive: KeepAlive) -> Result<Client, Error> {
+pub fn client_with(config: Config, connections: Connections) -> Result<Client, Error> {
     if config.proxy_url.is_some() {
         warn!("a proxy is configured: using kube-client's HTTP/1.1 client, without pings");
         return Client::try_from(config).map_err(|e| Error::Client(e.into()));
@@ -125,14 +182,18 @@ pub fn client_with(config: Config, keep_alive: KeepAlive) -> Result<Client, Erro
         https = https.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
     let https = https.enable_http1().enable_http2().wrap_connector(http);
-    let hyper: HyperClient<_, kube_client::client::Body> =
-        HyperClient::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .http2_keep_alive_interval(keep_alive.idle)
-            .http2_keep_alive_timeout(keep_alive.timeout)
-            .http2_keep_alive_while_idle(true)
-            .build(https);
+    let keep_alive = connections.keep_alive;
+    let mut builder = HyperClient::builder(TokioExecutor::new());
+    builder
+        .timer(TokioTimer::new())
+        .pool_timer(TokioTimer::new())
+        .http2_keep_alive_interval(keep_alive.idle)
+        .http2_keep_alive_timeout(keep_alive.timeout)
+        .http2_keep_alive_while_idle(true);
+    // Each hyper client keeps its own connection; the pool adds one when all are full.
+    let hyper = StreamPool::new(connections.streams_per_connection, move || {
+        builder.build::<_, kube_client::client::Body>(https.clone())
+    });
     let auth = config.auth_layer().map_err(|e| Error::Client(e.into()))?;
     let headers = config
         .extra_headers_layer()
