@@ -32,6 +32,11 @@ pub(crate) struct HistogramSeries<'a, L> {
 }
 
 /// Encodes `series` as the histogram `name` / `help`.
+///
+/// `prometheus-client` takes each bucket's own count and sums them as it writes the `le`
+/// lines, and writes `+Inf` only for a bound of `f64::MAX`; the series here hold
+/// cumulative counts without it. Handed over as they are, every bucket counted those below
+/// it again and the `+Inf` bucket was missing, so `histogram_quantile` answered NaN.
 pub(crate) fn encode_histograms<'a, L>(
     encoder: &mut DescriptorEncoder<'_>,
     name: &str,
@@ -48,14 +53,80 @@ where
         prometheus_client::metrics::MetricType::Histogram,
     )?;
     for series in series {
+        let own_counts = own_bucket_counts(series.buckets, series.count);
         metric
             .encode_family(series.labels)?
             .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
                 series.sum,
                 series.count,
-                series.buckets,
+                &own_counts,
                 None,
             )?;
     }
     Ok(())
+}
+
+/// Each bucket's own count from cumulative `buckets`, then the `+Inf` bucket (`f64::MAX`)
+/// with what passed the last bound, so the buckets add up to `count`.
+fn own_bucket_counts(buckets: &[(f64, u64)], count: u64) -> Vec<(f64, u64)> {
+    let mut below = 0;
+    let mut own: Vec<(f64, u64)> = buckets
+        .iter()
+        .map(|&(bound, cumulative)| {
+            let here = cumulative.saturating_sub(below);
+            below = below.max(cumulative);
+            (bound, here)
+        })
+        .collect();
+    own.push((f64::MAX, count.saturating_sub(below)));
+    own
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::{collector::Collector, encoding::text::encode, registry::Registry};
+
+    use super::*;
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+    struct Labels {
+        name: String,
+    }
+
+    #[derive(Debug)]
+    struct OneHistogram;
+
+    impl Collector for OneHistogram {
+        fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+            let labels = Labels { name: "a".into() };
+            // 5 observations: 2 within 0.1 s, 4 within 1 s, 1 slower than every bound.
+            encode_histograms(
+                &mut encoder,
+                "took_seconds",
+                "How long",
+                [HistogramSeries {
+                    labels: &labels,
+                    sum: 9.0,
+                    count: 5,
+                    buckets: &[(0.1, 2), (1.0, 4)],
+                }],
+            )
+        }
+    }
+
+    #[test]
+    fn cumulative_buckets_are_served_once_each_with_an_inf_bucket() {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(OneHistogram));
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encodes");
+        for line in [
+            r#"took_seconds_bucket{le="0.1",name="a"} 2"#,
+            r#"took_seconds_bucket{le="1.0",name="a"} 4"#,
+            r#"took_seconds_bucket{le="+Inf",name="a"} 5"#,
+            r#"took_seconds_count{name="a"} 5"#,
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+    }
 }
