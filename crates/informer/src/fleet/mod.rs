@@ -55,7 +55,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use directory::KubeconfigDirectory;
 pub use namespaces::NamespaceClusters;
-pub use run::{ClusterPhase, ClusterStatus, Engaged, Fleet, FleetView, Reachability};
+pub use run::{
+    ClusterPhase, ClusterStatus, Engaged, FLEET_WORKING_SET_BYTES, Fleet, FleetView, Reachability,
+};
 pub use secrets::{KUBECONFIG_SECRET_KEY, KUBECONFIG_SECRET_LABEL, KubeconfigSecrets};
 
 /// A cluster's name in a fleet: the file, Secret or namespace it comes from. Cheap to

@@ -19,9 +19,10 @@ use tracing::{debug, info, warn};
 use super::{Cluster, ClusterEvent, ClusterEvents, ClusterName, ClusterProvider};
 use crate::{
     error::{Error, panic_message},
-    informer::{InformerFactory, Scope},
+    informer::{FactoryDefaults, InformerFactory, Scope},
     list_watch::{HashRange, fnv1a_64},
     sharding::{ShardRing, SlotGuard},
+    store::{SharedBudget, WorkingSet},
     workqueue::{FairShare, Tenant},
 };
 
@@ -76,7 +77,12 @@ pub struct Fleet {
     probe_every: Duration,
     engagements: u64,
     ring: Option<Arc<ShardRing>>,
+    working_set: SharedBudget,
 }
+
+/// The decoded objects all of a fleet's compact caches keep together by default (see
+/// [`Fleet::working_set`]).
+pub const FLEET_WORKING_SET_BYTES: usize = 4 << 20;
 
 /// What the fleet knows of one cluster, behind [`FleetView`].
 struct Entry {
@@ -318,7 +324,19 @@ impl Fleet {
             probe_every: Duration::from_secs(10),
             engagements: 0,
             ring: None,
+            working_set: SharedBudget::new(FLEET_WORKING_SET_BYTES),
         }
+    }
+
+    /// The decoded objects the clusters' caches keep between them, in bytes
+    /// ([`FLEET_WORKING_SET_BYTES`], 4 MiB, by default): each cache built by a cluster's
+    /// factory holds its part of it ([`SharedBudget`]). A standalone informer's own
+    /// [`WorkingSet`] budget (1 MiB) held per cluster would let a fleet of a hundred
+    /// clusters keep a hundred times that, decoded objects of reconciles long done.
+    #[must_use]
+    pub fn working_set(mut self, total_bytes: usize) -> Self {
+        self.working_set = SharedBudget::new(total_bytes);
+        self
     }
 
     /// The reconciles the fleet runs at once, over every cluster, shared fairly (4 by
@@ -582,6 +600,8 @@ impl Fleet {
         let tenant = self.share.tenant(cluster.name().as_str());
         let workers = self.workers;
         let max_backoff = self.max_backoff;
+        let defaults =
+            FactoryDefaults::default().working_set(WorkingSet::shared(&self.working_set));
         let name = cluster.name().clone();
         clusters
             .entry(name.clone())
@@ -616,7 +636,8 @@ impl Fleet {
             let probe = tokio::spawn(probe);
             let mut backoff = Duration::from_secs(1);
             while !cancel.is_cancelled() {
-                let factory = InformerFactory::new(cluster.client().clone());
+                let factory =
+                    InformerFactory::with_defaults(cluster.client().clone(), defaults.clone());
                 let run_cancel = cancel.child_token();
                 factory.start(&run_cancel);
                 if let Some(mut entry) = entry_of(&clusters, &name, id) {

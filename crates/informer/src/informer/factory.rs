@@ -681,7 +681,7 @@ impl InformerFactory {
         if let Some(period) = defaults.staleness_probe {
             builder = builder.staleness_probe(period);
         }
-        if let Some(working_set) = defaults.working_set {
+        if let Some(working_set) = defaults.working_set.clone() {
             builder = builder.working_set(working_set);
         }
         if let Some(transform) = defaults.metadata_transform.clone() {

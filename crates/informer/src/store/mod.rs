@@ -38,7 +38,7 @@ use slot::{Keeping, Slot, Taken};
 pub(crate) use slot::{WireDecoder, decode_wire};
 pub(crate) use usage::{Usage, WeakUsage};
 use working_set::Hot;
-pub use working_set::{WorkingSet, WorkingSetStats};
+pub use working_set::{SharedBudget, WorkingSet, WorkingSetStats};
 pub(crate) use writer::Writer;
 
 /// The hasher of the store's maps and sets of keys: foldhash, seeded per map, as the

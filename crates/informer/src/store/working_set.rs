@@ -2,7 +2,13 @@
 //! those read again by key, kept as the shared `Arc<K>`s they were decoded into, within a budget.
 //! The full documentation is on [`WorkingSet`].
 
-use std::{collections::VecDeque, sync::Arc};
+use std::{
+    collections::VecDeque,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+};
 
 use std::collections::HashMap;
 
@@ -37,9 +43,105 @@ use crate::{key::ObjectKey, list_watch::RawFormat};
 ///     .build();
 /// assert_eq!(informer.store().working_set().budget_bytes, 64 << 20);
 /// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Many stores in one process (a [`Fleet`](crate::fleet::Fleet)'s clusters, say) can share
+/// one budget instead, each holding its part of it: see [`SharedBudget`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkingSet {
-    budget_bytes: usize,
+    budget: Budget,
+}
+
+#[derive(Clone, Debug)]
+enum Budget {
+    Fixed(usize),
+    Shared(SharedBudget),
+}
+
+impl PartialEq for Budget {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Fixed(a), Self::Fixed(b)) => a == b,
+            (Self::Shared(a), Self::Shared(b)) => Arc::ptr_eq(&a.0, &b.0),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Budget {}
+
+/// A budget of decoded objects that the working sets of several compact stores share:
+/// each store holds at most the total divided by the stores sharing it at the time.
+///
+/// Every working set has a budget of its own by default ([`WorkingSet::default`], 1 MiB),
+/// which a process with a handful of informers never notices, but a process with one
+/// informer per cluster of a fleet pays per cluster: a hundred clusters whose objects
+/// were all reconciled once hold a hundred budgets of them. A shared budget bounds the
+/// process instead. A store takes its part when it is created and gives it back when it
+/// is dropped; a store holding more than its part (because more stores joined since) lets
+/// the excess go at its next admission.
+///
+/// ```
+/// use k8s_openapi::api::core::v1::ConfigMap;
+/// use kube_informer::{SharedInformer, WorkingSet, store::SharedBudget, testing::FakeListWatch};
+///
+/// let budget = SharedBudget::new(4 << 20);
+/// let informers: Vec<_> = (0..4)
+///     .map(|_| {
+///         SharedInformer::builder(FakeListWatch::<ConfigMap>::new("configmaps"))
+///             .working_set(WorkingSet::shared(&budget))
+///             .build()
+///     })
+///     .collect();
+/// assert_eq!(budget.sharers(), 4);
+/// assert_eq!(informers[0].store().working_set().budget_bytes, 1 << 20);
+/// ```
+#[derive(Clone, Debug)]
+pub struct SharedBudget(Arc<SharedState>);
+
+#[derive(Debug)]
+struct SharedState {
+    total: usize,
+    sharers: AtomicUsize,
+}
+
+impl SharedBudget {
+    /// A budget of about `total_bytes` of decoded objects, shared by the stores that use it.
+    pub fn new(total_bytes: usize) -> Self {
+        Self(Arc::new(SharedState {
+            total: total_bytes,
+            sharers: AtomicUsize::new(0),
+        }))
+    }
+
+    /// The budget of all the stores together, in bytes.
+    pub fn total_bytes(&self) -> usize {
+        self.0.total
+    }
+
+    /// The stores sharing it now.
+    pub fn sharers(&self) -> usize {
+        self.0.sharers.load(Ordering::Relaxed)
+    }
+
+    /// Each store's part now.
+    fn share(&self) -> usize {
+        self.0.total / self.sharers().max(1)
+    }
+
+    fn join(&self) -> Sharing {
+        self.0.sharers.fetch_add(1, Ordering::Relaxed);
+        Sharing(self.clone())
+    }
+}
+
+/// A store's part of a [`SharedBudget`], given back when dropped.
+#[derive(Debug)]
+struct Sharing(SharedBudget);
+
+impl Drop for Sharing {
+    fn drop(&mut self) {
+        self.0.0.sharers.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl WorkingSet {
@@ -55,7 +157,15 @@ impl WorkingSet {
     /// A working set of at most about `bytes` of decoded objects.
     pub const fn budget(bytes: usize) -> Self {
         Self {
-            budget_bytes: bytes,
+            budget: Budget::Fixed(bytes),
+        }
+    }
+
+    /// A working set whose budget is its part of `budget`, shared with the other stores
+    /// given the same one (see [`SharedBudget`]).
+    pub fn shared(budget: &SharedBudget) -> Self {
+        Self {
+            budget: Budget::Shared(budget.clone()),
         }
     }
 
@@ -64,9 +174,12 @@ impl WorkingSet {
         Self::budget(0)
     }
 
-    /// The budget, in bytes.
-    pub const fn budget_bytes(&self) -> usize {
-        self.budget_bytes
+    /// The budget, in bytes: for a shared one, a store's part of it now.
+    pub fn budget_bytes(&self) -> usize {
+        match &self.budget {
+            Budget::Fixed(bytes) => *bytes,
+            Budget::Shared(shared) => shared.share(),
+        }
     }
 
     /// The memory a decoded object is estimated to take, from the `len` bytes it is kept
@@ -110,7 +223,7 @@ pub struct WorkingSetStats {
 /// The working set's state, behind a mutex of its own: readers update it (a read makes an
 /// object recent), so it cannot live under the store's read lock.
 pub(super) struct Hot<K> {
-    budget: usize,
+    budget: HotBudget,
     used: usize,
     entries: HashMap<ObjectKey, HotEntry<K>, KeyHasher>,
     /// Keys from least to most recently used, with the tick of that use: an element whose
@@ -127,6 +240,12 @@ pub(super) struct Hot<K> {
     read_once_order: VecDeque<ObjectKey>,
 }
 
+/// A working set's budget: its own, or its part of a shared one, held while it lives.
+enum HotBudget {
+    Fixed(usize),
+    Shared(Sharing),
+}
+
 /// How many keys read once the working set remembers.
 const READ_ONCE_REMEMBERED: usize = 4096;
 
@@ -140,8 +259,12 @@ struct HotEntry<K> {
 
 impl<K> Hot<K> {
     pub(super) fn new(config: WorkingSet) -> Self {
+        let budget = match config.budget {
+            Budget::Fixed(bytes) => HotBudget::Fixed(bytes),
+            Budget::Shared(shared) => HotBudget::Shared(shared.join()),
+        };
         Self {
-            budget: config.budget_bytes,
+            budget,
             used: 0,
             entries: HashMap::default(),
             recency: VecDeque::new(),
@@ -186,7 +309,14 @@ impl<K> Hot<K> {
     }
 
     pub(super) fn is_off(&self) -> bool {
-        self.budget == 0
+        self.budget() == 0
+    }
+
+    fn budget(&self) -> usize {
+        match &self.budget {
+            HotBudget::Fixed(bytes) => *bytes,
+            HotBudget::Shared(sharing) => sharing.0.share(),
+        }
     }
 
     /// The decoded object of write `generation` of `key`, if held; counts a hit or a miss.
@@ -213,7 +343,7 @@ impl<K> Hot<K> {
 
     /// Holds `object`, write `generation` of `key`, unless a later write of it is held.
     pub(super) fn put(&mut self, key: &ObjectKey, generation: u64, object: Arc<K>, size: usize) {
-        if self.is_off() || size > self.budget {
+        if self.is_off() || size > self.budget() {
             self.forget(key);
             return;
         }
@@ -265,7 +395,7 @@ impl<K> Hot<K> {
 
     pub(super) fn stats(&self) -> WorkingSetStats {
         WorkingSetStats {
-            budget_bytes: self.budget,
+            budget_bytes: self.budget(),
             bytes: self.used,
             objects: self.entries.len(),
             hits: self.hits,
@@ -280,7 +410,8 @@ impl<K> Hot<K> {
     }
 
     fn evict_to_budget(&mut self) {
-        while self.used > self.budget {
+        let budget = self.budget();
+        while self.used > budget {
             let Some((key, tick)) = self.recency.pop_front() else {
                 break;
             };
@@ -329,6 +460,48 @@ mod tests {
         let stats = hot.stats();
         assert_eq!((stats.bytes, stats.objects, stats.evictions), (300, 3, 1));
         assert_eq!((stats.hits, stats.misses), (4, 1));
+    }
+
+    #[test]
+    fn stores_sharing_a_budget_hold_their_part_of_it() {
+        let budget = SharedBudget::new(600);
+        let mut first = Hot::new(WorkingSet::shared(&budget));
+        for i in 0..6 {
+            first.put(&key(i), 1, Arc::new(i), 100);
+        }
+        assert_eq!(
+            first.stats().objects,
+            6,
+            "alone, a store has the whole budget"
+        );
+        let mut second = Hot::new(WorkingSet::shared(&budget));
+        assert_eq!(budget.sharers(), 2);
+        assert_eq!(second.stats().budget_bytes, 300);
+        for i in 0..6 {
+            second.put(&key(i), 1, Arc::new(i), 100);
+        }
+        assert_eq!(second.stats().objects, 3, "the second holds its part");
+        first.put(&key(6), 1, Arc::new(6), 100);
+        assert_eq!(
+            first.stats().bytes,
+            300,
+            "the first lets go of its excess at its next admission"
+        );
+        drop(second);
+        assert_eq!(budget.sharers(), 1);
+        assert_eq!(
+            first.stats().budget_bytes,
+            600,
+            "a dropped store gives its part back"
+        );
+        assert_eq!(
+            WorkingSet::shared(&budget),
+            WorkingSet::shared(&budget.clone())
+        );
+        assert_ne!(
+            WorkingSet::shared(&budget),
+            WorkingSet::shared(&SharedBudget::new(600))
+        );
     }
 
     #[test]

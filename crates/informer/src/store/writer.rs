@@ -104,7 +104,7 @@ impl<K: Resource> Writer<K> {
     pub(super) fn build(keeping: Keeping<K>) -> Self {
         let working_set = match &keeping {
             Keeping::Decoded => WorkingSet::off(),
-            Keeping::Compact(compact) => compact.working_set,
+            Keeping::Compact(compact) => compact.working_set.clone(),
         };
         let store = Store {
             shared: Arc::new(Shared {
