@@ -389,7 +389,7 @@ impl<K> Queue<K> {
 
     /// A drained buffer gives back what a backlog made it grow to.
     fn release_spare_capacity(&mut self) {
-        const KEPT: usize = 256;
+        const KEPT: usize = 16;
         if self.entries.capacity() > 4 * KEPT {
             self.entries.shrink_to(KEPT);
         }

@@ -34,6 +34,9 @@ enum Framing {
     JsonLines(Vec<u8>),
 }
 
+/// The decoded events a watch stream keeps room for once it has handed out all it had.
+const READY_KEPT_WHEN_IDLE: usize = 8;
+
 /// One item of a watch stream.
 type Item<K> = Result<WatchEvent<K>, Error>;
 
@@ -226,6 +229,11 @@ where
     futures::stream::unfold(state, |mut st| async move {
         loop {
             if let Some(event) = st.ready.pop_front() {
+                if st.ready.is_empty() && st.ready.capacity() > READY_KEPT_WHEN_IDLE {
+                    // A streaming list's initial events grew it; a quiet watch holds it for
+                    // minutes.
+                    st.ready = VecDeque::new();
+                }
                 return Some((event, st));
             }
             if st.ended && st.in_flight.is_empty() {

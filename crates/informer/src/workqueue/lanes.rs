@@ -42,6 +42,16 @@ impl<T> Lanes<T> {
         }
     }
 
+    /// Gives back the room of empty lanes that hold room for more than `kept` items.
+    pub(super) fn shrink_idle(&mut self, kept: usize) {
+        if self.normal.is_empty() && self.normal.capacity() > kept {
+            self.normal = VecDeque::new();
+        }
+        if self.low.is_empty() && self.low.capacity() > kept {
+            self.low = VecDeque::new();
+        }
+    }
+
     /// Queues `item` at `priority`; `now` is set when the queue reports metrics.
     #[inline]
     pub(super) fn push(&mut self, item: T, slot: u32, priority: Priority, now: Option<Instant>) {

@@ -568,6 +568,31 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_drained_burst_gives_back_its_room() {
+        let queue = Queue::new();
+        for i in 0..1_000_u32 {
+            queue.add(i);
+        }
+        assert!(queue.inner.lock().items.capacity() >= 1_000);
+        for _ in 0..999 {
+            let item = take(&queue).unwrap();
+            queue.done(&item);
+        }
+        assert!(
+            queue.inner.lock().items.capacity() >= 1_000,
+            "a queue holding an item keeps its room"
+        );
+        let last = take(&queue).unwrap();
+        queue.done(&last);
+        let state = queue.inner.lock();
+        assert!(state.items.capacity() <= 64, "{}", state.items.capacity());
+        assert_eq!(state.slots.counts(), (0, 0));
+        drop(state);
+        queue.add(7);
+        assert_eq!(take(&queue), Some(7), "the queue works on after shrinking");
+    }
+
+    #[tokio::test]
     async fn done_for_an_item_not_processing_is_ignored() {
         let queue = Queue::new();
         queue.done(&1);

@@ -127,6 +127,15 @@ impl Slots {
         self.free.push(slot);
     }
 
+    /// Forgets every slot when there are more than `kept`; only for a queue that holds no
+    /// item, so that no slot is in use.
+    pub(super) fn shrink_idle(&mut self, kept: usize) {
+        debug_assert_eq!(self.free.len(), self.phases.len(), "every slot is free");
+        if self.phases.len() > kept {
+            *self = Self::default();
+        }
+    }
+
     /// How many slots there are, and how many of them are free.
     #[cfg(test)]
     pub(super) fn counts(&self) -> (usize, usize) {

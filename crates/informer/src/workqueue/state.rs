@@ -18,6 +18,9 @@ use super::{
 /// by users who can create objects, not by anyone who can time the queue.
 pub(super) type Hasher = foldhash::fast::RandomState;
 
+/// The room, in items, an idle queue keeps (see `State::shrink_idle`).
+const KEPT_WHEN_IDLE: usize = 64;
+
 pub(super) struct State<T> {
     /// The items waiting for a worker.
     pub(super) lanes: Lanes<T>,
@@ -195,6 +198,18 @@ impl<T: Clone + Eq + Hash> State<T> {
         self.room = self.items.capacity();
     }
 
+    /// Gives back the room a burst grew the queue to, once no item is left: a process with
+    /// a queue per cluster of a fleet would otherwise keep each one's largest burst. Small
+    /// queues keep theirs, so steady traffic never reallocates.
+    fn shrink_idle(&mut self) {
+        if self.items.capacity() > KEPT_WHEN_IDLE {
+            self.items.shrink_to(0, |e| e.hash.table());
+            self.room = self.items.capacity();
+        }
+        self.lanes.shrink_idle(KEPT_WHEN_IDLE);
+        self.slots.shrink_idle(KEPT_WHEN_IDLE);
+    }
+
     /// Whether a worker waits for an item and has not been woken for one yet; if so, counts
     /// it as woken, and the caller must notify `item_queued` once.
     pub(super) fn wake_sleeper(&mut self) -> bool {
@@ -233,6 +248,9 @@ impl<T: Clone + Eq + Hash> State<T> {
             Phase::Processing => {
                 let (Entry { item: key, .. }, _) = occupied.remove();
                 self.slots.release(slot);
+                if self.items.is_empty() {
+                    self.shrink_idle();
+                }
                 (false, Some(key))
             }
             dirty @ (Phase::ProcessingDirty | Phase::ProcessingDirtyLow) => {

@@ -22,6 +22,9 @@ use crate::list_watch::{Change, INITIAL_EVENTS_END, KeyOnly, RawFormat, RawObjec
 /// default, so a larger length is a corrupt stream, not an object to buffer.
 pub(crate) const MAX_FRAME: usize = 64 << 20;
 
+/// The room, in bytes, the decoder keeps between frames (see `feed`).
+const KEPT_WHEN_IDLE: usize = 4 << 10;
+
 /// Splits a watch body into frames as it arrives.
 #[derive(Debug, Default)]
 pub(crate) struct WatchFrameDecoder {
@@ -55,6 +58,10 @@ impl WatchFrameDecoder {
             pos += 4 + len;
         };
         self.buf.drain(..pos);
+        if self.buf.is_empty() && self.buf.capacity() > KEPT_WHEN_IDLE {
+            // A streaming list's initial events grew it; a quiet watch holds it for minutes.
+            self.buf = Vec::new();
+        }
         result
     }
 
