@@ -24,7 +24,7 @@
 //! that is down: what a user who turned tracing on pays while the collector is out.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     sync::{
         Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
@@ -35,13 +35,13 @@ use std::{
 use anyhow::Context;
 use benches::{
     GROUP_LABEL, LabelsReads, PodLabels, RECONCILE_LABEL, RELIST_LABEL, ReconcileLine, Recorder,
-    RelistLine, SubjectArgs,
+    RelistLine, SubjectArgs, UPDATE_LABEL,
 };
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    Controller, Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
+    Controller, Lister, ObjectKey, RunningInformer, Selector, SharedInformer, Store, WorkingSet,
     codec::JsonCodec,
     handler_fn,
     list_watch::LazyObject,
@@ -246,6 +246,76 @@ fn reconcile_reads<K: Resource>(
     Ok((group.clone(), lister.list_selector(&selector).len()))
 }
 
+/// The controller case (`--controller`): a [`Controller`] on the running informer whose
+/// reconcile records the update each Pod carries.
+struct ControllerCase {
+    /// The `bench-update` values the Pods carried when the subject synced, left there by
+    /// earlier runs: the first reconciles, one per cached Pod, see them, and they are not
+    /// this run's. Unset until then, when no update of this run can have come yet.
+    earlier_updates: Arc<OnceLock<HashSet<String>>>,
+    cancel: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), kube_informer::Error>>,
+}
+
+impl ControllerCase {
+    /// Starts the controller; its reconcile is the client-go tutorials' sync, which reads
+    /// the Pod from the cache by key, and tells `recorder` of the update it carries.
+    fn start<K>(informer: &RunningInformer<K>, recorder: Arc<Recorder>) -> Self
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let earlier_updates: Arc<OnceLock<HashSet<String>>> = Arc::default();
+        let store = informer.store();
+        let earlier = earlier_updates.clone();
+        let sync = move |key: ObjectKey, _: Arc<()>| {
+            if let (Some(earlier), Some(pod)) = (earlier.get(), store.get_by_key(&key)) {
+                let labels = pod.meta().labels.as_ref();
+                if labels
+                    .and_then(|l| l.get(UPDATE_LABEL))
+                    .is_some_and(|update| !earlier.contains(update))
+                {
+                    recorder.saw(labels);
+                }
+            }
+            std::future::ready(Ok::<(), std::convert::Infallible>(()))
+        };
+        let cancel = CancellationToken::new();
+        let run = Controller::new("informer-bench", informer.handle()).run(
+            (sync_by_key(sync), retry_up_to(5), Arc::new(())),
+            cancel.clone(),
+        );
+        Self {
+            earlier_updates,
+            cancel,
+            run: tokio::spawn(run),
+        }
+    }
+
+    /// The subject synced `store`: from now on an update value it does not hold is this
+    /// run's.
+    fn synced<K: Resource>(&self, store: &Store<K>) {
+        let earlier = store
+            .list()
+            .iter()
+            .filter_map(|pod| pod.meta().labels.as_ref()?.get(UPDATE_LABEL).cloned())
+            .collect();
+        let _ = self.earlier_updates.set(earlier);
+    }
+
+    /// Stops the controller and waits for it.
+    ///
+    /// # Errors
+    ///
+    /// When the controller failed or its task panicked.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.cancel.cancel();
+        Ok(self.run.await??)
+    }
+}
+
 /// Which API client the informer lists and watches through.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ClientKind {
@@ -432,25 +502,13 @@ where
         })
         .expect("an informer that has not run has not stopped");
     let informer = informer.spawn(CancellationToken::new());
-    let controller = controller.then(|| {
-        let store = informer.store();
-        let recorder = recorder.clone();
-        let sync = move |key: ObjectKey, _: Arc<()>| {
-            if let Some(pod) = store.get_by_key(&key) {
-                recorder.saw(pod.meta().labels.as_ref());
-            }
-            std::future::ready(Ok::<(), std::convert::Infallible>(()))
-        };
-        let cancel = CancellationToken::new();
-        let run = Controller::new("informer-bench", informer.handle()).run(
-            (sync_by_key(sync), retry_up_to(5), Arc::new(())),
-            cancel.clone(),
-        );
-        (cancel, tokio::spawn(run))
-    });
+    let controller = controller.then(|| ControllerCase::start(&informer, recorder.clone()));
     informer.wait_synced_or_fatal().await?;
     while informer.store().len() < args.expect {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    if let Some(controller) = &controller {
+        controller.synced(&informer.store());
     }
     recorder.print_synced(
         started,
@@ -500,9 +558,8 @@ where
         );
     }
     benches::wait_for_stdin().await;
-    if let Some((cancel, run)) = controller {
-        cancel.cancel();
-        run.await??;
+    if let Some(controller) = controller {
+        controller.stop().await?;
     }
     informer.stop().await;
     Ok(())
