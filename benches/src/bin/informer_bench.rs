@@ -147,6 +147,13 @@ struct Args {
     /// change, side by side in one run.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// `subject-kube-informer` built with the benches' `opentelemetry` feature (so with the
+    /// library's spans), in a target directory of its own: the subjects
+    /// `kube-informer-controller-otel-off` and `kube-informer-controller-otel-on` (name
+    /// them in `--subjects`), beside `kube-informer-controller` built without it, give
+    /// the cost of tracing. See `docs/benchmarks.md`.
+    #[arg(long)]
+    traced: Option<PathBuf>,
     /// A command to run a subject under, `SUBJECT=COMMAND`, for profiling; `{pods}` and
     /// `{run}` in it are replaced. For example
     /// `--wrap 'kube-informer=perf record -g -o /tmp/kube-informer-{pods}-{run}.perf --'`.
@@ -276,6 +283,11 @@ struct RunResult {
     /// The same of kube-apiserver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_cpu_use: Option<CpuUse>,
+    /// CPU time the subject used from just before the first update of the burst to its
+    /// line saying it saw every update, paced ones included, ms; absent before it was
+    /// measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    subject_cpu_updates_ms: Option<f64>,
     /// CPU time etcd used from the subject's start to its sync, ms: above its idle use when
     /// kube-apiserver served the list from etcd rather than its watch cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -420,7 +432,12 @@ const TARGETS_N: usize = 10_000;
 /// `kube-informer-no-working-set`, `kube-informer-working-set-1` and
 /// `kube-informer-working-set-32` run the defaults with no decoded working set, and with
 /// one of 1 MiB (the default since the reconcile case measured it) and of 32 MiB;
-/// `kube-informer-baseline` runs the defaults of the `--baseline` executable; `kube-informer-json` and `client-go-json` read
+/// `kube-informer-baseline` runs the defaults of the `--baseline` executable;
+/// `kube-informer-controller` sees the updates through a `Controller`'s reconcile instead
+/// of the update handler, and `kube-informer-controller-otel-off` and `-otel-on` do the
+/// same in the `--traced` executable (built with the library's spans), without a
+/// subscriber and with them exported to a collector that is down (the cost of tracing,
+/// [`tracing_table`]); `kube-informer-json` and `client-go-json` read
 /// JSON instead of protobuf, which both prefer for built-in kinds (kube-runtime only reads
 /// JSON). A kube-informer configuration is one more line here.
 const SUBJECTS: &[(&str, Binary, &[&str])] = &[
@@ -472,6 +489,21 @@ const SUBJECTS: &[(&str, Binary, &[&str])] = &[
         &["--working-set-mib", "32"],
     ),
     ("kube-informer-baseline", Binary::Baseline, &[]),
+    (
+        "kube-informer-controller",
+        Binary::KubeInformer,
+        &["--controller"],
+    ),
+    (
+        "kube-informer-controller-otel-off",
+        Binary::Traced,
+        &["--controller", "--tracing", "off"],
+    ),
+    (
+        "kube-informer-controller-otel-on",
+        Binary::Traced,
+        &["--controller", "--tracing", "otlp-unreachable"],
+    ),
     ("kube-runtime", Binary::KubeRuntime, &[]),
     ("client-go", Binary::ClientGo, &[]),
     ("client-go-json", Binary::ClientGo, &["-json"]),
@@ -483,6 +515,8 @@ enum Binary {
     KubeInformer,
     /// `--baseline`: kube-informer's subject built from another commit.
     Baseline,
+    /// `--traced`: kube-informer's subject built with the library's spans.
+    Traced,
     KubeRuntime,
     ClientGo,
 }
@@ -521,13 +555,16 @@ async fn main() -> anyhow::Result<()> {
             .chain(std::env::args().skip(1))
             .collect::<Vec<_>>()
             .join(" ");
-    let binaries = subject_binaries(args.baseline.as_deref())?;
+    let binaries = subject_binaries(args.baseline.as_deref(), args.traced.as_deref())?;
     if let Some(missing) = args
         .subjects
         .iter()
         .find(|s| !binaries.contains_key(s.as_str()))
     {
-        bail!("no executable for subject {missing}; kube-informer-baseline needs --baseline");
+        bail!(
+            "no executable for subject {missing}; kube-informer-baseline needs --baseline, \
+             kube-informer-controller-otel-* need --traced"
+        );
     }
     for subject in &args.subjects {
         if !binaries.contains_key(subject.as_str()) {
@@ -793,6 +830,7 @@ fn write_outputs(args: &Args, results: &Results) -> anyhow::Result<()> {
     ns.dedup();
     for n in ns {
         print!("{}", reconcile_table(args, results, n));
+        print!("{}", tracing_table(results, n));
     }
     if !results.results.is_empty() {
         chart(&args.chart, &args.subjects, results)
@@ -818,7 +856,10 @@ fn parse_wrap(value: &str) -> Result<(String, String), String> {
 
 /// The subjects' executables: the Rust ones beside this one, the Go one built now, and the
 /// baseline if one is given.
-fn subject_binaries(baseline: Option<&Path>) -> anyhow::Result<HashMap<&'static str, PathBuf>> {
+fn subject_binaries(
+    baseline: Option<&Path>,
+    traced: Option<&Path>,
+) -> anyhow::Result<HashMap<&'static str, PathBuf>> {
     let exe = std::env::current_exe()?;
     let dir = exe.parent().context("the executable has a directory")?;
     let go_module = Path::new(env!("CARGO_MANIFEST_DIR")).join("go-subject");
@@ -841,6 +882,7 @@ fn subject_binaries(baseline: Option<&Path>) -> anyhow::Result<HashMap<&'static 
             let path = match binary {
                 Binary::KubeInformer => dir.join("subject-kube-informer"),
                 Binary::Baseline => baseline?.to_owned(),
+                Binary::Traced => traced?.to_owned(),
                 Binary::KubeRuntime => dir.join("subject-kube-runtime"),
                 Binary::ClientGo => go_binary.clone(),
             };
@@ -1098,6 +1140,7 @@ async fn run_subject(
 
     let id = |phase: &str, i: usize| format!("r{run}-{subject}-{phase}{i}");
     let gcs_before_updates = before_timed_phase(args, &client).await?;
+    let cpu_before_updates = cpu_ms_of(subject_process.pid);
     let first_sent = unix_nanos();
     let burst = burst_updates(pods, UPDATE_LABEL, 0..updates, args.concurrency, |i| {
         id("", i)
@@ -1123,6 +1166,9 @@ async fn run_subject(
     } else {
         None
     };
+    let subject_cpu_updates_ms = cpu_ms_of(subject_process.pid)
+        .zip(cpu_before_updates)
+        .map(|(after, before)| after - before);
     let reads: Option<ReadsLine> = if args.reads > 0 {
         // The server may still be taking in the updates' work (its watch cache, a
         // collection); the subject reads on idle CPUs.
@@ -1193,6 +1239,7 @@ async fn run_subject(
         apiserver_cpu_ms: apiserver_cpu_use.as_ref().map(CpuUse::cpu_ms),
         subject_cpu_use,
         apiserver_cpu_use,
+        subject_cpu_updates_ms,
         etcd_cpu_ms,
         apiserver_gcs_sync: Some(apiserver_gcs_sync),
         apiserver_gcs_updates: Some(gcs_during_updates),
@@ -1849,6 +1896,90 @@ fn reconcile_table(args: &Args, all: &Results, n: usize) -> String {
             cell(of(subject, |c| c.wall_per_second), 0),
             cell(of(subject, |c| c.reconciles as f64), 0),
         );
+    }
+    out
+}
+
+/// The subjects [`tracing_table`] compares, in its order: the library without its spans, with
+/// them and no subscriber, with them exported to a collector that is down.
+const TRACING_SUBJECTS: [(&str, &str); 3] = [
+    ("kube-informer-controller", "no `opentelemetry` feature"),
+    ("kube-informer-controller-otel-off", "feature, tracing off"),
+    (
+        "kube-informer-controller-otel-on",
+        "feature, OTLP on, no collector",
+    ),
+];
+
+/// The cost of tracing at `n` (medians; empty unless a tracing subject ran): the burst's
+/// and the paced updates' latencies to the controller's reconcile, and the subject's CPU
+/// time per update over both, each against the build without the feature.
+fn tracing_table(all: &Results, n: usize) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let ran = |subject: &str| {
+        all.results
+            .iter()
+            .any(|r| r.pods == n && r.subject == subject)
+    };
+    if !TRACING_SUBJECTS
+        .iter()
+        .skip(1)
+        .any(|(subject, _)| ran(subject))
+    {
+        return out;
+    }
+    /// A column: its header and its figure of one run.
+    type Column = (&'static str, fn(&RunResult) -> Option<f64>);
+    let columns: [Column; 6] = [
+        ("M updates ms", |r| r.update.as_ref().map(|u| u.all_seen_ms)),
+        ("p50 ms", |r| r.update.as_ref().map(|u| u.p50_ms)),
+        ("p99 ms", |r| r.update.as_ref().map(|u| u.p99_ms)),
+        ("paced p50 µs", |r| {
+            r.paced.as_ref().map(|p| p.p50_ms * 1000.0)
+        }),
+        ("paced p99 µs", |r| {
+            r.paced.as_ref().map(|p| p.p99_ms * 1000.0)
+        }),
+        ("CPU µs/update", |r| {
+            let updates = r.update.as_ref().map_or(0, |u| u.updates)
+                + r.paced.as_ref().map_or(0, |p| p.updates);
+            r.subject_cpu_updates_ms
+                .filter(|_| updates > 0)
+                .map(|ms| ms * 1000.0 / updates as f64)
+        }),
+    ];
+    let _ = writeln!(
+        out,
+        "\nThe cost of tracing at {n} Pods (medians; ratios to the build without the feature):\n"
+    );
+    let header: Vec<&str> = columns.iter().map(|(name, _)| *name).collect();
+    let _ = writeln!(out, "| variant | runs | {} |", header.join(" | "));
+    let _ = writeln!(out, "|---|---|{}", "---|".repeat(columns.len()));
+    let (without, _) = TRACING_SUBJECTS[0];
+    for (subject, variant) in TRACING_SUBJECTS {
+        if !ran(subject) {
+            continue;
+        }
+        let runs = all
+            .results
+            .iter()
+            .filter(|r| r.pods == n && r.subject == subject)
+            .count();
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|(_, f)| {
+                let value = median_of(&all.results, n, subject, f);
+                let base = median_of(&all.results, n, without, f);
+                match (value, base) {
+                    (Some(v), Some(b)) if subject != without && b > 0.0 => {
+                        format!("{v:.1} ({:.2}×)", v / b)
+                    }
+                    _ => cell(value, 1),
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "| {variant} | {runs} | {} |", cells.join(" | "));
     }
     out
 }

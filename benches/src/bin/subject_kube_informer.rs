@@ -14,9 +14,17 @@
 //! update handler adds the key of each Pod whose `bench-reconcile` label changed to a
 //! [`Queue`], and one worker reads the Pod back by key and lists its group through a
 //! [`Lister`] by label [`Selector`].
+//!
+//! The controller case (`--controller`) sees the updates through a [`Controller`] on the
+//! informer instead of the update handler: its reconcile reads the Pod from the cache by
+//! key, as the client-go tutorials' sync does, and records the update the Pod carries, so
+//! the latencies the driver reads are from each update to its reconcile. `--tracing
+//! otlp-unreachable` (a build with the `opentelemetry` feature) runs it with the library's
+//! spans exported by [`OtlpTracing`](kube_informer::telemetry::OtlpTracing) to a collector
+//! that is down: what a user who turned tracing on pays while the collector is out.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashSet},
     sync::{
         Arc, OnceLock,
         atomic::{AtomicUsize, Ordering},
@@ -27,18 +35,20 @@ use std::{
 use anyhow::Context;
 use benches::{
     GROUP_LABEL, LabelsReads, PodLabels, RECONCILE_LABEL, RELIST_LABEL, ReconcileLine, Recorder,
-    RelistLine, SubjectArgs,
+    RelistLine, SubjectArgs, UPDATE_LABEL,
 };
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
 use kube_client::{Api, Client, Resource};
 use kube_informer::{
-    Lister, ObjectKey, Selector, SharedInformer, Store, WorkingSet,
+    Controller, Lister, ObjectKey, RunningInformer, Selector, SharedInformer, Store, WorkingSet,
     codec::JsonCodec,
     handler_fn,
     list_watch::LazyObject,
     list_watch::{ApiListWatch, WireFormat},
+    retry_up_to,
     store::label_index,
+    sync_by_key,
     workqueue::Queue,
 };
 use serde::{Serialize, de::DeserializeOwned};
@@ -236,6 +246,76 @@ fn reconcile_reads<K: Resource>(
     Ok((group.clone(), lister.list_selector(&selector).len()))
 }
 
+/// The controller case (`--controller`): a [`Controller`] on the running informer whose
+/// reconcile records the update each Pod carries.
+struct ControllerCase {
+    /// The `bench-update` values the Pods carried when the subject synced, left there by
+    /// earlier runs: the first reconciles, one per cached Pod, see them, and they are not
+    /// this run's. Unset until then, when no update of this run can have come yet.
+    earlier_updates: Arc<OnceLock<HashSet<String>>>,
+    cancel: CancellationToken,
+    run: tokio::task::JoinHandle<Result<(), kube_informer::Error>>,
+}
+
+impl ControllerCase {
+    /// Starts the controller; its reconcile is the client-go tutorials' sync, which reads
+    /// the Pod from the cache by key, and tells `recorder` of the update it carries.
+    fn start<K>(informer: &RunningInformer<K>, recorder: Arc<Recorder>) -> Self
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Send
+            + Sync
+            + 'static,
+    {
+        let earlier_updates: Arc<OnceLock<HashSet<String>>> = Arc::default();
+        let store = informer.store();
+        let earlier = earlier_updates.clone();
+        let sync = move |key: ObjectKey, _: Arc<()>| {
+            if let (Some(earlier), Some(pod)) = (earlier.get(), store.get_by_key(&key)) {
+                let labels = pod.meta().labels.as_ref();
+                if labels
+                    .and_then(|l| l.get(UPDATE_LABEL))
+                    .is_some_and(|update| !earlier.contains(update))
+                {
+                    recorder.saw(labels);
+                }
+            }
+            std::future::ready(Ok::<(), std::convert::Infallible>(()))
+        };
+        let cancel = CancellationToken::new();
+        let run = Controller::new("informer-bench", informer.handle()).run(
+            (sync_by_key(sync), retry_up_to(5), Arc::new(())),
+            cancel.clone(),
+        );
+        Self {
+            earlier_updates,
+            cancel,
+            run: tokio::spawn(run),
+        }
+    }
+
+    /// The subject synced `store`: from now on an update value it does not hold is this
+    /// run's.
+    fn synced<K: Resource>(&self, store: &Store<K>) {
+        let earlier = store
+            .list()
+            .iter()
+            .filter_map(|pod| pod.meta().labels.as_ref()?.get(UPDATE_LABEL).cloned())
+            .collect();
+        let _ = self.earlier_updates.set(earlier);
+    }
+
+    /// Stops the controller and waits for it.
+    ///
+    /// # Errors
+    ///
+    /// When the controller failed or its task panicked.
+    async fn stop(self) -> anyhow::Result<()> {
+        self.cancel.cancel();
+        Ok(self.run.await??)
+    }
+}
+
 /// Which API client the informer lists and watches through.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 enum ClientKind {
@@ -243,6 +323,19 @@ enum ClientKind {
     Informer,
     /// kube-client's default, `Client::try_from(config)`: HTTP/1.1, a connection per watch.
     Kube,
+}
+
+/// Whether the library's spans are exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Tracing {
+    /// No subscriber: the spans, if the build has them, are disabled.
+    Off,
+    /// [`OtlpTracing`](kube_informer::telemetry::OtlpTracing) exporting over OTLP/HTTP to a
+    /// local port where nothing listens, its layer in the subscriber at `INFO` (the
+    /// library's spans; a deployment does not turn its dependencies' per-frame `TRACE`
+    /// spans into exported ones): tracing turned on while the collector is down. Needs a
+    /// build with the `opentelemetry` feature.
+    OtlpUnreachable,
 }
 
 /// The subject's command line: the common one plus the informer's options.
@@ -269,12 +362,25 @@ struct Args {
     /// when absent.
     #[arg(long)]
     working_set_mib: Option<usize>,
+    /// Record each update when a [`Controller`]'s reconcile reads its Pod, instead of in
+    /// the update handler.
+    #[arg(long)]
+    controller: bool,
+    /// Whether the library's spans are exported.
+    #[arg(long, value_enum, default_value_t = Tracing::Off)]
+    tracing: Tracing,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let started = Instant::now();
     let args = Args::parse();
+    // Installed before the client is built, so its requests are spans too; kept until the
+    // subject ends (dropping it flushes to the absent collector).
+    let _tracing = match args.tracing {
+        Tracing::Off => None,
+        Tracing::OtlpUnreachable => Some(otlp_to_nowhere()?),
+    };
     let client = match args.client {
         ClientKind::Informer => benches::informer_client(&args.common.kubeconfig).await?,
         ClientKind::Kube => benches::client(&args.common.kubeconfig).await?,
@@ -283,6 +389,33 @@ async fn main() -> anyhow::Result<()> {
         Object::Pod => run::<Pod>(started, args, client).await,
         Object::Lazy => run::<LazyObject<Pod>>(started, args, client).await,
     }
+}
+
+/// Installs [`OtlpTracing`](kube_informer::telemetry::OtlpTracing) exporting to a local port
+/// that was free a moment ago and is closed now, so every export is refused as by a
+/// collector that is down, with its layer as the process's subscriber.
+///
+/// # Errors
+///
+/// When the exporter cannot be built or a subscriber is already installed.
+#[cfg(feature = "opentelemetry")]
+fn otlp_to_nowhere() -> anyhow::Result<kube_informer::telemetry::OtlpTracing> {
+    use tracing_subscriber::{Layer, filter::LevelFilter, layer::SubscriberExt};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let endpoint = format!("http://127.0.0.1:{port}/v1/traces");
+    let tracing = kube_informer::telemetry::OtlpTracing::new("subject-kube-informer", &endpoint)?;
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(tracing.layer().with_filter(LevelFilter::INFO)),
+    )?;
+    Ok(tracing)
+}
+
+/// Without the library's `opentelemetry` feature there are no spans to export.
+#[cfg(not(feature = "opentelemetry"))]
+fn otlp_to_nowhere() -> anyhow::Result<std::convert::Infallible> {
+    anyhow::bail!("--tracing otlp-unreachable needs a build with the `opentelemetry` feature")
 }
 
 async fn run<K>(started: Instant, args: Args, client: Client) -> anyhow::Result<()>
@@ -303,6 +436,7 @@ where
         cache,
         json,
         working_set_mib,
+        controller,
         ..
     } = args;
     let wire_format = if json {
@@ -352,7 +486,9 @@ where
                         reconcile.on_update(&**old, &**new);
                     }
                     let labels = new.meta().labels.as_ref();
-                    recorder.saw(labels);
+                    if !controller {
+                        recorder.saw(labels);
+                    }
                     if marker.is_some()
                         && labels.and_then(|l| l.get(RELIST_LABEL)) == marker.as_ref()
                     {
@@ -366,9 +502,13 @@ where
         })
         .expect("an informer that has not run has not stopped");
     let informer = informer.spawn(CancellationToken::new());
+    let controller = controller.then(|| ControllerCase::start(&informer, recorder.clone()));
     informer.wait_synced_or_fatal().await?;
     while informer.store().len() < args.expect {
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    if let Some(controller) = &controller {
+        controller.synced(&informer.store());
     }
     recorder.print_synced(
         started,
@@ -418,6 +558,9 @@ where
         );
     }
     benches::wait_for_stdin().await;
+    if let Some(controller) = controller {
+        controller.stop().await?;
+    }
     informer.stop().await;
     Ok(())
 }
