@@ -399,7 +399,7 @@ async fn observability_every_dashboard_query_returns_data_from_a_real_prometheus
     })
     .await;
 
-    // Every query of the dashboard, with Grafana's variables filled in, returns series.
+    // Every query of the dashboard, with Grafana's variables filled in, returns a number.
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -425,10 +425,46 @@ async fn observability_every_dashboard_query_returns_data_from_a_real_prometheus
             let (status, body) = tests::http_get(prometheus_addr, &path).await;
             let answer: serde_json::Value = serde_json::from_str(&body).ok()?;
             let result = answer["data"]["result"].as_array()?;
-            (status == 200 && !result.is_empty()).then_some(result.len())
+            // A value of NaN is a series with nothing to draw (a histogram without its
+            // +Inf bucket gives `histogram_quantile` NaN): at least one must be a number.
+            let finite = result.iter().any(|series| {
+                series["value"][1]
+                    .as_str()
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .is_some_and(f64::is_finite)
+            });
+            (status == 200 && finite).then_some(result.len())
         })
         .await;
         assert!(series >= 1);
+    }
+
+    // Opt-in: the docs' picture of the dashboard, drawn from this Prometheus.
+    if let Some(picture) = std::env::var_os("DASHBOARD_PICTURE").filter(|p| !p.is_empty()) {
+        let seconds: u64 = std::env::var("DASHBOARD_PICTURE_SECONDS").map_or(150, |s| {
+            s.parse()
+                .expect("DASHBOARD_PICTURE_SECONDS is a whole number of seconds")
+        });
+        // Not a wait for anything: the writer and the controller keep going this long so
+        // the picture has minutes of rates and quantiles to draw, not the first few seconds.
+        tokio::time::sleep(Duration::from_secs(seconds)).await;
+        let status = tokio::process::Command::new("python3")
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../scripts/dashboard_picture.py"
+            ))
+            .arg("--prometheus")
+            .arg(format!("http://{prometheus_addr}"))
+            .arg("--out")
+            .arg(&picture)
+            .arg("--minutes")
+            .arg(seconds.div_ceil(60).to_string())
+            .status()
+            .await
+            .expect("python3 runs scripts/dashboard_picture.py");
+        assert!(status.success(), "dashboard_picture.py: {status}");
+        let written = std::fs::metadata(&picture).expect("the picture is written");
+        assert!(written.len() > 0, "the picture {picture:?} is empty");
     }
 
     cancel.cancel();
