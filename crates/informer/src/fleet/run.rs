@@ -82,7 +82,7 @@ pub struct Fleet {
 
 /// The decoded objects all of a fleet's compact caches keep together by default (see
 /// [`Fleet::working_set`]).
-pub const FLEET_WORKING_SET_BYTES: usize = 4 << 20;
+pub const FLEET_WORKING_SET_BYTES: usize = 1 << 20;
 
 /// What the fleet knows of one cluster, behind [`FleetView`].
 struct Entry {
@@ -329,10 +329,11 @@ impl Fleet {
     }
 
     /// The decoded objects the clusters' caches keep between them, in bytes
-    /// ([`FLEET_WORKING_SET_BYTES`], 4 MiB, by default): each cache built by a cluster's
-    /// factory holds its part of it ([`SharedBudget`]). A standalone informer's own
-    /// [`WorkingSet`] budget (1 MiB) held per cluster would let a fleet of a hundred
-    /// clusters keep a hundred times that, decoded objects of reconciles long done.
+    /// ([`FLEET_WORKING_SET_BYTES`], 1 MiB, by default, what one standalone informer
+    /// keeps): each cache built by a cluster's factory holds its part of it
+    /// ([`SharedBudget`]). A [`WorkingSet`] budget of 1 MiB held per cluster would let a
+    /// fleet of a hundred clusters keep a hundred times that, decoded objects of reconciles
+    /// long done; a read that misses decodes the object from its bytes again.
     #[must_use]
     pub fn working_set(mut self, total_bytes: usize) -> Self {
         self.working_set = SharedBudget::new(total_bytes);

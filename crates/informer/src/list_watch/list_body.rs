@@ -9,7 +9,8 @@
 //! server's order, and only a few batches are ever in flight, so memory stays bounded as
 //! with decoding one by one.
 //!
-//! JSON lists, small lists, and runtimes without a blocking pool decode inline.
+//! JSON lists, a list's first few hundred items (all of a small list), and runtimes
+//! without a blocking pool decode inline.
 
 use std::{collections::VecDeque, pin::Pin};
 
@@ -115,6 +116,8 @@ struct State<B, K> {
     in_flight: FuturesOrdered<Decoding<Result<Vec<ListItem<K>>, BoxError>>>,
     /// Batches decoded at once: the cores there are, when there is a blocking pool.
     parallelism: usize,
+    /// Items handed to decoding so far.
+    dispatched: usize,
     ready: VecDeque<ListItem<K>>,
     end: Option<ListEnd>,
     resource: String,
@@ -135,10 +138,13 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
     /// Hands the batch over: to the blocking pool when decoding in parallel, else inline.
     fn dispatch(&mut self) {
         let batch = std::mem::take(&mut self.batch);
+        let dispatched = self.dispatched;
+        self.dispatched += batch.len();
         let decoder = self.decoder;
         self.in_flight.push_back(batch::dispatch(
             batch,
             self.parallelism,
+            dispatched,
             move |batch| decoder.decode::<K>(batch),
             |lost| Err(lost.into()),
         ));
@@ -172,6 +178,7 @@ where
         batch: Batch::default(),
         in_flight: FuturesOrdered::new(),
         parallelism,
+        dispatched: 0,
         ready: VecDeque::new(),
         end: None,
         resource,

@@ -49,6 +49,8 @@ struct State<B, K> {
     in_flight: FuturesOrdered<Decoding<Vec<Item<K>>>>,
     /// Batches decoded at once (see [`batch::parallelism`]).
     parallelism: usize,
+    /// Frames handed to decoding so far.
+    dispatched: usize,
     ready: VecDeque<Item<K>>,
     /// Shared with the decoding batches, which name it only in errors.
     resource: Arc<str>,
@@ -117,11 +119,14 @@ impl<B, K: DeserializeOwned + Send + 'static> State<B, K> {
             return;
         }
         let batch = std::mem::take(&mut self.batch);
+        let dispatched = self.dispatched;
+        self.dispatched += batch.len();
         let resource = Arc::clone(&self.resource);
         let lost_resource = Arc::clone(&resource);
         self.in_flight.push_back(batch::dispatch(
             batch,
             self.parallelism,
+            dispatched,
             move |batch| {
                 let (bytes, frames) = batch.into_items();
                 frames
@@ -222,6 +227,7 @@ where
         batch: Batch::default(),
         in_flight: FuturesOrdered::new(),
         parallelism,
+        dispatched: 0,
         ready: VecDeque::new(),
         resource: resource.into(),
         ended: false,
@@ -364,12 +370,15 @@ mod tests {
 
     #[tokio::test]
     async fn frames_that_arrive_together_decode_off_the_reading_thread_in_order() {
-        let frames: Vec<Vec<u8>> = (0..200).map(|i| frame("ADDED", &format!("p{i}"))).collect();
-        let mut bad = frames[100].clone();
+        const FRAMES: usize = 1000;
+        let frames: Vec<Vec<u8>> = (0..FRAMES)
+            .map(|i| frame("ADDED", &format!("p{i}")))
+            .collect();
+        let mut bad = frames[500].clone();
         let last = bad.len() - 1;
         bad[last] = 0xff;
         let mut body = frames.clone();
-        body[100] = bad;
+        body[500] = bad;
         let body = body.concat();
 
         // Pods: every event in the server's order, the bad one an error in its place.
@@ -381,32 +390,40 @@ mod tests {
         )
         .collect()
         .await;
-        assert_eq!(events.len(), 200);
+        assert_eq!(events.len(), FRAMES);
         for (i, event) in events.iter().enumerate() {
-            if i == 100 {
+            if i == 500 {
                 assert!(matches!(event, Err(Error::Decode { .. })), "{event:?}");
             } else {
                 assert_eq!(name(event), format!("p{i}"));
             }
         }
 
-        // On this single-threaded runtime, batches went to the blocking pool's threads.
+        // On this single-threaded runtime, the first frames decoded inline (a small list
+        // never reaches the blocking pool), the batches after them on its threads.
         let here = std::thread::current().id();
         let events: Vec<_> = decode_watch_body_in::<DecodedOn, _, _, _>(
-            chunked(frames.concat(), 64 << 10),
+            chunked(frames.concat(), 4 << 10),
             WatchFraming::Protobuf(pods()),
             "pods".into(),
             2,
         )
         .collect()
         .await;
-        let elsewhere = events
+        let on_pool = |event: &Item<DecodedOn>| matches!(event, Ok(WatchEvent::Decoded { object: DecodedOn(on), .. }) if *on != here);
+        let first_on_pool = events
             .iter()
-            .filter(|e| matches!(e, Ok(WatchEvent::Decoded { object: DecodedOn(on), .. }) if *on != here))
-            .count();
-        assert_eq!(
-            elsewhere, 200,
-            "decoded off the reading thread: {elsewhere} of 200"
+            .position(on_pool)
+            .expect("some went to the pool");
+        // Batches end at a read's end, so the first handed off starts at or a read after
+        // the inline allowance.
+        assert!(
+            (batch::INLINE_FIRST_ITEMS..FRAMES / 2).contains(&first_on_pool),
+            "the first {first_on_pool} decoded inline"
+        );
+        assert!(
+            events[first_on_pool..].iter().all(on_pool),
+            "every later batch decoded off the reading thread"
         );
     }
 
