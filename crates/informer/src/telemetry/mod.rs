@@ -29,6 +29,8 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{Resource, trace::SdkTracerProvider};
@@ -51,12 +53,15 @@ pub enum TelemetryError {
 #[derive(Debug)]
 pub struct OtlpTracing {
     provider: SdkTracerProvider,
+    export: Arc<backoff::ExportState>,
 }
 
 impl OtlpTracing {
     /// Exports to `endpoint` (a collector's OTLP/HTTP traces URL, such as
     /// `http://127.0.0.1:4318/v1/traces`) as the service `service`. An unreachable
-    /// collector costs the export attempts of each batch, never a reconcile's time.
+    /// collector never costs a reconcile's time: after a batch it refused, the batches of
+    /// the next second are dropped without being encoded, the pause doubling to a minute
+    /// while it stays down (a warning says how many were dropped).
     ///
     /// # Errors
     ///
@@ -67,6 +72,8 @@ impl OtlpTracing {
             .with_endpoint(endpoint)
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        let export = Arc::new(backoff::ExportState::default());
+        let exporter = backoff::BackingOff::new(exporter, export.clone(), endpoint);
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(exporter)
             .with_resource(
@@ -75,7 +82,7 @@ impl OtlpTracing {
                     .build(),
             )
             .build();
-        Ok(Self { provider })
+        Ok(Self { provider, export })
     }
 
     /// The `tracing` layer that turns spans into OpenTelemetry spans of this exporter.
@@ -92,8 +99,8 @@ impl OtlpTracing {
     ///
     /// [`TelemetryError::Flush`] when the collector does not take them.
     pub fn flush(&self) -> Result<(), TelemetryError> {
-        self.provider
-            .force_flush()
+        self.export
+            .flushing(|| self.provider.force_flush())
             .map_err(|e| TelemetryError::Flush(e.to_string()))
     }
 }
@@ -106,4 +113,5 @@ impl Drop for OtlpTracing {
     }
 }
 
+mod backoff;
 pub(crate) mod spans;
