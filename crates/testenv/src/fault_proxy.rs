@@ -4,6 +4,7 @@
 use std::{
     net::SocketAddr,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -45,6 +46,9 @@ const API_ATTEMPTS: u64 = 4;
 /// Toxiproxy applies them; they stay until [`clear`](Self::clear),
 /// [`restore`](Self::restore) or [`reset`](Self::reset) lifts them. Dropping
 /// the proxy stops toxiproxy-server and so closes every connection through it.
+/// A [`cut`](Self::cut) stops it too: Toxiproxy files each connection under its
+/// client's address and can lose one whose client reused the address of a
+/// connection that had just closed, which disabling the proxy would leave open.
 ///
 /// ```no_run
 /// # async fn demo() -> kube_testenv::Result<()> {
@@ -65,11 +69,25 @@ const API_ATTEMPTS: u64 = 4;
 #[derive(Debug)]
 pub struct FaultProxy {
     // Field order: toxiproxy-server stops before its directory is removed.
-    process: Supervised,
+    server: tokio::sync::Mutex<Server>,
+    /// toxiproxy-server's process id; 0 while the proxy is cut.
+    pid: AtomicU32,
+    binary: PathBuf,
+    args: Vec<String>,
     api: Api,
     listen: SocketAddr,
     upstream: SocketAddr,
     _dir: tempfile::TempDir,
+}
+
+/// toxiproxy-server, running, or stopped by a [`FaultProxy::cut`] with the toxics it had.
+#[derive(Debug)]
+enum Server {
+    Running(Supervised),
+    Cut {
+        /// Each toxic as Toxiproxy described it, added again on restore.
+        toxics: Vec<Value>,
+    },
 }
 
 impl FaultProxy {
@@ -91,28 +109,15 @@ impl FaultProxy {
         let log = dir.path().join("toxiproxy.log");
         let api_port = free_port()?;
         let args = vec!["-host=127.0.0.1".to_owned(), format!("-port={api_port}")];
-        let mut process = Supervised::start("toxiproxy-server", binary.path(), &args, &log)?;
         let api = Api {
             base: format!("http://127.0.0.1:{api_port}"),
             log,
         };
-        api.wait_ready(&mut process).await?;
         // Port 0 lets Toxiproxy bind the listener itself, leaving no window in
         // which another process could take a port picked here; it binds the
-        // same port again when the proxy is re-enabled after a cut.
-        let created = api
-            .call(
-                Method::POST,
-                "/proxies",
-                Some(json!({
-                    "name": PROXY,
-                    "listen": "127.0.0.1:0",
-                    "upstream": upstream.to_string(),
-                    "enabled": true,
-                })),
-                || format!("creating the proxy to {upstream}"),
-            )
-            .await?;
+        // same port again when the proxy is restored after a cut.
+        let (process, created) =
+            spawn_server(binary.path(), &args, &api, "127.0.0.1:0", upstream).await?;
         let listen = serde_json::from_str::<Value>(&created)
             .ok()
             .and_then(|proxy| proxy["listen"].as_str()?.parse::<SocketAddr>().ok())
@@ -131,7 +136,10 @@ impl FaultProxy {
             "fault proxy ready"
         );
         Ok(Self {
-            process,
+            pid: AtomicU32::new(process.pid()),
+            server: tokio::sync::Mutex::new(Server::Running(process)),
+            binary: binary.path().to_owned(),
+            args,
             api,
             listen,
             upstream,
@@ -170,9 +178,9 @@ impl FaultProxy {
         &self.api.log
     }
 
-    /// toxiproxy-server's process id.
-    pub fn pid(&self) -> u32 {
-        self.process.pid()
+    /// toxiproxy-server's process id; `None` while the proxy is [`cut`](Self::cut).
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.pid.load(Ordering::Relaxed)).filter(|&pid| pid != 0)
     }
 
     /// Resets every connection that carries a byte from now on, in either
@@ -226,23 +234,64 @@ impl FaultProxy {
 
     /// Makes the upstream unreachable: closes every open connection and
     /// stops listening, so a new connection is refused at once. Toxics stay
-    /// configured for when [`restore`](Self::restore) listens again.
+    /// configured for when [`restore`](Self::restore) listens again, and can
+    /// be added and removed meanwhile.
+    ///
+    /// toxiproxy-server is stopped (and started again by `restore`): only the
+    /// end of its process closes every connection for certain (see the
+    /// [type](Self)).
     ///
     /// # Errors
     ///
-    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    /// [`Error::Toxiproxy`] if Toxiproxy does not list its toxics.
     pub async fn cut(&self) -> Result<()> {
-        self.set_enabled(false).await
+        let mut server = self.server.lock().await;
+        let Server::Running(process) = &mut *server else {
+            return Ok(());
+        };
+        let toxics = self.api.toxics().await?;
+        process.kill();
+        self.pid.store(0, Ordering::Relaxed);
+        *server = Server::Cut { toxics };
+        tracing::info!(proxy = %self.listen, upstream = %self.upstream, "fault proxy cut");
+        Ok(())
     }
 
-    /// Listens again after [`cut`](Self::cut), on the same port.
+    /// Listens again after [`cut`](Self::cut), on the same port, with the
+    /// toxics in force then (or added since).
     ///
     /// # Errors
     ///
-    /// [`Error::Toxiproxy`] if Toxiproxy refuses, e.g. because another
-    /// process took the port in between.
+    /// [`Error::Spawn`], [`Error::Exited`] or [`Error::NotReady`] if
+    /// toxiproxy-server does not come up again; [`Error::Toxiproxy`] if it
+    /// refuses the proxy, e.g. because another process took the port in
+    /// between, or a toxic.
     pub async fn restore(&self) -> Result<()> {
-        self.set_enabled(true).await
+        let mut server = self.server.lock().await;
+        let Server::Cut { toxics } = &mut *server else {
+            return Ok(());
+        };
+        let toxics = std::mem::take(toxics);
+        let (process, _) = spawn_server(
+            &self.binary,
+            &self.args,
+            &self.api,
+            &self.listen.to_string(),
+            self.upstream,
+        )
+        .await?;
+        self.pid.store(process.pid(), Ordering::Relaxed);
+        *server = Server::Running(process);
+        for toxic in toxics {
+            let path = format!("/proxies/{PROXY}/toxics");
+            self.api
+                .call(Method::POST, &path, Some(toxic.clone()), || {
+                    format!("adding toxic {} again", toxic["name"])
+                })
+                .await?;
+        }
+        tracing::info!(proxy = %self.listen, upstream = %self.upstream, "fault proxy restored");
+        Ok(())
     }
 
     /// Delays everything the upstream sends by `latency`, give or take up to
@@ -368,31 +417,13 @@ impl FaultProxy {
             "toxicity": toxicity,
             "attributes": attributes,
         });
-        let toxics = format!("/proxies/{PROXY}/toxics");
-        let path = format!("{toxics}/{name}");
-        let adding = || format!("adding toxic {name}");
-        let (status, text) = self
-            .api
-            .send(Method::POST, &toxics, Some(&body), adding)
-            .await?;
-        if status == StatusCode::CONFLICT {
-            let reading = || format!("reading toxic {name}");
-            let current = self.api.call(Method::GET, &path, None, reading).await?;
-            let current: Value = serde_json::from_str(&current)
-                .map_err(|e| self.api.error(reading(), format!("{e} in {current}")))?;
-            if current["type"] == kind && current["stream"] == stream.as_str() {
-                let updating = || format!("updating toxic {name}");
-                self.api
-                    .call(Method::POST, &path, Some(body), updating)
-                    .await?;
-            } else {
-                self.remove_toxic(name).await?;
-                self.api
-                    .call(Method::POST, &toxics, Some(body), adding)
-                    .await?;
+        let mut server = self.server.lock().await;
+        match &mut *server {
+            Server::Cut { toxics } => {
+                toxics.retain(|toxic| toxic["name"] != name);
+                toxics.push(body);
             }
-        } else if !status.is_success() {
-            return Err(self.api.error(adding(), format!("{status}: {text}")));
+            Server::Running(_) => self.api.add_toxic(name, kind, stream, body).await?,
         }
         tracing::info!(
             proxy = %self.listen,
@@ -414,12 +445,10 @@ impl FaultProxy {
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn remove_toxic(&self, name: &str) -> Result<()> {
-        let path = format!("/proxies/{PROXY}/toxics/{name}");
-        let removing = || format!("removing toxic {name}");
-        let (status, text) = self.api.send(Method::DELETE, &path, None, removing).await?;
-        // Not there is removed: a removal sent again after a timeout finds it gone.
-        if !status.is_success() && status != StatusCode::NOT_FOUND {
-            return Err(self.api.error(removing(), format!("{status}: {text}")));
+        let mut server = self.server.lock().await;
+        match &mut *server {
+            Server::Cut { toxics } => toxics.retain(|toxic| toxic["name"] != name),
+            Server::Running(_) => self.api.remove_toxic(name).await?,
         }
         tracing::info!(proxy = %self.listen, toxic = %name, "toxic removed");
         Ok(())
@@ -433,9 +462,18 @@ impl FaultProxy {
     ///
     /// [`Error::Toxiproxy`] if Toxiproxy refuses.
     pub async fn clear(&self) -> Result<()> {
-        for name in self.toxics().await? {
-            self.remove_toxic(&name).await?;
+        let mut server = self.server.lock().await;
+        match &mut *server {
+            Server::Cut { toxics } => toxics.clear(),
+            Server::Running(_) => {
+                for toxic in self.api.toxics().await? {
+                    if let Some(name) = toxic["name"].as_str() {
+                        self.api.remove_toxic(name).await?;
+                    }
+                }
+            }
         }
+        tracing::info!(proxy = %self.listen, "toxics cleared");
         Ok(())
     }
 
@@ -444,13 +482,23 @@ impl FaultProxy {
     ///
     /// # Errors
     ///
-    /// [`Error::Toxiproxy`] if Toxiproxy refuses.
+    /// [`Error::Toxiproxy`] if Toxiproxy refuses; as `restore` if the proxy
+    /// was cut.
     pub async fn reset(&self) -> Result<()> {
-        self.api
-            .call(Method::POST, "/reset", None, || "resetting".to_owned())
-            .await?;
-        tracing::info!(proxy = %self.listen, "fault proxy reset");
-        Ok(())
+        {
+            let mut server = self.server.lock().await;
+            match &mut *server {
+                Server::Cut { toxics } => toxics.clear(),
+                Server::Running(_) => {
+                    self.api
+                        .call(Method::POST, "/reset", None, || "resetting".to_owned())
+                        .await?;
+                    tracing::info!(proxy = %self.listen, "fault proxy reset");
+                    return Ok(());
+                }
+            }
+        }
+        self.restore().await
     }
 
     /// The names of the toxics in force, e.g. `latency_downstream`.
@@ -460,44 +508,22 @@ impl FaultProxy {
     /// [`Error::Toxiproxy`] if Toxiproxy refuses or answers something else
     /// than a list of toxics.
     pub async fn toxics(&self) -> Result<Vec<String>> {
-        let path = format!("/proxies/{PROXY}/toxics");
-        let what = || "listing toxics".to_owned();
-        let body = self.api.call(Method::GET, &path, None, what).await?;
-        let toxics: Vec<Value> = serde_json::from_str(&body)
-            .map_err(|e| self.api.error(what(), format!("{e} in {body}")))?;
+        let server = self.server.lock().await;
+        let toxics = match &*server {
+            Server::Cut { toxics } => toxics.clone(),
+            Server::Running(_) => self.api.toxics().await?,
+        };
         toxics
             .iter()
             .map(|toxic| {
                 toxic["name"].as_str().map(str::to_owned).ok_or_else(|| {
-                    self.api
-                        .error(what(), format!("a toxic without a name: {body}"))
+                    self.api.error(
+                        "listing toxics".to_owned(),
+                        format!("a toxic without a name: {toxic}"),
+                    )
                 })
             })
             .collect()
-    }
-
-    async fn set_enabled(&self, enabled: bool) -> Result<()> {
-        let path = format!("/proxies/{PROXY}");
-        let (doing, done) = if enabled {
-            ("restoring", "restored")
-        } else {
-            ("cutting", "cut")
-        };
-        self.api
-            .call(
-                Method::POST,
-                &path,
-                Some(json!({ "enabled": enabled })),
-                || format!("{doing} the proxy"),
-            )
-            .await?;
-        tracing::info!(
-            proxy = %self.listen,
-            upstream = %self.upstream,
-            enabled,
-            "fault proxy {done}"
-        );
-        Ok(())
     }
 
     /// A toxic of type `kind` on every connection, downstream, named
@@ -529,6 +555,60 @@ struct Api {
 }
 
 impl Api {
+    /// Adds the toxic `body` describes, or replaces the one named `name`: in place when
+    /// its type and stream are the same, as Toxiproxy updates, or else removed first.
+    async fn add_toxic(
+        &self,
+        name: &str,
+        kind: &str,
+        stream: ToxicStream,
+        body: Value,
+    ) -> Result<()> {
+        let toxics = format!("/proxies/{PROXY}/toxics");
+        let path = format!("{toxics}/{name}");
+        let adding = || format!("adding toxic {name}");
+        let (status, text) = self
+            .send(Method::POST, &toxics, Some(&body), adding)
+            .await?;
+        if status == StatusCode::CONFLICT {
+            let reading = || format!("reading toxic {name}");
+            let current = self.call(Method::GET, &path, None, reading).await?;
+            let current: Value = serde_json::from_str(&current)
+                .map_err(|e| self.error(reading(), format!("{e} in {current}")))?;
+            if current["type"] == kind && current["stream"] == stream.as_str() {
+                let updating = || format!("updating toxic {name}");
+                self.call(Method::POST, &path, Some(body), updating).await?;
+            } else {
+                self.remove_toxic(name).await?;
+                self.call(Method::POST, &toxics, Some(body), adding).await?;
+            }
+        } else if !status.is_success() {
+            return Err(self.error(adding(), format!("{status}: {text}")));
+        }
+        Ok(())
+    }
+
+    /// Removes the toxic named `name`; one that is not there is removed already.
+    async fn remove_toxic(&self, name: &str) -> Result<()> {
+        let path = format!("/proxies/{PROXY}/toxics/{name}");
+        let removing = || format!("removing toxic {name}");
+        let (status, text) = self.send(Method::DELETE, &path, None, removing).await?;
+        // Not there is removed: a removal sent again after a timeout finds it gone.
+        if !status.is_success() && status != StatusCode::NOT_FOUND {
+            return Err(self.error(removing(), format!("{status}: {text}")));
+        }
+        Ok(())
+    }
+
+    /// Each toxic in force, as Toxiproxy describes it (name, type, stream, toxicity and
+    /// attributes: what adding it takes).
+    async fn toxics(&self) -> Result<Vec<Value>> {
+        let path = format!("/proxies/{PROXY}/toxics");
+        let what = || "listing toxics".to_owned();
+        let body = self.call(Method::GET, &path, None, what).await?;
+        serde_json::from_str(&body).map_err(|e| self.error(what(), format!("{e} in {body}")))
+    }
+
     /// Polls `/version` until it answers, failing early if the process exits.
     async fn wait_ready(&self, process: &mut Supervised) -> Result<()> {
         let started = Instant::now();
@@ -638,6 +718,33 @@ impl ToxicStream {
     fn name(self, kind: &str) -> String {
         format!("{kind}_{}", self.as_str())
     }
+}
+
+/// Starts toxiproxy-server with `args` and, in it, the proxy from `listen` to
+/// `upstream`; returns the process and Toxiproxy's description of the proxy.
+async fn spawn_server(
+    binary: &Path,
+    args: &[String],
+    api: &Api,
+    listen: &str,
+    upstream: SocketAddr,
+) -> Result<(Supervised, String)> {
+    let mut process = Supervised::start("toxiproxy-server", binary, args, &api.log)?;
+    api.wait_ready(&mut process).await?;
+    let created = api
+        .call(
+            Method::POST,
+            "/proxies",
+            Some(json!({
+                "name": PROXY,
+                "listen": listen,
+                "upstream": upstream.to_string(),
+                "enabled": true,
+            })),
+            || format!("creating the proxy from {listen} to {upstream}"),
+        )
+        .await?;
+    Ok((process, created))
 }
 
 fn millis(duration: Duration) -> u64 {

@@ -272,3 +272,107 @@ async fn slicer_delivers_a_response_in_delayed_slices() {
         "1000 bytes in slices of 100 with 60 ms between arrived in {reads} reads"
     );
 }
+
+/// Toxiproxy files each connection under its client's address and forgets one whose
+/// client took the address of a connection that had just closed, when that one's late
+/// cleanup removes the entry: its own cut would leave the newcomer open. Each round closes
+/// a connection at once (a reset, so its port is free again) and connects again from the
+/// same port, the way a busy client's ports come round; a cut must close that connection
+/// all the same.
+#[tokio::test]
+async fn a_cut_closes_a_connection_whose_client_port_was_just_used() {
+    let proxy = proxied_echo().await;
+    for round in 0..40 {
+        let first = tokio::net::TcpSocket::new_v4().unwrap();
+        first.set_reuseaddr(true).unwrap();
+        first.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let client = first.local_addr().unwrap();
+        let mut first = within("connecting", first.connect(proxy.listen_addr()))
+            .await
+            .expect("connecting through the proxy");
+        ping(&mut first).await;
+        first.set_zero_linger().unwrap();
+        drop(first);
+
+        let mut second = within("connecting again", connect_from(client, &proxy)).await;
+        ping(&mut second).await;
+
+        within("the cut", proxy.cut()).await.expect("cutting");
+        let _ = second.write_all(b"?").await;
+        let mut byte = [0; 1];
+        let after_cut = within("the connection to close", second.read(&mut byte)).await;
+        assert!(
+            !matches!(after_cut, Ok(1)),
+            "round {round}: a connection from {client} still reached the server after the cut"
+        );
+        within("the restore", proxy.restore())
+            .await
+            .expect("restoring");
+    }
+}
+
+/// A connection through `proxy` from the port of `client`, which a connection that was
+/// reset has just given up: the kernel may refuse it for a moment.
+async fn connect_from(client: SocketAddr, proxy: &FaultProxy) -> TcpStream {
+    loop {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(client).unwrap();
+        match socket.connect(proxy.listen_addr()).await {
+            Ok(stream) => return stream,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            Err(e) => panic!("connecting again from {client}: {e}"),
+        }
+    }
+}
+
+/// One byte there and back.
+async fn ping(socket: &mut TcpStream) {
+    socket.write_all(b"!").await.unwrap();
+    let mut byte = [0; 1];
+    within("the echo", socket.read_exact(&mut byte))
+        .await
+        .expect("the echo");
+}
+
+/// A cut stops toxiproxy-server; the toxics in force then, and those changed while it is
+/// cut, are in force again once it is restored.
+#[tokio::test]
+async fn toxics_outlast_a_cut() {
+    let proxy = proxied_echo().await;
+    let before = proxy.pid().expect("running");
+    within(
+        "latency",
+        proxy.latency(Duration::from_millis(300), Duration::ZERO),
+    )
+    .await
+    .unwrap();
+    within("bandwidth", proxy.bandwidth(1000)).await.unwrap();
+    within("the cut", proxy.cut()).await.unwrap();
+    assert_eq!(proxy.pid(), None, "toxiproxy-server stopped");
+    let refused = TcpStream::connect(proxy.listen_addr()).await;
+    assert!(refused.is_err(), "a connection while cut: {refused:?}");
+    within(
+        "removing bandwidth",
+        proxy.remove_toxic("bandwidth_downstream"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        within("listing", proxy.toxics()).await.unwrap(),
+        ["latency_downstream"]
+    );
+    within("the restore", proxy.restore()).await.unwrap();
+    assert_ne!(proxy.pid(), Some(before), "a new toxiproxy-server");
+    assert_eq!(
+        within("listing", proxy.toxics()).await.unwrap(),
+        ["latency_downstream"]
+    );
+    let ping = fastest_ping(&proxy).await;
+    assert!(
+        ping >= Duration::from_millis(300),
+        "the latency is in force again: {ping:?}"
+    );
+}
