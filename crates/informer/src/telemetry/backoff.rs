@@ -6,7 +6,9 @@
 //! (profile of the informer benchmark's controller case). After a failure the batches of
 //! the next second are dropped without being encoded, the pause doubling to a minute while
 //! failures go on; the first batch that goes through ends it. Spans dropped meanwhile are
-//! counted and reported when the collector takes spans again.
+//! counted and reported when the collector takes spans again. During a pause the sampler
+//! ([`WhileExported`]) makes no span at all: one made then would only be dropped, and
+//! not making it saves most of what a span costs.
 
 use std::{
     fmt,
@@ -18,10 +20,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use opentelemetry::{
+    Context, KeyValue,
+    trace::{Link, SpanKind, TraceContextExt, TraceId, TraceState},
+};
 use opentelemetry_sdk::{
     Resource,
     error::OTelSdkResult,
-    trace::{SpanData, SpanExporter},
+    trace::{Sampler, SamplingDecision, SamplingResult, ShouldSample, SpanData, SpanExporter},
 };
 use tracing::{info, warn};
 
@@ -46,6 +52,57 @@ impl ExportState {
         let flushed = flush();
         self.flushing.store(false, Ordering::Release);
         flushed
+    }
+
+    /// Whether the collector refused the last batch and the pause that began lasts at
+    /// `now`.
+    fn paused(&self, now: Instant) -> bool {
+        self.pause
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .until
+            .is_some_and(|until| now < until)
+    }
+}
+
+/// The SDK's default sampling (a root span always, a child as its parent) while the
+/// collector takes spans; no span during a pause (see the [module](self)).
+#[derive(Clone, Debug)]
+pub(super) struct WhileExported {
+    state: Arc<ExportState>,
+    otherwise: Sampler,
+}
+
+impl WhileExported {
+    pub(super) fn new(state: Arc<ExportState>) -> Self {
+        Self {
+            state,
+            otherwise: Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        }
+    }
+}
+
+impl ShouldSample for WhileExported {
+    fn should_sample(
+        &self,
+        parent_context: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        span_kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        if self.state.paused(Instant::now()) {
+            return SamplingResult {
+                decision: SamplingDecision::Drop,
+                attributes: Vec::new(),
+                trace_state: parent_context.map_or_else(TraceState::default, |cx| {
+                    cx.span().span_context().trace_state().clone()
+                }),
+            };
+        }
+        self.otherwise
+            .should_sample(parent_context, trace_id, name, span_kind, attributes, links)
     }
 }
 
@@ -223,6 +280,39 @@ mod tests {
             exporter.pause().failures,
             0,
             "a batch that went through ends it"
+        );
+    }
+
+    #[test]
+    fn no_span_is_sampled_during_a_pause() {
+        let state = Arc::new(ExportState::default());
+        let sampler = WhileExported::new(state.clone());
+        let exporter = BackingOff::new(Shared::default(), state, "http://collector");
+        let decide = || {
+            sampler
+                .should_sample(
+                    None,
+                    TraceId::from_bytes([1; 16]),
+                    "reconcile",
+                    &SpanKind::Internal,
+                    &[],
+                    &[],
+                )
+                .decision
+        };
+        assert_eq!(decide(), SamplingDecision::RecordAndSample);
+        let now = Instant::now();
+        exporter.outcome(
+            1,
+            &Err(OTelSdkError::InternalFailure("refused".into())),
+            now,
+        );
+        assert_eq!(decide(), SamplingDecision::Drop, "paused");
+        exporter.pause().until = Some(now);
+        assert_eq!(
+            decide(),
+            SamplingDecision::RecordAndSample,
+            "the pause is over: the next batch tries the collector"
         );
     }
 

@@ -59,9 +59,9 @@ pub struct OtlpTracing {
 impl OtlpTracing {
     /// Exports to `endpoint` (a collector's OTLP/HTTP traces URL, such as
     /// `http://127.0.0.1:4318/v1/traces`) as the service `service`. An unreachable
-    /// collector never costs a reconcile's time: after a batch it refused, the batches of
-    /// the next second are dropped without being encoded, the pause doubling to a minute
-    /// while it stays down (a warning says how many were dropped).
+    /// collector never costs a reconcile's time: after a batch it refused, no span is
+    /// sampled and the batches already made are dropped unencoded for a second, the pause
+    /// doubling to a minute while it stays down (a warning says how many were dropped).
     ///
     /// # Errors
     ///
@@ -75,6 +75,7 @@ impl OtlpTracing {
         let export = Arc::new(backoff::ExportState::default());
         let exporter = backoff::BackingOff::new(exporter, export.clone(), endpoint);
         let provider = SdkTracerProvider::builder()
+            .with_sampler(backoff::WhileExported::new(export.clone()))
             .with_batch_exporter(exporter)
             .with_resource(
                 Resource::builder()
