@@ -572,6 +572,18 @@ pub fn memory_of(pid: &str) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// A process's anonymous resident memory (`RssAnon` in `/proc/<pid>/status`: heap and
+/// stacks, without the pages of its executable and libraries), KiB; 0 if unreadable.
+pub fn anonymous_memory_of(pid: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The CPU time (user + system) a process has used so far, ms, from `/proc/<pid>/stat`;
 /// `None` if unreadable. Its resolution is the kernel's clock tick (10 ms at the usual
 /// 100 Hz).

@@ -56,8 +56,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    client_go_version, command_output, lock_version, machine, median, memory_of, percentile,
-    unix_nanos,
+    anonymous_memory_of, client_go_version, command_output, lock_version, machine, median,
+    memory_of, percentile, unix_nanos,
 };
 use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
@@ -693,16 +693,21 @@ impl Running {
         Ok(())
     }
 
-    /// VmRSS, KiB: the median of five reads a second apart.
-    async fn rss_kib(&self) -> u64 {
-        let mut reads = Vec::new();
+    /// VmRSS and RssAnon, KiB: the medians of five reads a second apart.
+    async fn rss_kib(&self) -> Resident {
+        let (mut all, mut anonymous) = (Vec::new(), Vec::new());
         for i in 0..5 {
             if i > 0 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            reads.push(memory_of(&self.pid.to_string()).0 as f64);
+            let pid = self.pid.to_string();
+            all.push(memory_of(&pid).0 as f64);
+            anonymous.push(anonymous_memory_of(&pid) as f64);
         }
-        median(reads) as u64
+        Resident {
+            all_kib: median(all) as u64,
+            anonymous_kib: median(anonymous) as u64,
+        }
     }
 
     /// Closes its stdin and waits (10 s at most) for it to exit, else kills it.
@@ -772,6 +777,13 @@ struct Fairness {
 }
 
 /// One subject in one run of one setup.
+/// Resident memory, KiB: all of it (VmRSS) and the anonymous part (RssAnon).
+#[derive(Debug, Clone, Copy)]
+struct Resident {
+    all_kib: u64,
+    anonymous_kib: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 struct SubjectRun {
     setup: Setup,
@@ -784,6 +796,11 @@ struct SubjectRun {
     baseline_rss_kib: u64,
     synced_rss_kib: u64,
     per_cluster_kib: f64,
+    /// RssAnon, without the executable's and libraries' pages, which the first cluster
+    /// faults in once for all.
+    baseline_anonymous_kib: u64,
+    synced_anonymous_kib: u64,
+    per_cluster_anonymous_kib: f64,
     /// Established TCP connections of the subject once every member had synced.
     connections: Option<usize>,
     /// From adding the members to the last of them synced, s.
@@ -1119,9 +1136,11 @@ async fn run_subject(
         .map(|(_, workers)| workers.clone())
         .unwrap_or_default();
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
-    let baseline_rss_kib = running.rss_kib().await;
+    let baseline = running.rss_kib().await;
+    let baseline_rss_kib = baseline.all_kib;
     info!(
         baseline_rss_mib = baseline_rss_kib as f64 / 1024.0,
+        baseline_anonymous_mib = baseline.anonymous_kib as f64 / 1024.0,
         "the subject's memory with no cluster"
     );
 
@@ -1160,12 +1179,18 @@ async fn run_subject(
         "every member synced"
     );
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
-    let synced_rss_kib = running.rss_kib().await;
+    let synced = running.rss_kib().await;
+    let synced_rss_kib = synced.all_kib;
     let connections = tcp_connections(running.pid);
     let per_cluster_kib = (synced_rss_kib as f64 - baseline_rss_kib as f64) / members.len() as f64;
+    let per_cluster_anonymous_kib =
+        (synced.anonymous_kib as f64 - baseline.anonymous_kib as f64) / members.len() as f64;
     info!(
         synced_rss_mib = synced_rss_kib as f64 / 1024.0,
-        per_cluster_kib, connections, "the subject's memory with every member synced"
+        per_cluster_kib,
+        per_cluster_anonymous_kib,
+        connections,
+        "the subject's memory with every member synced"
     );
 
     // 2. Appearance: one more cluster at a time.
@@ -1240,6 +1265,9 @@ async fn run_subject(
         baseline_rss_kib,
         synced_rss_kib,
         per_cluster_kib,
+        baseline_anonymous_kib: baseline.anonymous_kib,
+        synced_anonymous_kib: synced.anonymous_kib,
+        per_cluster_anonymous_kib,
         connections,
         all_synced_s,
         appearances,
@@ -1315,9 +1343,9 @@ fn markdown(report: &Report) -> String {
         };
         let _ = writeln!(
             out,
-            "| subject | runs | memory per engaged cluster (MiB) | RSS no cluster → all synced (MiB) | all members synced (s) | TCP connections (all synced) | appearance → engaged (s, median) | engaged → first reconcile (s, median) | appearance → first reconcile (s): median [min – max], n |"
+            "| subject | runs | memory per engaged cluster (MiB) | anonymous memory per engaged cluster (MiB) | RSS no cluster → all synced (MiB) | anonymous no cluster → all synced (MiB) | all members synced (s) | TCP connections (all synced) | appearance → engaged (s, median) | engaged → first reconcile (s, median) | appearance → first reconcile (s): median [min – max], n |"
         );
-        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
         for subject in &args.subjects {
             let mine: Vec<&&SubjectRun> = runs.iter().filter(|r| r.subject == *subject).collect();
             if mine.is_empty() {
@@ -1330,6 +1358,21 @@ fn markdown(report: &Report) -> String {
                     .collect(),
             );
             let synced = median(mine.iter().map(|r| mib(r.synced_rss_kib as f64)).collect());
+            let per_cluster_anonymous = median(
+                mine.iter()
+                    .map(|r| mib(r.per_cluster_anonymous_kib))
+                    .collect(),
+            );
+            let baseline_anonymous = median(
+                mine.iter()
+                    .map(|r| mib(r.baseline_anonymous_kib as f64))
+                    .collect(),
+            );
+            let synced_anonymous = median(
+                mine.iter()
+                    .map(|r| mib(r.synced_anonymous_kib as f64))
+                    .collect(),
+            );
             let all_synced = median(mine.iter().map(|r| r.all_synced_s).collect());
             let connections = mine
                 .iter()
@@ -1351,12 +1394,15 @@ fn markdown(report: &Report) -> String {
             first.sort_by(f64::total_cmp);
             let _ = writeln!(
                 out,
-                "| {} | {} | {:.3} | {:.1} → {:.1} | {:.2} | {} | {:.2} | {:.3} | {:.2} [{:.2} – {:.2}], {} |",
+                "| {} | {} | {:.3} | {:.3} | {:.1} → {:.1} | {:.1} → {:.1} | {:.2} | {} | {:.2} | {:.3} | {:.2} [{:.2} – {:.2}], {} |",
                 subject.name(),
                 mine.len(),
                 per_cluster,
+                per_cluster_anonymous,
                 baseline,
                 synced,
+                baseline_anonymous,
+                synced_anonymous,
                 all_synced,
                 connections,
                 engaged,
