@@ -70,6 +70,20 @@ impl ClusterName {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The slot, of a [ring](crate::sharding::ShardRing) of `slots`, this cluster falls
+    /// in when a fleet is [spread over](Fleet::spread_over) the ring: it runs on the
+    /// replica dealt that slot ([`dealt_slots`](crate::sharding::dealt_slots)).
+    ///
+    /// ```
+    /// use kube_informer::fleet::ClusterName;
+    ///
+    /// let slot = ClusterName::from("edge-1").slot(16);
+    /// assert!(slot < 16);
+    /// ```
+    pub fn slot(&self, slots: u16) -> u16 {
+        run::cluster_slot(self, slots)
+    }
 }
 
 impl From<&str> for ClusterName {

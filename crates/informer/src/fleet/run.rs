@@ -292,7 +292,7 @@ fn admitted_here(ring: &ShardRing, name: &ClusterName) -> Option<SlotGuard> {
 /// (`edge-1`, `edge-2`, ...), and FNV-1a leaves a change in the last characters out of
 /// the hash's high bits, which choose the slot, so the hash is mixed first (MurmurHash3's
 /// finaliser): `edge-1` to `edge-8` then spread over the slots instead of sharing one.
-fn cluster_slot(name: &ClusterName, slots: u16) -> u16 {
+pub(super) fn cluster_slot(name: &ClusterName, slots: u16) -> u16 {
     let mut hash = fnv1a_64(name.as_str().as_bytes());
     hash ^= hash >> 33;
     hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
