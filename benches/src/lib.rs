@@ -561,6 +561,24 @@ pub fn self_memory() -> (u64, u64) {
 
 /// `(VmRSS, VmHWM)` of a process in KiB (`pid` or `self`); zeros if unreadable.
 pub fn memory_of(pid: &str) -> (u64, u64) {
+    let memory = process_memory(pid);
+    (memory.resident_kib, memory.peak_kib)
+}
+
+/// A process's memory, KiB, from one read of `/proc/<pid>/status`; zeros if unreadable.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProcessMemory {
+    /// `VmRSS`: all of its resident memory.
+    pub resident_kib: u64,
+    /// `VmHWM`: the most resident memory it has had.
+    pub peak_kib: u64,
+    /// `RssAnon`: its resident heap and stacks, without the pages of its executable and
+    /// libraries.
+    pub anonymous_kib: u64,
+}
+
+/// [`ProcessMemory`] of a process (`pid` or `self`).
+pub fn process_memory(pid: &str) -> ProcessMemory {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |name: &str| {
         text.lines()
@@ -569,19 +587,11 @@ pub fn memory_of(pid: &str) -> (u64, u64) {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
-/// A process's anonymous resident memory (`RssAnon` in `/proc/<pid>/status`: heap and
-/// stacks, without the pages of its executable and libraries), KiB; 0 if unreadable.
-pub fn anonymous_memory_of(pid: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    ProcessMemory {
+        resident_kib: field("VmRSS:"),
+        peak_kib: field("VmHWM:"),
+        anonymous_kib: field("RssAnon:"),
+    }
 }
 
 /// The CPU time (user + system) a process has used so far, ms, from `/proc/<pid>/stat`;

@@ -56,8 +56,8 @@ use std::{
 
 use anyhow::{Context, bail};
 use benches::{
-    anonymous_memory_of, client_go_version, command_output, lock_version, machine, median,
-    memory_of, percentile, unix_nanos,
+    client_go_version, command_output, lock_version, machine, median, percentile, process_memory,
+    unix_nanos,
 };
 use clap::{Parser, ValueEnum};
 use futures::{StreamExt, TryStreamExt};
@@ -694,15 +694,16 @@ impl Running {
     }
 
     /// VmRSS and RssAnon, KiB: the medians of five reads a second apart.
-    async fn rss_kib(&self) -> Resident {
+    async fn resident(&self) -> Resident {
         let (mut all, mut anonymous) = (Vec::new(), Vec::new());
+        let pid = self.pid.to_string();
         for i in 0..5 {
             if i > 0 {
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
-            let pid = self.pid.to_string();
-            all.push(memory_of(&pid).0 as f64);
-            anonymous.push(anonymous_memory_of(&pid) as f64);
+            let memory = process_memory(&pid);
+            all.push(memory.resident_kib as f64);
+            anonymous.push(memory.anonymous_kib as f64);
         }
         Resident {
             all_kib: median(all) as u64,
@@ -776,7 +777,6 @@ struct Fairness {
     samples_during_flood: usize,
 }
 
-/// One subject in one run of one setup.
 /// Resident memory, KiB: all of it (VmRSS) and the anonymous part (RssAnon).
 #[derive(Debug, Clone, Copy)]
 struct Resident {
@@ -784,6 +784,7 @@ struct Resident {
     anonymous_kib: u64,
 }
 
+/// One subject in one run of one setup.
 #[derive(Debug, Clone, Serialize)]
 struct SubjectRun {
     setup: Setup,
@@ -1136,7 +1137,7 @@ async fn run_subject(
         .map(|(_, workers)| workers.clone())
         .unwrap_or_default();
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
-    let baseline = running.rss_kib().await;
+    let baseline = running.resident().await;
     let baseline_rss_kib = baseline.all_kib;
     info!(
         baseline_rss_mib = baseline_rss_kib as f64 / 1024.0,
@@ -1179,7 +1180,7 @@ async fn run_subject(
         "every member synced"
     );
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
-    let synced = running.rss_kib().await;
+    let synced = running.resident().await;
     let synced_rss_kib = synced.all_kib;
     let connections = tcp_connections(running.pid);
     let per_cluster_kib = (synced_rss_kib as f64 - baseline_rss_kib as f64) / members.len() as f64;

@@ -60,8 +60,7 @@ impl ExportState {
         self.pause
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .until
-            .is_some_and(|until| now < until)
+            .lasts(now)
     }
 }
 
@@ -113,6 +112,13 @@ struct Pause {
     dropped: u64,
 }
 
+impl Pause {
+    /// Whether a pause began and lasts at `now`.
+    fn lasts(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+}
+
 /// `inner`, paused after each failure (see the [module](self)).
 pub(super) struct BackingOff<E> {
     inner: E,
@@ -142,7 +148,7 @@ impl<E> BackingOff<E> {
             return false;
         }
         let mut pause = self.pause();
-        let paused = pause.until.is_some_and(|until| now < until);
+        let paused = pause.lasts(now);
         if paused {
             pause.dropped += spans as u64;
         }
