@@ -1,35 +1,36 @@
-//! An exporter that, once the collector has refused a batch, sends none for a while.
+//! An exporter that, once the collector has refused a batch, sends none until the collector
+//! is back, and a filter that makes no span meanwhile.
 //!
 //! The OTLP exporter encodes every batch before it finds the collector down, and a batch
 //! processor hands it a batch every few seconds however often that fails: with the
 //! collector down, a controller paid a tenth of its CPU encoding spans for nothing
-//! (profile of the informer benchmark's controller case). After a failure the batches of
-//! the next second are dropped without being encoded, the pause doubling to a minute while
-//! failures go on; the first batch that goes through ends it. Spans dropped meanwhile are
-//! counted and reported when the collector takes spans again. During a pause the sampler
-//! ([`WhileExported`]) makes no span at all: one made then would only be dropped, and
-//! not making it saves most of what a span costs.
+//! (profile of the informer benchmark's controller case). Turning `tracing` spans into
+//! OpenTelemetry ones cost it twice that again, for spans that were then dropped. So after
+//! a failed export the collector is *down*: the layer sees no span and no event (the
+//! [`WhileExported`] filter), and batches made before are dropped unencoded and counted.
+//! A second later a probe connects to the collector's port, in a thread of its own; while
+//! nothing listens there the pause doubles to a minute, and once something does, spans
+//! are made again and the next batch tries the collector. The first batch that goes
+//! through ends the failures and reports how many spans were dropped.
 
 use std::{
     fmt,
     future::Future,
+    net::{TcpStream, ToSocketAddrs},
     sync::{
         Arc, Mutex, PoisonError,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
 
-use opentelemetry::{
-    Context, KeyValue,
-    trace::{Link, SpanKind, TraceContextExt, TraceId, TraceState},
-};
 use opentelemetry_sdk::{
     Resource,
     error::OTelSdkResult,
-    trace::{Sampler, SamplingDecision, SamplingResult, ShouldSample, SpanData, SpanExporter},
+    trace::{SpanData, SpanExporter},
 };
-use tracing::{info, warn};
+use tracing::{Metadata, info, warn};
+use tracing_subscriber::layer::{Context, Filter};
 
 /// The first pause after a failed export.
 const FIRST_PAUSE: Duration = Duration::from_secs(1);
@@ -37,15 +38,41 @@ const FIRST_PAUSE: Duration = Duration::from_secs(1);
 /// The longest pause.
 const LONGEST_PAUSE: Duration = Duration::from_secs(60);
 
-/// What the exporter and its owner share: the pause, and whether a flush asked for an
-/// export now.
-#[derive(Debug, Default)]
+/// How long a probe waits for the collector's port to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the exporter, the filter and their owner share: whether the collector is taken to
+/// be up, the pause and its failures, and whether a flush asked for an export now.
+#[derive(Debug)]
 pub(super) struct ExportState {
+    /// `host:port` of the collector, for probes; `None` when the endpoint names none,
+    /// and then a pause simply ends.
+    collector: Option<String>,
+    /// Spans are made and batches sent: no export has failed since the last probe that
+    /// found the collector listening.
+    up: AtomicBool,
+    /// When the pause ends, in nanoseconds since `started`.
+    resume_at: AtomicU64,
+    started: Instant,
+    probing: AtomicBool,
     pause: Mutex<Pause>,
     flushing: AtomicBool,
 }
 
 impl ExportState {
+    /// The state of an exporter to `endpoint`, taken to be up until an export fails.
+    pub(super) fn new(endpoint: &str) -> Self {
+        Self {
+            collector: collector_address(endpoint),
+            up: AtomicBool::new(true),
+            resume_at: AtomicU64::new(0),
+            started: Instant::now(),
+            probing: AtomicBool::new(false),
+            pause: Mutex::default(),
+            flushing: AtomicBool::new(false),
+        }
+    }
+
     /// Runs `flush` with the pause lifted: an explicit flush always tries the collector.
     pub(super) fn flushing<T>(&self, flush: impl FnOnce() -> T) -> T {
         self.flushing.store(true, Ordering::Release);
@@ -54,135 +81,166 @@ impl ExportState {
         flushed
     }
 
-    /// Whether the collector refused the last batch and the pause that began lasts at
-    /// `now`.
-    fn paused(&self, now: Instant) -> bool {
-        self.pause
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .lasts(now)
+    /// Whether spans are made now; when the collector is down and the pause is over,
+    /// starts a probe.
+    fn records(self: &Arc<Self>) -> bool {
+        if self.up.load(Ordering::Acquire) {
+            return true;
+        }
+        if self.nanos_since_start(Instant::now()) >= self.resume_at.load(Ordering::Acquire)
+            && self
+                .probing
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.probe();
+        }
+        false
+    }
+
+    /// Connects to the collector's port in a thread of its own: spans are made again if
+    /// something listens, the pause doubles if nothing does.
+    fn probe(self: &Arc<Self>) {
+        let Some(collector) = self.collector.clone() else {
+            self.probed(true);
+            return;
+        };
+        let state = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("otlp-probe".to_owned())
+            .spawn(move || state.probed(listens(&collector)));
+        if let Err(error) = spawned {
+            warn!(%error, "starting a probe of the collector; trying it with the next batch");
+            self.probed(true);
+        }
+    }
+
+    fn probed(&self, listening: bool) {
+        if listening {
+            self.up.store(true, Ordering::Release);
+        } else {
+            self.failed(
+                0,
+                &"nothing listens on the collector's port",
+                Instant::now(),
+            );
+        }
+        self.probing.store(false, Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pause> {
+        self.pause.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn nanos_since_start(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.started).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// An export of `spans` or a probe failed at `now`: the collector is down, and the
+    /// pause that begins is twice the last one.
+    fn failed(&self, spans: usize, error: &dyn fmt::Display, now: Instant) {
+        let mut pause = self.lock();
+        pause.failures = pause.failures.saturating_add(1);
+        let doublings = (pause.failures - 1).min(6);
+        let wait = (FIRST_PAUSE * 2u32.pow(doublings)).min(LONGEST_PAUSE);
+        pause.dropped += spans as u64;
+        self.resume_at
+            .store(self.nanos_since_start(now + wait), Ordering::Release);
+        self.up.store(false, Ordering::Release);
+        warn!(
+            collector = self.collector.as_deref().unwrap_or_default(),
+            %error,
+            dropped = pause.dropped,
+            next_try_in = ?wait,
+            "the collector did not take spans; none are made until it is back"
+        );
     }
 }
 
-/// The SDK's default sampling (a root span always, a child as its parent) while the
-/// collector takes spans; no span during a pause (see the [module](self)).
+/// `host:port` of an OTLP/HTTP endpoint, the port the scheme's default when it names none.
+fn collector_address(endpoint: &str) -> Option<String> {
+    let uri: http::Uri = endpoint.parse().ok()?;
+    let host = uri.host()?;
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    Some(format!("{host}:{port}"))
+}
+
+/// Whether something accepts a connection at `address`.
+fn listens(address: &str) -> bool {
+    address.to_socket_addrs().is_ok_and(|mut addrs| {
+        addrs.any(|addr| TcpStream::connect_timeout(&addr, PROBE_TIMEOUT).is_ok())
+    })
+}
+
+/// The filter of the OpenTelemetry layer: everything while the collector takes spans,
+/// nothing while it is down (see the [module](self)).
 #[derive(Clone, Debug)]
 pub(super) struct WhileExported {
     state: Arc<ExportState>,
-    otherwise: Sampler,
 }
 
 impl WhileExported {
     pub(super) fn new(state: Arc<ExportState>) -> Self {
-        Self {
-            state,
-            otherwise: Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
-        }
+        Self { state }
     }
 }
 
-impl ShouldSample for WhileExported {
-    fn should_sample(
-        &self,
-        parent_context: Option<&Context>,
-        trace_id: TraceId,
-        name: &str,
-        span_kind: &SpanKind,
-        attributes: &[KeyValue],
-        links: &[Link],
-    ) -> SamplingResult {
-        if self.state.paused(Instant::now()) {
-            return SamplingResult {
-                decision: SamplingDecision::Drop,
-                attributes: Vec::new(),
-                trace_state: parent_context.map_or_else(TraceState::default, |cx| {
-                    cx.span().span_context().trace_state().clone()
-                }),
-            };
-        }
-        self.otherwise
-            .should_sample(parent_context, trace_id, name, span_kind, attributes, links)
+impl<S> Filter<S> for WhileExported {
+    fn enabled(&self, _: &Metadata<'_>, _: &Context<'_, S>) -> bool {
+        self.state.records()
     }
 }
 
 #[derive(Debug, Default)]
 struct Pause {
+    /// Failed exports and probes since the last batch that went through.
     failures: u32,
-    until: Option<Instant>,
+    /// Spans dropped since then.
     dropped: u64,
 }
 
-impl Pause {
-    /// Whether a pause began and lasts at `now`.
-    fn lasts(&self, now: Instant) -> bool {
-        self.until.is_some_and(|until| now < until)
-    }
-}
-
-/// `inner`, paused after each failure (see the [module](self)).
+/// `inner`, sending nothing while the collector is down (see the [module](self)).
 pub(super) struct BackingOff<E> {
     inner: E,
     state: Arc<ExportState>,
-    endpoint: String,
 }
 
 impl<E> BackingOff<E> {
-    pub(super) fn new(inner: E, state: Arc<ExportState>, endpoint: &str) -> Self {
-        Self {
-            inner,
-            state,
-            endpoint: endpoint.to_owned(),
-        }
-    }
-
-    fn pause(&self) -> std::sync::MutexGuard<'_, Pause> {
-        self.state
-            .pause
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    pub(super) fn new(inner: E, state: Arc<ExportState>) -> Self {
+        Self { inner, state }
     }
 
     /// Whether a batch of `spans` is dropped unsent, counting it if so.
-    fn skips(&self, spans: usize, now: Instant) -> bool {
-        if self.state.flushing.load(Ordering::Acquire) {
+    fn skips(&self, spans: usize) -> bool {
+        if self.state.flushing.load(Ordering::Acquire) || self.state.up.load(Ordering::Acquire) {
             return false;
         }
-        let mut pause = self.pause();
-        let paused = pause.lasts(now);
-        if paused {
-            pause.dropped += spans as u64;
-        }
-        paused
+        self.state.lock().dropped += spans as u64;
+        true
     }
 
-    /// Records how the export of `spans` went, starting or ending a pause.
+    /// Records how the export of `spans` went, ending the failures or starting a pause.
     fn outcome(&self, spans: usize, result: &OTelSdkResult, now: Instant) {
-        let mut pause = self.pause();
         match result {
             Ok(()) => {
+                let mut pause = self.state.lock();
                 if pause.failures > 0 {
                     info!(
-                        endpoint = %self.endpoint,
+                        collector = self.state.collector.as_deref().unwrap_or_default(),
                         dropped = pause.dropped,
                         "the collector takes spans again"
                     );
                 }
                 *pause = Pause::default();
+                self.state.up.store(true, Ordering::Release);
             }
-            Err(error) => {
-                pause.failures = pause.failures.saturating_add(1);
-                let doublings = (pause.failures - 1).min(6);
-                let wait = (FIRST_PAUSE * 2u32.pow(doublings)).min(LONGEST_PAUSE);
-                pause.until = Some(now + wait);
-                pause.dropped += spans as u64;
-                warn!(
-                    endpoint = %self.endpoint,
-                    %error,
-                    dropped = pause.dropped,
-                    next_try_in = ?wait,
-                    "the collector did not take spans; none are sent until the next try"
-                );
-            }
+            Err(error) => self.state.failed(spans, error, now),
         }
     }
 }
@@ -190,7 +248,6 @@ impl<E> BackingOff<E> {
 impl<E> fmt::Debug for BackingOff<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BackingOff")
-            .field("endpoint", &self.endpoint)
             .field("state", &self.state)
             .finish_non_exhaustive()
     }
@@ -199,7 +256,7 @@ impl<E> fmt::Debug for BackingOff<E> {
 impl<E: SpanExporter> SpanExporter for BackingOff<E> {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         let spans = batch.len();
-        let sent = (!self.skips(spans, Instant::now())).then(|| self.inner.export(batch));
+        let sent = (!self.skips(spans)).then(|| self.inner.export(batch));
         async move {
             let Some(sent) = sent else { return Ok(()) };
             let result = sent.await;
@@ -223,9 +280,10 @@ impl<E: SpanExporter> SpanExporter for BackingOff<E> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
+    use std::{net::TcpListener, sync::atomic::AtomicUsize};
 
     use opentelemetry_sdk::error::OTelSdkError;
+    use tracing_subscriber::{Layer, layer::SubscriberExt};
 
     use super::*;
 
@@ -253,13 +311,37 @@ mod tests {
         }
     }
 
+    /// An endpoint on a local port where nothing listens any more.
+    fn closed_endpoint() -> String {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .expect("a local port")
+            .port();
+        format!("http://127.0.0.1:{port}/v1/traces")
+    }
+
+    /// Ends the pause now.
+    fn pause_over(state: &ExportState) {
+        state.resume_at.store(0, Ordering::Release);
+    }
+
+    /// Waits until no probe runs.
+    async fn probe_done(state: &ExportState) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while state.probing.load(Ordering::Acquire) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("the probe ends");
+    }
+
     #[tokio::test]
-    async fn a_down_collector_is_tried_once_per_pause_and_a_flush_always_tries() {
+    async fn a_down_collector_is_sent_nothing_until_it_is_back_and_a_flush_always_tries() {
         let collector = Arc::new(Collector::default());
         collector.down.store(true, Ordering::Relaxed);
-        let state = Arc::new(ExportState::default());
-        let exporter =
-            BackingOff::new(Shared(collector.clone()), state.clone(), "http://collector");
+        let state = Arc::new(ExportState::new(&closed_endpoint()));
+        let exporter = BackingOff::new(Shared(collector.clone()), state.clone());
         assert!(
             exporter.export(Vec::new()).await.is_err(),
             "the first batch tries"
@@ -273,70 +355,100 @@ mod tests {
         state.flushing.store(false, Ordering::Release);
         assert!(
             flushed.is_err(),
-            "a flush tries the collector during a pause"
+            "a flush tries the collector while it is down"
         );
         assert_eq!(collector.calls.load(Ordering::Relaxed), 2);
 
-        // The pause ends; the collector is back and the next batch goes through.
-        exporter.pause().until = Some(Instant::now());
+        // A probe finds the collector back; the next batch goes through.
+        state.probed(true);
         collector.down.store(false, Ordering::Relaxed);
         assert!(exporter.export(Vec::new()).await.is_ok());
         assert_eq!(collector.calls.load(Ordering::Relaxed), 3);
         assert_eq!(
-            exporter.pause().failures,
+            state.lock().failures,
             0,
-            "a batch that went through ends it"
+            "a batch that went through ends the failures"
         );
     }
 
-    #[test]
-    fn no_span_is_sampled_during_a_pause() {
-        let state = Arc::new(ExportState::default());
-        let sampler = WhileExported::new(state.clone());
-        let exporter = BackingOff::new(Shared::default(), state, "http://collector");
-        let decide = || {
-            sampler
-                .should_sample(
-                    None,
-                    TraceId::from_bytes([1; 16]),
-                    "reconcile",
-                    &SpanKind::Internal,
-                    &[],
-                    &[],
-                )
-                .decision
-        };
-        assert_eq!(decide(), SamplingDecision::RecordAndSample);
-        let now = Instant::now();
-        exporter.outcome(
-            1,
-            &Err(OTelSdkError::InternalFailure("refused".into())),
-            now,
+    #[tokio::test]
+    async fn spans_are_made_again_only_once_a_probe_finds_the_collector_listening() {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a local port");
+        let port = listener.local_addr().expect("its address").port();
+        drop(listener);
+        let state = Arc::new(ExportState::new(&format!(
+            "http://127.0.0.1:{port}/v1/traces"
+        )));
+        assert!(state.records(), "taken to be up until an export fails");
+        state.failed(1, &"refused", Instant::now());
+        assert!(!state.records(), "down during the pause");
+        assert!(
+            !state.probing.load(Ordering::Acquire),
+            "no probe before the pause ends"
         );
-        assert_eq!(decide(), SamplingDecision::Drop, "paused");
-        exporter.pause().until = Some(now);
+
+        pause_over(&state);
+        assert!(!state.records(), "nothing listens yet");
+        probe_done(&state).await;
+        assert!(!state.records(), "the probe found nothing listening");
+        assert_eq!(state.lock().failures, 2, "a failed probe doubles the pause");
+
+        let _collector = TcpListener::bind(("127.0.0.1", port)).expect("the collector's port");
+        pause_over(&state);
+        assert!(!state.records(), "not before the probe has answered");
+        probe_done(&state).await;
+        assert!(state.records(), "the probe found the collector listening");
+    }
+
+    #[test]
+    fn the_layer_sees_no_span_while_the_collector_is_down() {
+        #[derive(Default)]
+        struct Spans(Arc<AtomicUsize>);
+        impl<S: tracing::Subscriber> Layer<S> for Spans {
+            fn on_new_span(
+                &self,
+                _: &tracing::span::Attributes<'_>,
+                _: &tracing::span::Id,
+                _: Context<'_, S>,
+            ) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let seen = Arc::new(AtomicUsize::new(0));
+        let state = Arc::new(ExportState::new(&closed_endpoint()));
+        let subscriber = tracing_subscriber::registry()
+            .with(Spans(seen.clone()).with_filter(WhileExported::new(state.clone())));
+        tracing::subscriber::with_default(subscriber, || {
+            drop(tracing::info_span!("up"));
+            state.failed(0, &"refused", Instant::now());
+            drop(tracing::info_span!("down"));
+            state.probed(true);
+            drop(tracing::info_span!("back"));
+        });
         assert_eq!(
-            decide(),
-            SamplingDecision::RecordAndSample,
-            "the pause is over: the next batch tries the collector"
+            seen.load(Ordering::Relaxed),
+            2,
+            "the span made while down is not seen"
         );
     }
 
     #[test]
     fn the_pause_doubles_to_a_minute() {
-        let exporter = BackingOff::new(Shared::default(), Arc::default(), "http://collector");
+        let state = ExportState::new("http://collector:4318/v1/traces");
+        assert_eq!(state.collector.as_deref(), Some("collector:4318"));
         let now = Instant::now();
-        let failed = Err(OTelSdkError::InternalFailure("refused".into()));
-        let pauses: Vec<Duration> = (0..9)
+        let pauses: Vec<u64> = (0..9)
             .map(|_| {
-                exporter.outcome(1, &failed, now);
-                exporter.pause().until.expect("paused") - now
+                state.failed(1, &"refused", now);
+                (state.resume_at.load(Ordering::Acquire) - state.nanos_since_start(now))
+                    / 1_000_000_000
             })
             .collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(state.lock().dropped, 9);
         assert_eq!(
-            pauses.iter().map(Duration::as_secs).collect::<Vec<_>>(),
-            [1, 2, 4, 8, 16, 32, 60, 60, 60]
+            collector_address("https://collector/v1/traces").as_deref(),
+            Some("collector:443")
         );
-        assert_eq!(exporter.pause().dropped, 9);
     }
 }

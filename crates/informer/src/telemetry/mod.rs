@@ -59,9 +59,10 @@ pub struct OtlpTracing {
 impl OtlpTracing {
     /// Exports to `endpoint` (a collector's OTLP/HTTP traces URL, such as
     /// `http://127.0.0.1:4318/v1/traces`) as the service `service`. An unreachable
-    /// collector never costs a reconcile's time: after a batch it refused, no span is
-    /// sampled and the batches already made are dropped unencoded for a second, the pause
-    /// doubling to a minute while it stays down (a warning says how many were dropped).
+    /// collector costs next to nothing: after a batch it refused, no span is made and the
+    /// batches already made are dropped unencoded until a probe of its port, a second
+    /// later, finds it listening; the pause doubles to a minute while it stays down, and a
+    /// warning says how many spans were dropped.
     ///
     /// # Errors
     ///
@@ -72,10 +73,9 @@ impl OtlpTracing {
             .with_endpoint(endpoint)
             .build()
             .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-        let export = Arc::new(backoff::ExportState::default());
-        let exporter = backoff::BackingOff::new(exporter, export.clone(), endpoint);
+        let export = Arc::new(backoff::ExportState::new(endpoint));
+        let exporter = backoff::BackingOff::new(exporter, export.clone());
         let provider = SdkTracerProvider::builder()
-            .with_sampler(backoff::WhileExported::new(export.clone()))
             .with_batch_exporter(exporter)
             .with_resource(
                 Resource::builder()
@@ -86,12 +86,16 @@ impl OtlpTracing {
         Ok(Self { provider, export })
     }
 
-    /// The `tracing` layer that turns spans into OpenTelemetry spans of this exporter.
+    /// The `tracing` layer that turns spans into OpenTelemetry spans of this exporter. While
+    /// the collector is down it sees no span or event at all, so tracing then costs what
+    /// it costs without this layer.
     pub fn layer<S>(&self) -> impl Layer<S> + use<S>
     where
         S: Subscriber + for<'span> LookupSpan<'span>,
     {
-        tracing_opentelemetry::layer().with_tracer(self.provider.tracer("kube-informer"))
+        tracing_opentelemetry::layer()
+            .with_tracer(self.provider.tracer("kube-informer"))
+            .with_filter(backoff::WhileExported::new(self.export.clone()))
     }
 
     /// Exports the spans ended so far now.

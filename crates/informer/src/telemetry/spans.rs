@@ -23,6 +23,10 @@ impl QueuedSpans {
             key = %key,
             replay,
         );
+        if event.is_disabled() {
+            // No layer takes spans now (none installed, or the collector is down).
+            return;
+        }
         match self.0.entry(key.clone()) {
             dashmap::mapref::entry::Entry::Occupied(waiting) => {
                 let linked = event.context().span().span_context().clone();
@@ -53,6 +57,9 @@ pub(crate) fn reconcile(controller: &str, key: &ObjectKey, wait: Option<Span>) -
         key = %key,
         trace_id = Empty,
     );
+    if span.is_disabled() {
+        return span;
+    }
     if let Some(wait) = wait {
         let _ = span.set_parent(wait.context());
     }
