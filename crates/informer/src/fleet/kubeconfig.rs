@@ -9,6 +9,8 @@ use kube_client::{
 };
 use tokio::sync::mpsc::UnboundedSender;
 
+use crate::client::{Connections, Window, client_with};
+
 use super::{Cluster, ClusterEvent, ClusterName, FleetError};
 
 /// The largest kubeconfig read: one with a few certificates is a few kilobytes, so
@@ -36,7 +38,9 @@ pub(super) async fn cluster_from(
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| refused(e.to_string()))?;
-    let client = crate::client::client(config).map_err(|e| refused(e.to_string()))?;
+    // A connection per cluster: adaptive windows keep what each buffers small.
+    let connections = Connections::default().window(Window::Adaptive);
+    let client = client_with(config, connections).map_err(|e| refused(e.to_string()))?;
     Ok(Cluster::new(name, client))
 }
 
