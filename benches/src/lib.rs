@@ -602,6 +602,28 @@ pub fn cpu_ms_of(pid: u32) -> Option<f64> {
     Some((stat.utime + stat.stime) as f64 * 1000.0 / clock_ticks_per_second())
 }
 
+/// The CPU time a process's live threads have used so far, ns, from each thread's
+/// `/proc/<pid>/task/<tid>/schedstat` (the scheduler's own count, to the nanosecond, where
+/// `/proc/<pid>/stat` counts 10 ms ticks); `None` if unreadable. A thread that exits
+/// between two reads takes its time with it, so this suits a process whose threads live
+/// as long as the interval measured, as a Tokio runtime's workers do.
+pub fn cpu_ns_of(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(schedstat) = std::fs::read_to_string(task.path().join("schedstat")) else {
+            continue;
+        };
+        total += schedstat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse::<u64>().ok())?;
+    }
+    Some(total)
+}
+
 /// The counters of `/proc/<pid>/stat` the benchmarks read.
 struct ProcStat {
     minflt: u64,

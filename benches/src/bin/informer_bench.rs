@@ -283,9 +283,9 @@ struct RunResult {
     /// The same of kube-apiserver.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     apiserver_cpu_use: Option<CpuUse>,
-    /// CPU time the subject used from just before the first update of the burst to its
-    /// line saying it saw every update, paced ones included, ms; absent before it was
-    /// measured.
+    /// CPU time the subject's threads used from just before the first update of the burst
+    /// to its line saying it saw every update, paced ones included, ms, to the nanosecond
+    /// (`benches::cpu_ns_of`); absent before it was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     subject_cpu_updates_ms: Option<f64>,
     /// CPU time etcd used from the subject's start to its sync, ms: above its idle use when
@@ -1140,7 +1140,7 @@ async fn run_subject(
 
     let id = |phase: &str, i: usize| format!("r{run}-{subject}-{phase}{i}");
     let gcs_before_updates = before_timed_phase(args, &client).await?;
-    let cpu_before_updates = cpu_ms_of(subject_process.pid);
+    let cpu_before_updates = benches::cpu_ns_of(subject_process.pid);
     let first_sent = unix_nanos();
     let burst = burst_updates(pods, UPDATE_LABEL, 0..updates, args.concurrency, |i| {
         id("", i)
@@ -1166,9 +1166,9 @@ async fn run_subject(
     } else {
         None
     };
-    let subject_cpu_updates_ms = cpu_ms_of(subject_process.pid)
+    let subject_cpu_updates_ms = benches::cpu_ns_of(subject_process.pid)
         .zip(cpu_before_updates)
-        .map(|(after, before)| after - before);
+        .map(|(after, before)| after.saturating_sub(before) as f64 / 1e6);
     let reads: Option<ReadsLine> = if args.reads > 0 {
         // The server may still be taking in the updates' work (its watch cache, a
         // collection); the subject reads on idle CPUs.
