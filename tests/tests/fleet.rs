@@ -1088,9 +1088,9 @@ async fn fleet_spread_over_replicas_runs_each_cluster_on_exactly_one() {
 }
 
 /// `count` cluster names beginning with `label`, chosen so that every member of each of
-/// `rings` (16 slots, as the rings of [`fleet_replica`] and `fleet_replica.rs`) is dealt at least one of them. Left to
-/// chance, the names (which hold the process id) leave a replica of three without a
-/// cluster once in twenty runs.
+/// `rings` (16 slots, as the rings of [`fleet_replica`] and `fleet_replica.rs`) is dealt at
+/// least one of them. Left to chance, the names (which hold the process id) leave a
+/// replica of three without a cluster once in twenty runs.
 fn dealt_to_each(label: &str, count: usize, rings: &[&[&str]]) -> Vec<String> {
     use kube_informer::{fleet::ClusterName, sharding::dealt_slots};
 

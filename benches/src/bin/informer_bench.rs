@@ -32,8 +32,8 @@ use anyhow::{Context, bail};
 use benches::{
     CpuUse, GROUP_LABEL, RECONCILE_LABEL, RELIST_LABEL, ReadsLine, ReconcileLine, RelistLine,
     SyncedLine, UPDATE_LABEL, UpdatesLine, apiserver_gc, client_go_version, command_output,
-    cpu_ms_of, cpu_use_of, lock_version, machine, median, memory_of, percentile, pod_name,
-    reset_peak, unix_nanos, workqueue_report,
+    cpu_ms_of, cpu_ns_of, cpu_use_of, lock_version, machine, median, memory_of, percentile,
+    pod_name, reset_peak, unix_nanos, workqueue_report,
 };
 use clap::{ArgAction, Parser};
 use futures::{StreamExt, TryStreamExt};
@@ -1140,7 +1140,7 @@ async fn run_subject(
 
     let id = |phase: &str, i: usize| format!("r{run}-{subject}-{phase}{i}");
     let gcs_before_updates = before_timed_phase(args, &client).await?;
-    let cpu_before_updates = benches::cpu_ns_of(subject_process.pid);
+    let cpu_before_updates = cpu_ns_of(subject_process.pid);
     let first_sent = unix_nanos();
     let burst = burst_updates(pods, UPDATE_LABEL, 0..updates, args.concurrency, |i| {
         id("", i)
@@ -1166,7 +1166,7 @@ async fn run_subject(
     } else {
         None
     };
-    let subject_cpu_updates_ms = benches::cpu_ns_of(subject_process.pid)
+    let subject_cpu_updates_ms = cpu_ns_of(subject_process.pid)
         .zip(cpu_before_updates)
         .map(|(after, before)| after.saturating_sub(before) as f64 / 1e6);
     let reads: Option<ReadsLine> = if args.reads > 0 {
