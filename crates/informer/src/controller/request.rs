@@ -1,10 +1,17 @@
 //! What a reconcile is given and what it answers: [`ReconcileRequest`], [`Action`], and for
 //! failures [`ReconcileError`], [`Failure`] and the error policy's [`ErrorAction`].
 
-use std::{error::Error as StdError, future::Future, sync::Arc, time::Duration};
+use std::{
+    error::Error as StdError,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+    time::Duration,
+};
 
-use futures::{TryFutureExt, future::MapOk};
 use kube_core::Resource;
+use pin_project_lite::pin_project;
 
 use crate::key::ObjectKey;
 
@@ -147,8 +154,31 @@ pub fn retry_with_backoff<E: StdError + 'static, Ctx>()
     |_, _| ErrorAction::Backoff
 }
 
-/// The future [`sync_by_key`]'s reconcile returns.
-pub type SyncFuture<Fut> = MapOk<Fut, fn(()) -> Action>;
+pin_project! {
+    /// The future [`sync_by_key`]'s reconcile returns: the sync function's, holding the
+    /// request until it ends, so that the object a read of the cache decoded for the
+    /// request is the one the sync function's own read by key gets back (see
+    /// [`WorkingSet`](crate::store::WorkingSet)), and is freed as the reconcile ends.
+    pub struct SyncFuture<Fut, K> {
+        #[pin]
+        sync: Fut,
+        request: ReconcileRequest<K>,
+    }
+}
+
+impl<Fut, K, E> Future for SyncFuture<Fut, K>
+where
+    Fut: Future<Output = Result<(), E>>,
+{
+    type Output = Result<Action, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.project()
+            .sync
+            .poll(cx)
+            .map(|result| result.map(|()| Action::done()))
+    }
+}
 
 /// A reconcile made of the client-go tutorials' sync function: it gets the primary's key
 /// (and the shared context) and reads what it needs from the cache itself; an absent
@@ -178,14 +208,14 @@ pub type SyncFuture<Fut> = MapOk<Fut, fn(()) -> Action>;
 /// ```
 pub fn sync_by_key<K, Ctx, F, Fut, E>(
     sync: F,
-) -> impl Fn(ReconcileRequest<K>, Arc<Ctx>) -> SyncFuture<Fut> + Send + Sync + 'static
+) -> impl Fn(ReconcileRequest<K>, Arc<Ctx>) -> SyncFuture<Fut, K> + Send + Sync + 'static
 where
     K: Resource,
     F: Fn(ObjectKey, Arc<Ctx>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), E>>,
 {
-    move |request, context| {
-        let done: fn(()) -> Action = |()| Action::done();
-        sync(request.key(), context).map_ok(done)
+    move |request, context| SyncFuture {
+        sync: sync(request.key(), context),
+        request,
     }
 }

@@ -283,6 +283,8 @@ impl<K> Store<K> {
             let mut hot = self.shared.hot.lock();
             if hot.admit_read(key, generation) {
                 hot.put(key, generation, obj.clone(), body.decoded_size());
+            } else {
+                hot.hold(key, generation, &obj);
             }
         }
         Some(obj)
@@ -615,9 +617,19 @@ mod tests {
         assert_eq!(store.working_set().objects, 0, "lists keep nothing");
         let first = store.get_by_key("a/x").unwrap();
         assert_eq!(store.working_set().objects, 0, "nor does a first read");
+        let again = store.get_by_key("a/x").unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "a read while the first reader holds the object shares it"
+        );
+        assert_eq!(store.working_set().objects, 0, "without keeping it");
+        drop((first, again));
         let second = store.get_by_key("a/x").unwrap();
-        assert!(!Arc::ptr_eq(&first, &second));
-        assert_eq!(store.working_set().objects, 1, "a second read does");
+        assert_eq!(
+            store.working_set().objects,
+            1,
+            "a second decode of the same write keeps it"
+        );
         let third = store.get_by_key("a/x").unwrap();
         assert!(Arc::ptr_eq(&second, &third), "and later reads share it");
         let listed = store.list_selector(&web);

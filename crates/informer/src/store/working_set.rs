@@ -5,7 +5,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        Arc,
+        Arc, Weak,
         atomic::{AtomicUsize, Ordering},
     },
 };
@@ -25,6 +25,12 @@ use crate::{key::ObjectKey, list_watch::RawFormat};
 /// read is a pointer copy. The rest stay bytes. Lists, index reads and reads made once use
 /// what it holds but do not add to it: kept, the many objects they decode and seldom read
 /// again soon would push out the rest and grow the heap.
+///
+/// An object a read by key decoded is also shared, without being kept, for as long as its
+/// reader holds it: a reconcile handed the object that reads it back by key (the client-go
+/// tutorials' `sync(key)` form) gets the same `Arc<K>` rather than a second decode, and
+/// once the reconcile is done the object is freed, not held for a later read that may never
+/// come.
 ///
 /// Its size is an estimate of the decoded objects' memory: each costs its stored bytes
 /// times a factor measured for `Pod`s (14 for protobuf, 5 for JSON). When an entry would
@@ -238,6 +244,16 @@ pub(super) struct Hot<K> {
     /// [`admit_read`](Self::admit_read)).
     read_once: HashMap<ObjectKey, u64, KeyHasher>,
     read_once_order: VecDeque<ObjectKey>,
+    /// Objects reads by key decoded lately and did not keep, oldest first, as weak
+    /// references: while a reader still holds one, a read of the same write shares it.
+    held: VecDeque<Held<K>>,
+}
+
+/// An object a read decoded, shared while someone holds it.
+struct Held<K> {
+    key: ObjectKey,
+    generation: u64,
+    object: Weak<K>,
 }
 
 /// A working set's budget: its own, or its part of a shared one, held while it lives.
@@ -248,6 +264,12 @@ enum HotBudget {
 
 /// How many keys read once the working set remembers.
 const READ_ONCE_REMEMBERED: usize = 4096;
+
+/// How many objects held by their readers the working set can share. Objects are held
+/// about as long as a reconcile, so this many covers a controller's workers; it stays
+/// small because a weak reference keeps its object's allocation (though not what the
+/// object owns) until it is dropped, and the table is scanned on each read that misses.
+const HELD_REMEMBERED: usize = 32;
 
 struct HotEntry<K> {
     object: Arc<K>,
@@ -274,6 +296,7 @@ impl<K> Hot<K> {
             evictions: 0,
             read_once: HashMap::default(),
             read_once_order: VecDeque::new(),
+            held: VecDeque::new(),
         }
     }
 
@@ -334,11 +357,50 @@ impl<K> Hot<K> {
                 self.compact_recency();
                 Some(object)
             }
-            _ => {
-                self.misses += 1;
+            _ => match self.shared_while_held(key, generation) {
+                Some(object) => {
+                    self.hits += 1;
+                    Some(object)
+                }
+                None => {
+                    self.misses += 1;
+                    None
+                }
+            },
+        }
+    }
+
+    /// The object of write `generation` of `key` if a reader still holds it.
+    fn shared_while_held(&mut self, key: &ObjectKey, generation: u64) -> Option<Arc<K>> {
+        let at = self.held.iter().position(|h| h.key == *key)?;
+        let held = &self.held[at];
+        match held.object.upgrade() {
+            Some(object) if held.generation == generation => Some(object),
+            Some(_) => None,
+            None => {
+                self.held.remove(at);
                 None
             }
         }
+    }
+
+    /// Shares `object`, write `generation` of `key` that a read decoded and did not keep,
+    /// while its reader holds it. Objects no longer held are let go first, so that their
+    /// allocations are not kept by the weak references.
+    pub(super) fn hold(&mut self, key: &ObjectKey, generation: u64, object: &Arc<K>) {
+        if self.is_off() {
+            return;
+        }
+        self.held
+            .retain(|h| h.object.strong_count() > 0 && h.key != *key);
+        if self.held.len() >= HELD_REMEMBERED {
+            self.held.pop_front();
+        }
+        self.held.push_back(Held {
+            key: key.clone(),
+            generation,
+            object: Arc::downgrade(object),
+        });
     }
 
     /// Holds `object`, write `generation` of `key`, unless a later write of it is held.
@@ -382,6 +444,7 @@ impl<K> Hot<K> {
         if let Some(entry) = self.entries.remove(key) {
             self.used -= entry.size;
         }
+        self.held.retain(|h| h.key != *key);
     }
 
     #[cfg(any(test, feature = "testing"))]
@@ -390,6 +453,7 @@ impl<K> Hot<K> {
         self.recency.clear();
         self.read_once.clear();
         self.read_once_order.clear();
+        self.held.clear();
         self.used = 0;
     }
 
@@ -547,10 +611,51 @@ mod tests {
     }
 
     #[test]
+    fn an_object_is_shared_while_its_reader_holds_it_and_freed_after() {
+        let mut hot = Hot::new(WorkingSet::budget(1000));
+        let object = Arc::new(String::from("decoded"));
+        hot.hold(&key(0), 1, &object);
+        let shared = hot.get(&key(0), 1).expect("shared while held");
+        assert!(Arc::ptr_eq(&shared, &object));
+        assert!(hot.get(&key(0), 2).is_none(), "another write misses");
+        assert_eq!((hot.stats().hits, hot.stats().misses), (1, 1));
+        assert_eq!(hot.stats().objects, 0, "shared, not kept");
+        drop((object, shared));
+        assert!(hot.get(&key(0), 1).is_none(), "freed once nobody holds it");
+        assert!(hot.held.is_empty(), "a dead reference is let go when found");
+
+        let mut objects = Vec::new();
+        for i in 0..HELD_REMEMBERED + 5 {
+            let object = Arc::new(format!("o{i}"));
+            hot.hold(&key(i), 1, &object);
+            objects.push(object);
+        }
+        assert_eq!(hot.held.len(), HELD_REMEMBERED, "the table stays bounded");
+        assert!(hot.get(&key(0), 1).is_none(), "the oldest went first");
+        objects.drain(..objects.len() - 3);
+        let object = Arc::new(String::from("late"));
+        hot.hold(&key(100), 1, &object);
+        assert_eq!(
+            hot.held.len(),
+            4,
+            "references to dropped objects are let go"
+        );
+        assert!(hot.get(&key(HELD_REMEMBERED + 4), 1).is_some());
+        hot.forget(&key(100));
+        assert!(
+            hot.get(&key(100), 1).is_none(),
+            "a delete or a write forgets it"
+        );
+    }
+
+    #[test]
     fn off_holds_nothing() {
         let mut hot = Hot::new(WorkingSet::off());
         hot.put(&key(0), 1, Arc::new(0), 1);
+        let held = Arc::new(1);
+        hot.hold(&key(1), 1, &held);
         assert!(hot.get(&key(0), 1).is_none());
+        assert!(hot.get(&key(1), 1).is_none(), "every read decodes");
         assert_eq!(hot.stats(), WorkingSetStats::default());
     }
 }
