@@ -85,6 +85,12 @@ pub(super) fn parallelism() -> usize {
     }
 }
 
+/// Whether a batch of `items`, after `dispatched` items of its body, decodes on the blocking
+/// pool (see [`dispatch`]) rather than on the task reading the body.
+pub(super) fn is_handed_off(parallelism: usize, dispatched: usize, items: usize) -> bool {
+    parallelism > 1 && dispatched >= INLINE_FIRST_ITEMS && items >= SMALLEST_HANDED_OFF
+}
+
 /// Decodes `batch` with `decode`: on the blocking pool when `parallelism` allows, the
 /// body has passed its first [`INLINE_FIRST_ITEMS`] (`dispatched` items before this batch)
 /// and the batch is worth the hand-off, else now. `lost` is the output for a decoding
@@ -96,7 +102,7 @@ pub(super) fn dispatch<T: Send + 'static>(
     decode: impl FnOnce(Batch) -> T + Send + 'static,
     lost: impl FnOnce(String) -> T + Send + 'static,
 ) -> Decoding<T> {
-    if parallelism > 1 && dispatched >= INLINE_FIRST_ITEMS && batch.len() >= SMALLEST_HANDED_OFF {
+    if is_handed_off(parallelism, dispatched, batch.len()) {
         let task = tokio::task::spawn_blocking(move || decode(batch));
         Box::pin(async move {
             match task.await {
