@@ -1149,22 +1149,6 @@ mod tests {
                 .warm_restart(crate::reflector::WarmRestart::at(&path))
                 .build()
         };
-        let keys_and_adds = |informer: &InformerHandle<ConfigMap>| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            let added = tx.clone();
-            informer
-                .add_named_keyed_handler(
-                    "keys",
-                    handler_fn().on_add(move |o: &Arc<ConfigMap>, _| {
-                        let _ = added.send(format!("add {}", name(o)));
-                    }),
-                    move |key| {
-                        let _ = tx.send(format!("key {key}"));
-                    },
-                )
-                .unwrap();
-            rx
-        };
         let informer = restart(&fake);
         let mut seen = keys_and_adds(&informer);
         let informer = informer.spawn(CancellationToken::new());
@@ -1190,6 +1174,52 @@ mod tests {
         assert!(
             adds.iter().all(|ev| matches!(ev, Ev::Add(_, true))),
             "{adds:?}"
+        );
+        informer.stop().await;
+    }
+
+    /// A handler that takes the initial list's objects by key, as a controller's does: it
+    /// says `key <key>` for those and `add <name>` for an object added.
+    fn keys_and_adds(informer: &InformerHandle<ConfigMap>) -> UnboundedReceiver<String> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let added = tx.clone();
+        informer
+            .add_named_keyed_handler(
+                "keys",
+                handler_fn().on_add(move |o: &Arc<ConfigMap>, _| {
+                    let _ = added.send(format!("add {}", name(o)));
+                }),
+                move |key| {
+                    let _ = tx.send(format!("key {key}"));
+                },
+            )
+            .unwrap();
+        rx
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_hands_handlers_that_take_keys_its_objects_by_key() {
+        let fake = Fake::new("configmaps");
+        for n in ["a", "b", "c"] {
+            fake.add(cm(n));
+        }
+        let informer = SharedInformer::builder(fake.clone()).build();
+        let mut seen = keys_and_adds(&informer);
+        let (_reg, mut objects) = recorder(&informer);
+        let informer = informer.spawn(CancellationToken::new());
+        informer.wait_synced().await;
+        let got = sorted_strings(&mut seen, 3).await;
+        assert_eq!(got, ["key ns/a", "key ns/b", "key ns/c"]);
+        let adds = take(&mut objects, 3).await;
+        assert!(
+            adds.iter().all(|ev| matches!(ev, Ev::Add(_, true))),
+            "a handler that needs objects beside it gets them: {adds:?}"
+        );
+        fake.add(cm("d"));
+        assert_eq!(
+            sorted_strings(&mut seen, 1).await,
+            ["add d"],
+            "live adds carry objects"
         );
         informer.stop().await;
     }

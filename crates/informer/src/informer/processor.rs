@@ -103,6 +103,30 @@ impl<K> Processor<K> {
 }
 
 impl<K: Resource + Send + Sync + 'static> Processor<K> {
+    /// Sends `note`, about the object of `key` in a list, to every listener; an initial add
+    /// goes by key alone to a handler that takes the initial list's objects by key. Such a
+    /// handler (a controller's, queueing keys) needs no more, and its buffer then holds
+    /// keys while it catches up rather than every object decoded: during a streaming list
+    /// a compact store's objects were otherwise alive decoded, a buffer's worth per
+    /// handler, however compactly the store keeps them.
+    fn broadcast_listed(dist: &Distributor<K>, key: &ObjectKey, note: &Notification<K>) {
+        let initial_add = matches!(
+            note,
+            Notification::Add {
+                delivery: Delivery::InitialList,
+                ..
+            }
+        );
+        for listener in &dist.listeners {
+            let note = match listener.initial_adds {
+                InitialAdds::Keys if initial_add => Notification::AddKey(key.clone()),
+                _ => note.clone(),
+            };
+            // A closed channel means the handler task ended (stopped or removed).
+            let _ = listener.tx.send(note);
+        }
+    }
+
     /// Sends every cached object, as an update, to each listener whose resync is due at
     /// `now` (not before the first sync), and schedules its next one. Returns when the
     /// next resync of any listener is due; `None` if no listener has a period.
@@ -234,10 +258,10 @@ impl<K: Resource + Send + Sync + 'static> Sink<K> {
 
     fn list_object(&self, key: ObjectKey, object: Arc<K>, raw: Option<RawObject>) {
         let p = &*self.0;
-        let mut dist = lock(&p.dist);
-        if let Some(change) = p.store.list_object(key, object, raw) {
+        let dist = lock(&p.dist);
+        if let Some(change) = p.store.list_object(key.clone(), object, raw) {
             let note = Self::notification(&dist, change);
-            Processor::broadcast(&mut dist, &[note]);
+            Processor::broadcast_listed(&dist, &key, &note);
         }
     }
 
