@@ -126,6 +126,12 @@ impl Drop for Pipeline {
 
 /// Times rounds of `name`'s pipeline, on a current-thread runtime of its own.
 fn measure(c: &mut Criterion, name: &str) {
+    // A controller's process has threads besides this one (its runtime's workers; with
+    // tracing on, the exporter's), and glibc's malloc takes its locks only once a process
+    // has a second thread: without one here, the exporter's thread alone would make every
+    // allocation of the pipeline dearer, which no real controller would see.
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let other_thread = std::thread::spawn(move || stopped.recv());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -149,6 +155,8 @@ fn measure(c: &mut Criterion, name: &str) {
     });
     group.finish();
     drop(pipeline);
+    drop(stop);
+    let _ = other_thread.join();
 }
 
 fn off(c: &mut Criterion) {
@@ -158,7 +166,7 @@ fn off(c: &mut Criterion) {
 /// The spans exported to a collector that is down, measured once its first export failed.
 #[cfg(feature = "opentelemetry")]
 fn otlp_unreachable(c: &mut Criterion) {
-    use tracing_subscriber::{Layer, filter::LevelFilter, layer::SubscriberExt};
+    use tracing_subscriber::layer::SubscriberExt;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .expect("a free local port")
@@ -166,8 +174,7 @@ fn otlp_unreachable(c: &mut Criterion) {
     let endpoint = format!("http://127.0.0.1:{port}/v1/traces");
     let tracing = kube_informer::telemetry::OtlpTracing::new("tracing-bench", &endpoint)
         .expect("the OTLP exporter");
-    let subscriber =
-        tracing_subscriber::registry().with(tracing.layer().with_filter(LevelFilter::INFO));
+    let subscriber = tracing_subscriber::registry().with(tracing.layer());
     // Scoped to this thread, which the current-thread runtime runs every task on.
     let _default = tracing::subscriber::set_default(subscriber);
     {

@@ -400,15 +400,13 @@ async fn main() -> anyhow::Result<()> {
 /// When the exporter cannot be built or a subscriber is already installed.
 #[cfg(feature = "opentelemetry")]
 fn otlp_to_nowhere() -> anyhow::Result<kube_informer::telemetry::OtlpTracing> {
-    use tracing_subscriber::{Layer, filter::LevelFilter, layer::SubscriberExt};
+    use tracing_subscriber::layer::SubscriberExt;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let endpoint = format!("http://127.0.0.1:{port}/v1/traces");
     let tracing = kube_informer::telemetry::OtlpTracing::new("subject-kube-informer", &endpoint)?;
-    tracing::subscriber::set_global_default(
-        tracing_subscriber::registry().with(tracing.layer().with_filter(LevelFilter::INFO)),
-    )?;
+    tracing::subscriber::set_global_default(tracing_subscriber::registry().with(tracing.layer()))?;
     Ok(tracing)
 }
 

@@ -8,6 +8,10 @@
 //! OpenTelemetry ones cost it twice that again, for spans that were then dropped. So after
 //! a failed export the collector is *down*: the layer sees no span and no event (the
 //! [`WhileExported`] filter), and batches made before are dropped unencoded and counted.
+//! The filter says so in each callsite's interest, rebuilt as the collector goes down or
+//! comes back: a per-layer filter that only answers `enabled` with `false` still leaves
+//! the span to be made by the registry (its filter map counts one refusal as "some layer
+//! may want it"), where a callsite no layer is interested in costs nothing at all.
 //! A second later a probe connects to the collector's port, in a thread of its own; while
 //! nothing listens there the pause doubles to a minute, and once something does, spans
 //! are made again and the next batch tries the collector. The first batch that goes
@@ -29,8 +33,11 @@ use opentelemetry_sdk::{
     error::OTelSdkResult,
     trace::{SpanData, SpanExporter},
 };
-use tracing::{Metadata, info, warn};
-use tracing_subscriber::layer::{Context, Filter};
+use tracing::{Metadata, info, subscriber::Interest, warn};
+use tracing_subscriber::{
+    filter::LevelFilter,
+    layer::{Context, Filter},
+};
 
 /// The first pause after a failed export.
 const FIRST_PAUSE: Duration = Duration::from_secs(1);
@@ -40,6 +47,10 @@ const LONGEST_PAUSE: Duration = Duration::from_secs(60);
 
 /// How long a probe waits for the collector's port to answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often the probing thread looks at the end of the pause, which a flush that went
+/// through may have moved.
+const PROBE_TICK: Duration = Duration::from_millis(100);
 
 /// What the exporter, the filter and their owner share: whether the collector is taken to
 /// be up, the pause and its failures, and whether a flush asked for an export now.
@@ -81,51 +92,58 @@ impl ExportState {
         flushed
     }
 
-    /// Whether spans are made now; when the collector is down and the pause is over,
-    /// starts a probe.
-    fn records(self: &Arc<Self>) -> bool {
-        if self.up.load(Ordering::Acquire) {
-            return true;
-        }
-        if self.nanos_since_start(Instant::now()) >= self.resume_at.load(Ordering::Acquire)
-            && self
-                .probing
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-        {
-            self.probe();
-        }
-        false
+    /// Whether spans are made now.
+    fn records(&self) -> bool {
+        self.up.load(Ordering::Acquire)
     }
 
-    /// Connects to the collector's port in a thread of its own: spans are made again if
-    /// something listens, the pause doubles if nothing does.
-    fn probe(self: &Arc<Self>) {
-        let Some(collector) = self.collector.clone() else {
-            self.probed(true);
+    /// Spans are made again; the callsites learn it if they had been told otherwise.
+    fn back_up(&self) {
+        if !self.up.swap(true, Ordering::AcqRel) {
+            tracing::callsite::rebuild_interest_cache();
+        }
+    }
+
+    /// Starts the thread that probes the collector's port at the end of each pause, unless
+    /// one runs: spans are made again once something listens there, and the pause doubles
+    /// each time nothing does. It holds the state weakly, and ends with it.
+    fn probe_after_pause(self: &Arc<Self>) {
+        if self
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
             return;
-        };
-        let state = Arc::clone(self);
+        }
+        let state = Arc::downgrade(self);
+        let collector = self.collector.clone();
         let spawned = std::thread::Builder::new()
             .name("otlp-probe".to_owned())
-            .spawn(move || state.probed(listens(&collector)));
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(PROBE_TICK);
+                    let Some(state) = state.upgrade() else { return };
+                    if state.records() {
+                        state.probing.store(false, Ordering::Release);
+                        return;
+                    }
+                    let now = Instant::now();
+                    if state.nanos_since_start(now) < state.resume_at.load(Ordering::Acquire) {
+                        continue;
+                    }
+                    if collector.as_deref().is_none_or(listens) {
+                        state.probing.store(false, Ordering::Release);
+                        state.back_up();
+                        return;
+                    }
+                    state.pause_again(0, &"nothing listens on the collector's port", now);
+                }
+            });
         if let Err(error) = spawned {
             warn!(%error, "starting a probe of the collector; trying it with the next batch");
-            self.probed(true);
+            self.probing.store(false, Ordering::Release);
+            self.back_up();
         }
-    }
-
-    fn probed(&self, listening: bool) {
-        if listening {
-            self.up.store(true, Ordering::Release);
-        } else {
-            self.failed(
-                0,
-                &"nothing listens on the collector's port",
-                Instant::now(),
-            );
-        }
-        self.probing.store(false, Ordering::Release);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Pause> {
@@ -136,9 +154,16 @@ impl ExportState {
         u64::try_from(now.saturating_duration_since(self.started).as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// An export of `spans` or a probe failed at `now`: the collector is down, and the
-    /// pause that begins is twice the last one.
-    fn failed(&self, spans: usize, error: &dyn fmt::Display, now: Instant) {
+    /// An export of `spans` failed at `now`: the collector is down, the pause that begins
+    /// is twice the last one, and a probe ends it.
+    fn failed(self: &Arc<Self>, spans: usize, error: &dyn fmt::Display, now: Instant) {
+        self.pause_again(spans, error, now);
+        self.probe_after_pause();
+    }
+
+    /// Counts a failure at `now` and begins the pause after it; tells the callsites that no
+    /// span is made if they were told otherwise.
+    fn pause_again(&self, spans: usize, error: &dyn fmt::Display, now: Instant) {
         let mut pause = self.lock();
         pause.failures = pause.failures.saturating_add(1);
         let doublings = (pause.failures - 1).min(6);
@@ -146,7 +171,7 @@ impl ExportState {
         pause.dropped += spans as u64;
         self.resume_at
             .store(self.nanos_since_start(now + wait), Ordering::Release);
-        self.up.store(false, Ordering::Release);
+        let was_up = self.up.swap(false, Ordering::AcqRel);
         warn!(
             collector = self.collector.as_deref().unwrap_or_default(),
             %error,
@@ -154,6 +179,10 @@ impl ExportState {
             next_try_in = ?wait,
             "the collector did not take spans; none are made until it is back"
         );
+        drop(pause);
+        if was_up {
+            tracing::callsite::rebuild_interest_cache();
+        }
     }
 }
 
@@ -178,22 +207,35 @@ fn listens(address: &str) -> bool {
     })
 }
 
-/// The filter of the OpenTelemetry layer: everything while the collector takes spans,
-/// nothing while it is down (see the [module](self)).
+/// The filter of the OpenTelemetry layer: what is at `max_level` or above while the
+/// collector takes spans, nothing while it is down (see the [module](self)).
 #[derive(Clone, Debug)]
 pub(super) struct WhileExported {
     state: Arc<ExportState>,
+    max_level: LevelFilter,
 }
 
 impl WhileExported {
-    pub(super) fn new(state: Arc<ExportState>) -> Self {
-        Self { state }
+    pub(super) fn new(state: Arc<ExportState>, max_level: LevelFilter) -> Self {
+        Self { state, max_level }
     }
 }
 
 impl<S> Filter<S> for WhileExported {
-    fn enabled(&self, _: &Metadata<'_>, _: &Context<'_, S>) -> bool {
-        self.state.records()
+    fn enabled(&self, metadata: &Metadata<'_>, _: &Context<'_, S>) -> bool {
+        self.max_level >= *metadata.level() && self.state.records()
+    }
+
+    fn callsite_enabled(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if self.max_level >= *metadata.level() && self.state.records() {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(self.max_level)
     }
 }
 
@@ -238,7 +280,8 @@ impl<E> BackingOff<E> {
                     );
                 }
                 *pause = Pause::default();
-                self.state.up.store(true, Ordering::Release);
+                drop(pause);
+                self.state.back_up();
             }
             Err(error) => self.state.failed(spans, error, now),
         }
@@ -325,15 +368,15 @@ mod tests {
         state.resume_at.store(0, Ordering::Release);
     }
 
-    /// Waits until no probe runs.
-    async fn probe_done(state: &ExportState) {
+    /// Waits until `condition` holds of `state`.
+    async fn until(state: &ExportState, what: &str, condition: impl Fn(&ExportState) -> bool) {
         tokio::time::timeout(Duration::from_secs(10), async {
-            while state.probing.load(Ordering::Acquire) {
-                tokio::task::yield_now().await;
+            while !condition(state) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
         .await
-        .expect("the probe ends");
+        .unwrap_or_else(|_| panic!("{what} within 10 s"));
     }
 
     #[tokio::test]
@@ -360,7 +403,7 @@ mod tests {
         assert_eq!(collector.calls.load(Ordering::Relaxed), 2);
 
         // A probe finds the collector back; the next batch goes through.
-        state.probed(true);
+        state.back_up();
         collector.down.store(false, Ordering::Relaxed);
         assert!(exporter.export(Vec::new()).await.is_ok());
         assert_eq!(collector.calls.load(Ordering::Relaxed), 3);
@@ -383,21 +426,27 @@ mod tests {
         state.failed(1, &"refused", Instant::now());
         assert!(!state.records(), "down during the pause");
         assert!(
-            !state.probing.load(Ordering::Acquire),
-            "no probe before the pause ends"
+            state.probing.load(Ordering::Acquire),
+            "a probe waits for the pause to end"
         );
+        // Well within the first pause (a second): no probe has run yet.
+        tokio::time::sleep(PROBE_TICK * 3).await;
+        assert_eq!(state.lock().failures, 1, "no probe before the pause ends");
 
         pause_over(&state);
-        assert!(!state.records(), "nothing listens yet");
-        probe_done(&state).await;
+        until(&state, "a probe finds nothing listening", |s| {
+            s.lock().failures == 2
+        })
+        .await;
         assert!(!state.records(), "the probe found nothing listening");
-        assert_eq!(state.lock().failures, 2, "a failed probe doubles the pause");
 
         let _collector = TcpListener::bind(("127.0.0.1", port)).expect("the collector's port");
         pause_over(&state);
-        assert!(!state.records(), "not before the probe has answered");
-        probe_done(&state).await;
-        assert!(state.records(), "the probe found the collector listening");
+        until(&state, "a probe finds the collector", ExportState::records).await;
+        until(&state, "the probe ends", |s| {
+            !s.probing.load(Ordering::Acquire)
+        })
+        .await;
     }
 
     #[test]
@@ -416,19 +465,26 @@ mod tests {
         }
         let seen = Arc::new(AtomicUsize::new(0));
         let state = Arc::new(ExportState::new(&closed_endpoint()));
-        let subscriber = tracing_subscriber::registry()
-            .with(Spans(seen.clone()).with_filter(WhileExported::new(state.clone())));
+        let subscriber = tracing_subscriber::registry().with(
+            Spans(seen.clone()).with_filter(WhileExported::new(state.clone(), LevelFilter::INFO)),
+        );
         tracing::subscriber::with_default(subscriber, || {
-            drop(tracing::info_span!("up"));
-            state.failed(0, &"refused", Instant::now());
-            drop(tracing::info_span!("down"));
-            state.probed(true);
+            let up = tracing::info_span!("up");
+            assert!(!up.is_disabled());
+            drop(tracing::debug_span!("below the level"));
+            state.pause_again(0, &"refused", Instant::now());
+            let down = tracing::info_span!("down");
+            assert!(
+                down.is_disabled(),
+                "no layer wants it, so the registry does not make it either"
+            );
+            state.back_up();
             drop(tracing::info_span!("back"));
         });
         assert_eq!(
             seen.load(Ordering::Relaxed),
             2,
-            "the span made while down is not seen"
+            "the span made while down and the one below the level are not seen"
         );
     }
 
@@ -439,7 +495,7 @@ mod tests {
         let now = Instant::now();
         let pauses: Vec<u64> = (0..9)
             .map(|_| {
-                state.failed(1, &"refused", now);
+                state.pause_again(1, &"refused", now);
                 (state.resume_at.load(Ordering::Acquire) - state.nanos_since_start(now))
                     / 1_000_000_000
             })

@@ -35,7 +35,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{Resource, trace::SdkTracerProvider};
 use tracing::Subscriber;
-use tracing_subscriber::{Layer, registry::LookupSpan};
+use tracing_subscriber::{Layer, filter::LevelFilter, registry::LookupSpan};
 
 /// Why tracing could not be set up or flushed.
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +54,7 @@ pub enum TelemetryError {
 pub struct OtlpTracing {
     provider: SdkTracerProvider,
     export: Arc<backoff::ExportState>,
+    max_level: LevelFilter,
 }
 
 impl OtlpTracing {
@@ -83,19 +84,48 @@ impl OtlpTracing {
                     .build(),
             )
             .build();
-        Ok(Self { provider, export })
+        Ok(Self {
+            provider,
+            export,
+            max_level: LevelFilter::INFO,
+        })
     }
 
-    /// The `tracing` layer that turns spans into OpenTelemetry spans of this exporter. While
-    /// the collector is down it sees no span or event at all, so tracing then costs what
-    /// it costs without this layer.
+    /// Exports the spans at `level` and above; by default `INFO`, the library's spans,
+    /// without its dependencies' `DEBUG` and `TRACE` ones. Set it here rather than with a
+    /// filter around [`layer`](Self::layer): the layer's own filter is what makes a span
+    /// cost nothing while the collector is down, which it cannot do beneath another one.
+    ///
+    /// ```no_run
+    /// use tracing_subscriber::filter::LevelFilter;
+    /// use kube_informer::telemetry::OtlpTracing;
+    ///
+    /// # fn doc() -> Result<(), kube_informer::telemetry::TelemetryError> {
+    /// let tracing = OtlpTracing::new("my-controller", "http://127.0.0.1:4318/v1/traces")?
+    ///     .max_level(LevelFilter::DEBUG);
+    /// # let _ = tracing;
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn max_level(mut self, level: LevelFilter) -> Self {
+        self.max_level = level;
+        self
+    }
+
+    /// The `tracing` layer that turns spans into OpenTelemetry spans of this exporter, those
+    /// at its [`max_level`](Self::max_level) and above. While the collector is down it
+    /// sees no span or event at all, and a span no other layer wants is not made, so
+    /// tracing then costs what it costs without this layer.
     pub fn layer<S>(&self) -> impl Layer<S> + use<S>
     where
         S: Subscriber + for<'span> LookupSpan<'span>,
     {
         tracing_opentelemetry::layer()
             .with_tracer(self.provider.tracer("kube-informer"))
-            .with_filter(backoff::WhileExported::new(self.export.clone()))
+            .with_filter(backoff::WhileExported::new(
+                self.export.clone(),
+                self.max_level,
+            ))
     }
 
     /// Exports the spans ended so far now.
