@@ -125,6 +125,10 @@ impl ExportState {
                     let Some(state) = state.upgrade() else { return };
                     if state.records() {
                         state.probing.store(false, Ordering::Release);
+                        // An export that failed meanwhile found this probe still running.
+                        if !state.records() {
+                            state.probe_after_pause();
+                        }
                         return;
                     }
                     let now = Instant::now();
